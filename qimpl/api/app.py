@@ -1,0 +1,236 @@
+"""The FastAPI application: ``uvicorn --factory qimpl.api.app:create_app``.
+
+Routes (R-CREATE-1..5, R-READ-1):
+
+- ``POST /v1/agents/{agent_id}/runs``            create a durable run, 202 + receipt
+- ``GET  /v1/agents/{agent_id}/runs/{run_id}``   read a run
+- ``GET  /healthz``                               liveness (no database or Temporal call)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import secrets
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Request, Response
+from fastapi.responses import JSONResponse
+from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
+
+from qimpl.api.auth import Authenticator, Principal, StaticKeyAuthenticator
+from qimpl.api.errors import ApiError, install_error_handlers
+from qimpl.api.models import CreateRunRequest, ErrorBody, Receipt, RunView
+from qimpl.crashpoints import declare
+from qimpl.db import runs as repo
+from qimpl.dispatch import dispatch
+from qimpl.errors import DispatchUnknown
+from qimpl.lifecycle import RunState, workflow_id
+from qimpl.logs import setup_logging
+from qimpl.settings import Settings, get_settings
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("qimpl.api")
+
+AFTER_ACCEPT = declare("api.after_acceptance_commit", "the run is committed `accepted`, dispatch not yet asked")
+AFTER_DISPATCH = declare("api.after_dispatch", "Temporal accepted the workflow, `queued` not yet committed")
+
+CREATE_ROUTE = "POST /v1/agents/{agent_id}/runs"
+
+_ERRORS = {
+    400: {"model": ErrorBody, "description": "idempotency_key_required"},
+    401: {"model": ErrorBody, "description": "unauthenticated"},
+    404: {"model": ErrorBody, "description": "run_not_found"},
+    409: {"model": ErrorBody, "description": "idempotency_key_in_flight"},
+    422: {"model": ErrorBody, "description": "invalid_request, idempotency_key_reused"},
+    501: {"model": ErrorBody, "description": "legacy_inline_unavailable"},
+    503: {"model": ErrorBody, "description": "durable_dispatch_unknown (with the receipt)"},
+}
+
+
+class Services:
+    """Process-wide resources, created in the lifespan."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.pool = AsyncConnectionPool(
+            settings.database_url, min_size=1, max_size=10, open=False,
+            kwargs={"autocommit": True, "application_name": "qimpl-api"},
+        )
+        self.authenticator: Authenticator = StaticKeyAuthenticator(settings.api_keys)
+        self._client: Client | None = None
+        self._client_lock = asyncio.Lock()
+
+    async def temporal(self) -> Client:
+        """The Temporal client, connected on first use (the API starts without Temporal)."""
+        async with self._client_lock:
+            if self._client is None:
+                self._client = await asyncio.wait_for(
+                    Client.connect(self.settings.temporal_address,
+                                   namespace=self.settings.temporal_namespace),
+                    timeout=self.settings.dispatch_timeout_s,
+                )
+            return self._client
+
+
+def _services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+async def _principal(
+    request: Request,
+    authorization: Annotated[str | None, Header()] = None,
+) -> Principal:
+    key = (authorization or "").removeprefix("Bearer ").strip()
+    principal = await _services(request).authenticator.authenticate(key) if key else None
+    if principal is None:
+        raise ApiError(401, "unauthenticated", "a valid API key is required")
+    return principal
+
+
+def _fingerprint(agent_id: str, body: CreateRunRequest) -> str:
+    canonical = json.dumps({"agent_id": agent_id, **body.model_dump()}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _receipt(row: dict[str, Any]) -> Receipt:
+    confirmed = row["dispatch_confirmed_at"] is not None
+    return Receipt(
+        agent_id=row["agent_id"],
+        run_id=str(row["run_id"]),
+        stream_key=row["stream_key"],
+        state=RunState.QUEUED if confirmed else RunState.ACCEPTED,
+        lifecycle_version=row["lifecycle_version"],
+        durability=row["durability"],
+        deadline_at=row["deadline_at"],
+    )
+
+
+def _view(row: dict[str, Any]) -> RunView:
+    return RunView(
+        run_id=str(row["run_id"]), agent_id=row["agent_id"], state=row["state"],
+        durability=row["durability"], lifecycle_version=row["lifecycle_version"],
+        row_version=row["row_version"], generation=row["generation"],
+        deadline_at=row["deadline_at"], accepted_at=row["accepted_at"],
+        started_at=row["started_at"], completed_at=row["completed_at"],
+        result_json=row["result_json"], error_code=row["error_code"],
+        error_message=row["error_message"], usage=row["usage"] or {},
+    )
+
+
+async def _confirm(services: Services, row: dict[str, Any]) -> dict[str, Any]:
+    """Dispatch an ``accepted`` run and commit ``queued``; raises DispatchUnknown."""
+    client = await services.temporal()
+    await dispatch(client, row, services.settings)
+    AFTER_DISPATCH.reach(run_id=row["run_id"])
+    async with services.pool.connection() as conn:
+        confirmed = await repo.confirm_dispatch(conn, str(row["run_id"]))
+        if confirmed is None:  # a worker already moved it on: dispatch is evidently confirmed
+            confirmed = await repo.get_run(conn, str(row["run_id"]))
+    assert confirmed is not None
+    return confirmed
+
+
+async def _answer(services: Services, row: dict[str, Any], *, replayed: bool) -> JSONResponse:
+    headers = {"Idempotent-Replayed": "true"} if replayed else {}
+    if row["state"] == RunState.ACCEPTED:
+        try:
+            row = await _confirm(services, row)
+        except (DispatchUnknown, TimeoutError, OSError, RuntimeError) as exc:
+            log.warning("dispatch unknown for run %s: %s", row["run_id"], exc,
+                        extra={"run_id": str(row["run_id"])})
+            body = ErrorBody(
+                code="durable_dispatch_unknown",
+                message="the run is accepted; its dispatch could not be confirmed",
+                retryable=False, receipt=_receipt(row),
+            )
+            return JSONResponse(body.model_dump(mode="json", exclude_none=True), 503, headers)
+    return JSONResponse(_receipt(row).model_dump(mode="json"), 202, headers)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the application; settings default to the environment's."""
+    settings = settings or get_settings()
+    services = Services(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        setup_logging()
+        await services.pool.open()
+        app.state.services = services
+        yield
+        await services.pool.close()
+
+    app = FastAPI(title="qimpl durable agent runs", version="0.1.0", lifespan=lifespan)
+    install_error_handlers(app)
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post(
+        "/v1/agents/{agent_id}/runs", status_code=202, response_model=Receipt, responses=_ERRORS
+    )
+    async def create_run(
+        agent_id: str,
+        body: CreateRunRequest,
+        request: Request,
+        principal: Annotated[Principal, Depends(_principal)],
+        idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+    ) -> Response:
+        """Create a durable run (R-CREATE-1..5). 202 with the receipt once Temporal confirmed
+        the start; 503 ``durable_dispatch_unknown`` with the receipt when it could not."""
+        svc = _services(request)
+        if not body.durable_temporal:
+            raise ApiError(501, "legacy_inline_unavailable", "only durable runs are served here")
+        if not idempotency_key:
+            raise ApiError(400, "idempotency_key_required", "durable creation needs an Idempotency-Key")
+        fingerprint = _fingerprint(agent_id, body)
+        scope = {"tenant_id": principal.tenant_id, "principal_id": principal.principal_id,
+                 "route": CREATE_ROUTE, "key": idempotency_key}
+        run_id = str(uuid.uuid4())
+        async with svc.pool.connection() as conn:
+            row = await repo.insert_run_or_none(
+                conn, run_id=run_id, tenant_id=principal.tenant_id,
+                principal_id=principal.principal_id, agent_id=agent_id, prompt=body.prompt,
+                request=body.model_dump(), stream_key=secrets.token_urlsafe(24),
+                deadline_s=body.deadline_seconds, workflow_id=workflow_id(run_id, 1),
+                route=CREATE_ROUTE, idempotency_key=idempotency_key, fingerprint=fingerprint,
+            )
+            replayed = row is None
+            if row is None:
+                record = await repo.lookup_idempotency(conn, **scope)
+                if record is None:
+                    raise ApiError(409, "idempotency_key_in_flight", "retry shortly")
+                if record["fingerprint"] != fingerprint:
+                    raise ApiError(422, "idempotency_key_reused",
+                                   "this Idempotency-Key was used with a different request")
+                row = await repo.get_run(conn, str(record["run_id"]))
+                assert row is not None
+        if not replayed:
+            AFTER_ACCEPT.reach(run_id=run_id)
+        return await _answer(svc, row, replayed=replayed)
+
+    @app.get("/v1/agents/{agent_id}/runs/{run_id}", response_model=RunView, responses=_ERRORS)
+    async def read_run(
+        agent_id: str,
+        run_id: uuid.UUID,
+        request: Request,
+        principal: Annotated[Principal, Depends(_principal)],
+    ) -> RunView:
+        """Read a run (R-READ-1); another principal or tenant gets 404 (R-AUTH-1)."""
+        async with _services(request).pool.connection() as conn:
+            row = await repo.get_run(conn, str(run_id), tenant_id=principal.tenant_id)
+        if row is None or row["principal_id"] != principal.principal_id or row["agent_id"] != agent_id:
+            raise ApiError(404, "run_not_found", "no such run")
+        return _view(row)
+
+    return app

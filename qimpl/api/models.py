@@ -1,0 +1,64 @@
+"""Request and response bodies of the API (pydantic v2)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from qimpl.lifecycle import DEFAULT_DEADLINE_S, MAX_DEADLINE_S, MIN_DEADLINE_S
+
+__all__ = ["CreateRunRequest", "ErrorBody", "Receipt", "RunView"]
+
+MAX_PROMPT_CHARS = 32_000
+
+
+class CreateRunRequest(BaseModel):
+    """R-CREATE-1."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    mode: Literal["ask"] = "ask"
+    durable_temporal: bool = False
+    response_mode: Literal["receipt"] = "receipt"
+    deadline_seconds: int = Field(default=DEFAULT_DEADLINE_S, ge=MIN_DEADLINE_S, le=MAX_DEADLINE_S)
+
+
+class Receipt(BaseModel):
+    agent_id: str
+    run_id: str
+    stream_key: str
+    state: str
+    lifecycle_version: int
+    durability: str
+    deadline_at: datetime
+
+
+class RunView(BaseModel):
+    """R-READ-1. Never carries grants, prompts of other principals or internals (R-READ-3)."""
+
+    run_id: str
+    agent_id: str
+    state: str
+    durability: str
+    lifecycle_version: int
+    row_version: int
+    generation: int
+    deadline_at: datetime
+    accepted_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+    result_json: dict[str, Any] | None
+    error_code: str | None
+    error_message: str | None
+    usage: dict[str, Any]
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    retryable: bool | None = None
+    receipt: Receipt | None = None
+    errors: list[dict[str, Any]] | None = None

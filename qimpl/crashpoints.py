@@ -1,0 +1,108 @@
+"""Named crash points (R-Q-4): inert unless the process was started with a directive.
+
+A crash point is declared once, at import time, next to the code it guards::
+
+    AFTER_CHECKPOINT = declare("activity.after_checkpoint_commit", "after a step's checkpoint commits")
+    ...
+    AFTER_CHECKPOINT.reach(run_id=run_id, step=step)
+
+The directive ``QIMPL_CRASH_POINTS="name:action[@n],..."`` arms points in one process:
+``kill`` (SIGKILL self), ``stop`` (SIGSTOP self) or ``hold`` (notify, then wait for the
+harness to release). ``@n`` strikes on the n-th reach (default 1), so a restarted process
+given the same directive is not struck again unless asked. Before striking, the process
+appends one JSON line of evidence to ``<control_dir>/crash_points.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CATALOG", "CrashPoint", "declare", "parse_directive"]
+
+ACTIONS = frozenset({"kill", "stop", "hold"})
+HOLD_POLL_S = 0.01
+HOLD_MAX_S = 600.0
+
+
+@dataclass(frozen=True)
+class Directive:
+    point: str
+    action: str
+    nth: int = 1
+
+
+def parse_directive(text: str) -> dict[str, Directive]:
+    """Parse ``name:action[@n],...``; raises ValueError on an unknown action or bad count."""
+    out: dict[str, Directive] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, _, rest = item.partition(":")
+        action, _, nth = rest.partition("@")
+        if action not in ACTIONS:
+            raise ValueError(f"crash point {name!r}: unknown action {action!r}")
+        n = int(nth) if nth else 1
+        if n < 1:
+            raise ValueError(f"crash point {name!r}: count must be >= 1")
+        out[name] = Directive(name, action, n)
+    return out
+
+
+@dataclass
+class CrashPoint:
+    name: str
+    doc: str
+    reached: int = field(default=0, compare=False)
+
+    def reach(self, **context: Any) -> None:
+        """Strike here if armed; otherwise a counter increment and nothing else."""
+        self.reached += 1
+        directive = _armed().get(self.name)
+        if directive is None or directive.nth != self.reached:
+            return
+        control = os.environ.get("QIMPL_CONTROL_DIR", "")
+        evidence = {
+            "point": self.name,
+            "action": directive.action,
+            "pid": os.getpid(),
+            "t": time.time(),
+            "context": {k: str(v) for k, v in context.items()},
+        }
+        if control:
+            with open(Path(control) / "crash_points.jsonl", "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(evidence) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+        if directive.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif directive.action == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif directive.action == "hold" and control:
+            release = Path(control) / f"crash.{self.name}.release"
+            deadline = time.monotonic() + HOLD_MAX_S
+            while not release.exists() and time.monotonic() < deadline:
+                time.sleep(HOLD_POLL_S)
+
+
+CATALOG: dict[str, CrashPoint] = {}
+_directives: dict[str, Directive] | None = None
+
+
+def _armed() -> dict[str, Directive]:
+    global _directives
+    if _directives is None:
+        _directives = parse_directive(os.environ.get("QIMPL_CRASH_POINTS", ""))
+    return _directives
+
+
+def declare(name: str, doc: str) -> CrashPoint:
+    """Register a crash point; names are unique across the code base."""
+    if name in CATALOG:
+        raise ValueError(f"crash point {name!r} declared twice")
+    point = CrashPoint(name, doc)
+    CATALOG[name] = point
+    return point

@@ -1,0 +1,1 @@
+"""PostgreSQL storage: migrations, connections and the run repository."""

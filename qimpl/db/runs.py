@@ -1,0 +1,323 @@
+"""The run repository: every SQL statement that reads or writes a run.
+
+Each write is one transaction whose UPDATE passes the transition guard (R-STATE-1).
+Owner writes are compare-and-set on ``row_version`` *and* the fencing token
+``(generation, owner_attempt)``; a write that matches no row, or that the guard
+rejects, raises ``LostOwnership`` (R-EXEC-7).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from qimpl.errors import LostOwnership
+from qimpl.lifecycle import TERMINAL, RunState
+
+__all__ = [
+    "GUARD_SQLSTATES",
+    "Row",
+    "claim_for_attempt",
+    "commit_checkpoint",
+    "confirm_dispatch",
+    "finish",
+    "get_run",
+    "insert_run",
+    "latest_checkpoint",
+    "lookup_idempotency",
+]
+
+Row = dict[str, Any]
+AConn = psycopg.AsyncConnection[Any]
+
+#: SQLSTATEs raised by the transition guard (see the migration).
+GUARD_SQLSTATES = frozenset({"QG001", "QG002", "QG003", "QG004"})
+
+_TERMINAL_SQL = "('completed', 'failed', 'expired', 'cancelled')"
+
+
+def _is_guard(exc: psycopg.Error) -> bool:
+    return exc.sqlstate in GUARD_SQLSTATES
+
+
+async def get_run(conn: AConn, run_id: str, *, tenant_id: str | None = None) -> Row | None:
+    """The run row, or None (also when it belongs to another tenant)."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        if tenant_id is None:
+            await cur.execute("SELECT * FROM runs WHERE run_id = %s", (run_id,))
+        else:
+            await cur.execute(
+                "SELECT * FROM runs WHERE run_id = %s AND tenant_id = %s", (run_id, tenant_id)
+            )
+        return await cur.fetchone()
+
+
+async def lookup_idempotency(
+    conn: AConn, *, tenant_id: str, principal_id: str, route: str, key: str
+) -> Row | None:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(
+            "SELECT * FROM idempotency_records WHERE tenant_id = %s AND principal_id = %s"
+            " AND route = %s AND key = %s",
+            (tenant_id, principal_id, route, key),
+        )
+        return await cur.fetchone()
+
+
+async def insert_run(
+    conn: AConn,
+    *,
+    run_id: str,
+    tenant_id: str,
+    principal_id: str,
+    agent_id: str,
+    prompt: str,
+    request: Mapping[str, Any],
+    stream_key: str,
+    deadline_s: int,
+    workflow_id: str,
+    route: str,
+    idempotency_key: str,
+    fingerprint: str,
+) -> Row | None:
+    """Commit the run as ``accepted`` with its idempotency record and dispatch identity in
+    one transaction (R-CREATE-4). Returns the row, or None when the key already exists
+    (nothing is written then)."""
+    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(
+            """
+            INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,
+                              request_json, stream_key, workflow_id, accepted_at, deadline_at)
+            SELECT %(run_id)s, %(tenant)s, %(principal)s, %(agent)s, 'accepted', %(prompt)s,
+                   %(request)s, %(stream_key)s, %(workflow_id)s, t.now,
+                   t.now + make_interval(secs => %(deadline_s)s)
+            FROM (SELECT clock_timestamp() AS now) t
+            WHERE NOT EXISTS (SELECT 1 FROM idempotency_records
+                              WHERE tenant_id = %(tenant)s AND principal_id = %(principal)s
+                                AND route = %(route)s AND key = %(key)s)
+            RETURNING *
+            """,
+            {
+                "run_id": run_id, "tenant": tenant_id, "principal": principal_id,
+                "agent": agent_id, "prompt": prompt, "request": Jsonb(dict(request)),
+                "stream_key": stream_key, "workflow_id": workflow_id, "deadline_s": deadline_s,
+                "route": route, "key": idempotency_key,
+            },
+        )
+        row = await cur.fetchone()
+        if row is None:
+            return None
+        await cur.execute(
+            """
+            INSERT INTO idempotency_records (tenant_id, principal_id, route, key, fingerprint, run_id)
+            VALUES (%s, %s, %s, %s, %s, %s)
+            ON CONFLICT DO NOTHING RETURNING run_id
+            """,
+            (tenant_id, principal_id, route, idempotency_key, fingerprint, run_id),
+        )
+        if await cur.fetchone() is None:
+            # A concurrent request with the same key committed first: undo our run.
+            raise _KeyTaken()
+        return row
+
+
+class _KeyTaken(Exception):
+    pass
+
+
+async def insert_run_or_none(conn: AConn, **kwargs: Any) -> Row | None:
+    """``insert_run`` that maps a lost same-key race to None (the caller replays)."""
+    try:
+        return await insert_run(conn, **kwargs)
+    except _KeyTaken:
+        return None
+
+
+async def confirm_dispatch(conn: AConn, run_id: str) -> Row | None:
+    """``accepted -> queued`` once Temporal accepted the workflow (R-CREATE-5). Returns the
+    row after the change, or None when the run had already left ``accepted``."""
+    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(
+            """
+            UPDATE runs SET state = 'queued', row_version = row_version + 1,
+                            dispatch_confirmed_at = clock_timestamp()
+            WHERE run_id = %s AND state = 'accepted' RETURNING *
+            """,
+            (run_id,),
+        )
+        return await cur.fetchone()
+
+
+async def claim_for_attempt(conn: AConn, run_id: str, *, generation: int, attempt: int) -> Row:
+    """Make this activity attempt the owner: ``accepted -> queued -> running`` or a takeover
+    ``running -> running`` with ``owner_attempt = attempt``. Call only while holding the
+    run's advisory lock. Returns the row; a terminal or foreign-generation run is returned
+    unchanged for the caller to inspect (R-EXEC-5)."""
+    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute("SELECT * FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
+        row = await cur.fetchone()
+        if row is None:
+            raise LostOwnership(f"run {run_id} does not exist")
+        if RunState(row["state"]) in TERMINAL or row["generation"] != generation:
+            return row
+        if row["state"] == RunState.ACCEPTED:
+            await cur.execute(
+                "UPDATE runs SET state = 'queued', row_version = row_version + 1,"
+                " dispatch_confirmed_at = coalesce(dispatch_confirmed_at, clock_timestamp())"
+                " WHERE run_id = %s RETURNING *",
+                (run_id,),
+            )
+            row = await cur.fetchone()
+            assert row is not None
+        if row["state"] not in (RunState.QUEUED, RunState.RUNNING):
+            return row
+        await cur.execute(
+            """
+            UPDATE runs SET state = 'running', row_version = row_version + 1,
+                            owner_attempt = %s,
+                            started_at = coalesce(started_at, clock_timestamp())
+            WHERE run_id = %s RETURNING *
+            """,
+            (attempt, run_id),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return row
+
+
+async def latest_checkpoint(conn: AConn, run_id: str) -> Row | None:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(
+            "SELECT * FROM run_checkpoints WHERE run_id = %s ORDER BY step DESC LIMIT 1", (run_id,)
+        )
+        return await cur.fetchone()
+
+
+_FENCE = (
+    "WHERE run_id = %(run_id)s AND row_version = %(expected)s AND generation = %(generation)s"
+    " AND owner_attempt = %(attempt)s AND state = 'running'"
+)
+
+
+async def commit_checkpoint(
+    conn: AConn,
+    run_id: str,
+    *,
+    expected_row_version: int,
+    generation: int,
+    attempt: int,
+    step: int,
+    state: Mapping[str, Any],
+    usage: Mapping[str, Any],
+    answer: str | None = None,
+) -> int:
+    """Checkpoint ``step`` and bump ``row_version`` in one transaction (R-EXEC-3); returns the
+    new ``row_version``. The final step's checkpoint carries the ``answer``, so an attempt
+    that dies between it and the final commit is finished without asking the provider. Raises LostOwnership when fenced (R-EXEC-7)."""
+    params = {
+        "run_id": run_id, "expected": expected_row_version, "generation": generation,
+        "attempt": attempt, "step": step, "usage": Jsonb(dict(usage)),
+    }
+    try:
+        async with conn.transaction(), conn.cursor() as cur:
+            await cur.execute(
+                "UPDATE runs SET row_version = row_version + 1, checkpoint_step = %(step)s,"
+                f" usage = %(usage)s {_FENCE} RETURNING row_version",
+                params,
+            )
+            got = await cur.fetchone()
+            if got is None:
+                raise LostOwnership(f"checkpoint {step} of run {run_id} fenced")
+            new_version = int(got[0])
+            await cur.execute(
+                "INSERT INTO run_checkpoints (run_id, step, generation, attempt, row_version,"
+                " state_json, answer) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                (run_id, step, generation, attempt, new_version, Jsonb(dict(state)), answer),
+            )
+            return new_version
+    except psycopg.Error as exc:
+        if _is_guard(exc) or exc.sqlstate == "23505":
+            raise LostOwnership(f"checkpoint {step} of run {run_id} rejected: {exc.sqlstate}") from exc
+        raise
+
+
+async def finish(
+    conn: AConn,
+    run_id: str,
+    *,
+    expected_row_version: int,
+    generation: int,
+    attempt: int,
+    state: RunState,
+    result: Mapping[str, Any] | None = None,
+    error_code: str | None = None,
+    error_message: str | None = None,
+    usage: Mapping[str, Any] | None = None,
+) -> Row:
+    """The owner's final commit (``completed``, ``failed``, ``awaiting_*``), fenced like a
+    checkpoint. Returns the row; raises LostOwnership when fenced."""
+    params = {
+        "run_id": run_id, "expected": expected_row_version, "generation": generation,
+        "attempt": attempt, "state": str(state),
+        "result": Jsonb(dict(result)) if result is not None else None,
+        "code": error_code, "message": error_message,
+        "usage": Jsonb(dict(usage)) if usage is not None else None,
+    }
+    try:
+        async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(
+                "UPDATE runs SET state = %(state)s::varchar, row_version = row_version + 1,"
+                " result_json = coalesce(%(result)s, result_json), error_code = %(code)s,"
+                " error_message = %(message)s, usage = coalesce(%(usage)s, usage),"
+                f" completed_at = CASE WHEN %(state)s::varchar IN {_TERMINAL_SQL}"
+                " THEN clock_timestamp() END"
+                f" {_FENCE} RETURNING *",
+                params,
+            )
+            row = await cur.fetchone()
+    except psycopg.Error as exc:
+        if _is_guard(exc):
+            raise LostOwnership(f"final commit of run {run_id} rejected: {exc.sqlstate}") from exc
+        raise
+    if row is None:
+        raise LostOwnership(f"final commit of run {run_id} fenced")
+    return row
+
+
+async def fail_unowned(conn: AConn, run_id: str, *, generation: int, error_code: str,
+                       error_message: str) -> Row | None:
+    """Mark a live run of ``generation`` ``failed`` after its activity gave up (R-EXEC-6).
+    Returns the row, or None when the run was already terminal or re-dispatched."""
+    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(
+            f"""
+            UPDATE runs SET state = 'failed', row_version = row_version + 1,
+                            error_code = %s, error_message = %s, completed_at = clock_timestamp()
+            WHERE run_id = %s AND generation = %s AND state IN ('accepted', 'queued', 'running')
+              AND state NOT IN {_TERMINAL_SQL}
+            RETURNING *
+            """,
+            (error_code, error_message, run_id, generation),
+        )
+        return await cur.fetchone()
+
+
+def outcome(row: Row) -> dict[str, Any]:
+    """The saved outcome of a run, as the activity and workflow return it (JSON-safe)."""
+    return json.loads(
+        json.dumps(
+            {
+                "run_id": str(row["run_id"]),
+                "state": row["state"],
+                "row_version": row["row_version"],
+                "result": row["result_json"],
+                "error_code": row["error_code"],
+            },
+            default=str,
+        )
+    )

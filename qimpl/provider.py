@@ -1,0 +1,74 @@
+"""The provider seam (R-EXEC-1): one agent step at a time.
+
+A provider is loaded by import path (``QIMPL_PROVIDER=module:factory``), exactly as a
+third-party plugin would be; the factory is called with the ``QIMPL_PROVIDER_CONFIG``
+mapping. The real implementation talks to a model; ``EchoProvider`` here is a
+deterministic stand-in and the synthetic provider of the harness lives in
+``qualify.fakes``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["EchoProvider", "Provider", "StepContext", "StepResult", "load_provider"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepContext:
+    """What a step may see: the run's identity, its prompt(s) and the checkpointed state."""
+
+    run_id: str
+    tenant_id: str
+    generation: int
+    attempt: int
+    step: int
+    prompt: str
+    state: Mapping[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepResult:
+    """``state`` is checkpointed; ``answer`` set means the run is complete after this step."""
+
+    state: Mapping[str, Any]
+    answer: str | None = None
+    usage: Mapping[str, int] = field(default_factory=dict)
+
+
+class Provider(ABC):
+    @abstractmethod
+    async def step(self, ctx: StepContext) -> StepResult:
+        """Run one step. Raise to fail the attempt (it is retried from the last checkpoint)."""
+
+
+class EchoProvider(Provider):
+    """Answers in ``steps`` steps (config ``{"steps": int}``, default 1) by echoing the prompt."""
+
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+        self.steps = int((config or {}).get("steps", 1))
+
+    async def step(self, ctx: StepContext) -> StepResult:
+        notes = [*ctx.state.get("notes", []), f"step {ctx.step}"]
+        done = ctx.step >= self.steps
+        return StepResult(
+            state={"notes": notes},
+            answer=f"echo: {ctx.prompt}" if done else None,
+            usage={"provider_calls": 1, "input_tokens": len(ctx.prompt.split()), "output_tokens": 2},
+        )
+
+
+def load_provider(path: str, config: Mapping[str, Any]) -> Provider:
+    """Instantiate ``module:attribute`` with ``config``; ValueError on a bad path."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"provider must be 'module:attribute', got {path!r}")
+    factory = getattr(importlib.import_module(module_name), attr)
+    provider = factory(config)
+    if not isinstance(provider, Provider):
+        raise ValueError(f"{path} did not produce a Provider")
+    return provider

@@ -1,0 +1,53 @@
+"""Deployment settings, read once from the environment (pydantic-settings).
+
+Names the spec fixes keep their names (``AGENT_CONCURRENCY_LIMIT``,
+``DURABLE_AGENT_RECONCILE_TENANTS``); everything else is prefixed ``QIMPL_``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "get_settings"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="QIMPL_", extra="ignore", frozen=True)
+
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/qimpl"
+    temporal_address: str = "127.0.0.1:7233"
+    temporal_namespace: str = "default"
+    task_queue: str = "agent-runs"
+    #: Import path ``module:attribute`` of the provider factory (R-EXEC-1, R-Q-3).
+    provider: str = "qimpl.provider:EchoProvider"
+    provider_config: dict[str, Any] = Field(default_factory=dict)
+    #: Activity heartbeat timeout; the ownership lease is derived from it (R-EXEC-2).
+    heartbeat_timeout_s: float = 2.0
+    activity_max_attempts: int = 8
+    #: Seconds the API waits for Temporal to confirm a start before answering 503 (R-CREATE-5).
+    dispatch_timeout_s: float = 5.0
+    #: JSON object ``{api_key: {"tenant": ..., "principal": ...}}`` (development auth seam).
+    api_keys: dict[str, dict[str, str]] = Field(
+        default_factory=lambda: {"dev-key": {"tenant": "t-dev", "principal": "p-dev"}}
+    )
+    #: Crash-point directive ``name:action[,name:action]``; inert when empty (R-Q-4).
+    crash_points: str = ""
+    #: Where crash points and the synthetic provider leave evidence and wait for release.
+    control_dir: str = ""
+    concurrency_limit: int = Field(
+        default=0, validation_alias=AliasChoices("AGENT_CONCURRENCY_LIMIT", "QIMPL_CONCURRENCY_LIMIT")
+    )
+    reconcile_tenants: list[str] = Field(
+        default_factory=list,
+        validation_alias=AliasChoices("DURABLE_AGENT_RECONCILE_TENANTS", "QIMPL_RECONCILE_TENANTS"),
+    )
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings (cached; tests build ``Settings`` directly)."""
+    return Settings()

@@ -1,0 +1,1 @@
+"""Temporal workflows, activities and the worker entry point."""

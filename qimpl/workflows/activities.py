@@ -1,0 +1,162 @@
+"""The agent-loop activity: lease, claim, restore, step, checkpoint, finish.
+
+Implements R-EXEC-2 (lease before work), R-EXEC-3 (one checkpoint per step),
+R-EXEC-4 (restore the last checkpoint), R-EXEC-5 (terminal run: saved outcome, no
+provider call), R-EXEC-6 (safe failure codes) and R-EXEC-7 (fenced writes stop the
+owner). Crash points mark every commit boundary (R-Q-4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from qimpl.crashpoints import declare
+from qimpl.db import runs as repo
+from qimpl.errors import LockNotAcquired, LostOwnership
+from qimpl.lifecycle import TERMINAL, RunState
+from qimpl.provider import Provider, StepContext
+from qimpl.workflows.lease import OwnershipLease
+from qimpl.workflows.types import FailInput, RunInput
+
+__all__ = ["AgentActivities"]
+
+log = logging.getLogger("qimpl.activity")
+
+AFTER_CLAIM = declare("activity.after_claim", "the attempt owns the run, before any step")
+BEFORE_CHECKPOINT = declare(
+    "activity.before_checkpoint_commit", "a step's provider call returned, its checkpoint not yet committed"
+)
+AFTER_CHECKPOINT = declare("activity.after_checkpoint_commit", "a step's checkpoint is committed")
+BEFORE_FINAL = declare("activity.before_final_commit", "the answer is known, `completed` not yet committed")
+AFTER_FINAL = declare(
+    "activity.after_final_commit", "`completed` is committed, Temporal not yet told"
+)
+
+
+def _merge_usage(total: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
+    out = dict(total)
+    for k, v in step.items():
+        out[k] = int(out.get(k, 0)) + int(v)
+    return out
+
+
+class AgentActivities:
+    """Activities bound to one database and one provider (created by the worker)."""
+
+    def __init__(self, *, dsn: str, provider: Provider) -> None:
+        self.dsn = dsn
+        self.provider = provider
+
+    @activity.defn(name="run_agent_v2")
+    async def run_agent(self, inp: RunInput) -> dict[str, Any]:
+        """Run the agent loop for one generation; returns the run's saved outcome.
+
+        Raises ApplicationError (retryable) when the lock is busy or ownership was lost
+        while the run is still live.
+        """
+        info = activity.info()
+        try:
+            async with OwnershipLease(
+                self.dsn, inp.run_id, lease_s=inp.heartbeat_timeout_s,
+                application_name=f"qimpl-owner:{inp.run_id}",
+            ) as lease, self._heartbeating(lease):
+                return await self._loop(lease, inp, info.attempt)
+        except LockNotAcquired as exc:
+            raise ApplicationError(str(exc), type="LockNotAcquired") from None
+        except (LostOwnership, psycopg.OperationalError) as exc:
+            saved = await self._saved_outcome_if_terminal(inp.run_id)
+            if saved is not None:
+                return saved
+            log.warning("lost ownership of run %s: %s", inp.run_id, type(exc).__name__)
+            raise ApplicationError("lost ownership", type="LostOwnership") from None
+
+    @contextlib.asynccontextmanager
+    async def _heartbeating(self, lease: OwnershipLease) -> AsyncIterator[None]:
+        async def beat() -> None:
+            while True:
+                activity.heartbeat()
+                await lease.touch()
+                await asyncio.sleep(lease.touch_interval_s)
+
+        task = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+    async def _loop(self, lease: OwnershipLease, inp: RunInput, attempt: int) -> dict[str, Any]:
+        conn = lease.conn
+        row = await repo.claim_for_attempt(conn, inp.run_id, generation=inp.generation, attempt=attempt)
+        if RunState(row["state"]) in TERMINAL or row["generation"] != inp.generation:
+            return repo.outcome(row)  # R-EXEC-5: nothing to run
+        if row["state"] != RunState.RUNNING:
+            return repo.outcome(row)
+        AFTER_CLAIM.reach(run_id=inp.run_id, attempt=attempt)
+        checkpoint = await repo.latest_checkpoint(conn, inp.run_id)
+        step = int(checkpoint["step"]) if checkpoint else 0
+        state: dict[str, Any] = dict(checkpoint["state_json"]) if checkpoint else {}
+        answer: str | None = checkpoint["answer"] if checkpoint else None
+        version = int(row["row_version"])
+        usage: dict[str, Any] = dict(row["usage"] or {})
+        deadline = datetime.fromisoformat(inp.deadline_at)
+        while answer is None:
+            if datetime.now(UTC) >= deadline:
+                row = await repo.finish(
+                    conn, inp.run_id, expected_row_version=version, generation=inp.generation,
+                    attempt=attempt, state=RunState.EXPIRED, error_code="deadline_exceeded",
+                    error_message="the run's deadline passed",
+                )
+                return repo.outcome(row)
+            step += 1
+            result = await self.provider.step(
+                StepContext(run_id=inp.run_id, tenant_id=inp.tenant_id, generation=inp.generation,
+                            attempt=attempt, step=step, prompt=row["prompt"], state=state)
+            )
+            state, answer = dict(result.state), result.answer
+            usage = _merge_usage(usage, dict(result.usage))
+            BEFORE_CHECKPOINT.reach(run_id=inp.run_id, step=step, attempt=attempt)
+            version = await repo.commit_checkpoint(
+                conn, inp.run_id, expected_row_version=version, generation=inp.generation,
+                attempt=attempt, step=step, state=state, usage=usage, answer=answer,
+            )
+            AFTER_CHECKPOINT.reach(run_id=inp.run_id, step=step, attempt=attempt)
+        BEFORE_FINAL.reach(run_id=inp.run_id, attempt=attempt)
+        row = await repo.finish(
+            conn, inp.run_id, expected_row_version=version, generation=inp.generation,
+            attempt=attempt, state=RunState.COMPLETED, result={"answer": answer}, usage=usage,
+        )
+        AFTER_FINAL.reach(run_id=inp.run_id, attempt=attempt)
+        return repo.outcome(row)
+
+    async def _saved_outcome_if_terminal(self, run_id: str) -> dict[str, Any] | None:
+        try:
+            async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+                row = await repo.get_run(conn, run_id)
+        except psycopg.Error:
+            return None
+        if row is not None and RunState(row["state"]) in TERMINAL:
+            return repo.outcome(row)
+        return None
+
+    @activity.defn(name="fail_run_v2")
+    async def fail_run(self, inp: FailInput) -> dict[str, Any]:
+        """After retry exhaustion: ``failed`` with a safe code, unless already terminal (R-EXEC-6)."""
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            row = await repo.fail_unowned(
+                conn, inp.run_id, generation=inp.generation, error_code=inp.error_code,
+                error_message="the agent could not complete after repeated attempts",
+            )
+            if row is None:
+                row = await repo.get_run(conn, inp.run_id)
+        return repo.outcome(row) if row else {"run_id": inp.run_id, "state": "unknown"}

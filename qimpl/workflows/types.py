@@ -1,0 +1,26 @@
+"""Values passed between the workflow and its activities (serialised by Temporal)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FailInput", "RunInput"]
+
+
+@dataclass(frozen=True)
+class RunInput:
+    """One generation of one run. ``deadline_at`` is ISO 8601 UTC (R-EXEC-8)."""
+
+    run_id: str
+    tenant_id: str
+    generation: int
+    deadline_at: str
+    heartbeat_timeout_s: float = 2.0
+    max_attempts: int = 8
+
+
+@dataclass(frozen=True)
+class FailInput:
+    run_id: str
+    generation: int
+    error_code: str

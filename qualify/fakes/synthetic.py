@@ -1,0 +1,119 @@
+"""The synthetic provider (R-Q-3), loaded into the real worker by configuration:
+
+    QIMPL_PROVIDER=qualify.fakes.synthetic:SyntheticProvider
+    QIMPL_PROVIDER_CONFIG={"control_dir": "/path"}
+
+The run's prompt is its script, a JSON object (a plain-text prompt means the default)::
+
+    {"steps": 5, "answer": "42", "delay_ms": 0,
+     "barrier": {"step": 3, "name": "b1"},       # hold at the start of step 3, once
+     "fail": "always" | {"steps": [2], "attempts": [1]}}
+
+Every call is recorded *before* anything else as one JSON line in
+``<control_dir>/provider_calls.jsonl`` — the harness's independent count of what was
+asked of the provider. At a barrier the worker writes ``barrier.<name>.reached`` (pid,
+run, step, attempt) and holds, still heartbeating, until ``barrier.<name>.release``
+appears or the process is struck. A barrier holds once: a later attempt passes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from qimpl.provider import Provider, StepContext, StepResult
+
+__all__ = ["Script", "SyntheticProvider", "make_prompt"]
+
+BARRIER_POLL_S = 0.01
+BARRIER_MAX_S = 600.0
+
+
+class Script:
+    """A parsed script; unknown keys are refused so a typo cannot make a vacuous test."""
+
+    KEYS = frozenset({"steps", "answer", "barrier", "fail", "delay_ms"})
+
+    def __init__(self, doc: Mapping[str, Any]) -> None:
+        unknown = set(doc) - self.KEYS
+        if unknown:
+            raise ValueError(f"unknown script keys: {sorted(unknown)}")
+        self.steps = int(doc.get("steps", 3))
+        self.answer = str(doc.get("answer", "synthetic answer"))
+        self.delay_ms = int(doc.get("delay_ms", 0))
+        self.barrier: Mapping[str, Any] | None = doc.get("barrier")
+        self.fail: Any = doc.get("fail")
+
+    @classmethod
+    def from_prompt(cls, prompt: str) -> Script:
+        try:
+            doc = json.loads(prompt)
+        except ValueError:
+            return cls({})
+        return cls(doc if isinstance(doc, dict) else {})
+
+    def fails(self, step: int, attempt: int) -> bool:
+        if self.fail == "always":
+            return True
+        if isinstance(self.fail, Mapping):
+            steps = self.fail.get("steps")
+            attempts = self.fail.get("attempts")
+            return (steps is None or step in steps) and (attempts is None or attempt in attempts)
+        return False
+
+
+def make_prompt(**script: Any) -> str:
+    """The prompt that carries ``script`` (validated)."""
+    Script(script)
+    return json.dumps(script, sort_keys=True)
+
+
+class SyntheticFailure(RuntimeError):
+    pass
+
+
+class SyntheticProvider(Provider):
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self.control = Path(config["control_dir"])
+
+    def _record(self, ctx: StepContext) -> None:
+        line = json.dumps({"run_id": ctx.run_id, "step": ctx.step, "attempt": ctx.attempt,
+                           "generation": ctx.generation, "pid": os.getpid(), "t": time.time()})
+        with open(self.control / "provider_calls.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+
+    async def _barrier(self, name: str, ctx: StepContext) -> None:
+        reached = self.control / f"barrier.{name}.reached"
+        if reached.exists():
+            return  # holds once
+        doc = {"pid": os.getpid(), "run_id": ctx.run_id, "step": ctx.step, "attempt": ctx.attempt,
+               "t": time.time()}
+        tmp = reached.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        tmp.rename(reached)
+        release = self.control / f"barrier.{name}.release"
+        deadline = time.monotonic() + BARRIER_MAX_S
+        while not release.exists() and time.monotonic() < deadline:
+            await asyncio.sleep(BARRIER_POLL_S)
+
+    async def step(self, ctx: StepContext) -> StepResult:
+        script = Script.from_prompt(ctx.prompt)
+        self._record(ctx)
+        if script.barrier and int(script.barrier["step"]) == ctx.step:
+            await self._barrier(str(script.barrier["name"]), ctx)
+        if script.delay_ms:
+            await asyncio.sleep(script.delay_ms / 1000)
+        if script.fails(ctx.step, ctx.attempt):
+            raise SyntheticFailure(f"scripted failure at step {ctx.step}")
+        trail = [*ctx.state.get("trail", []), ctx.step]
+        done = ctx.step >= script.steps
+        return StepResult(
+            state={"trail": trail},
+            answer=script.answer if done else None,
+            usage={"provider_calls": 1, "input_tokens": 10, "output_tokens": 5},
+        )

@@ -1,0 +1,171 @@
+"""The real ``qimpl`` processes a scenario runs: API (uvicorn) and worker subprocesses.
+
+Each process is started in its own session with a log file of its own, is ready when a
+probe says so (``/healthz`` for the API, the ``worker.ready`` log line for a worker),
+and is always stopped and reaped by ``Processes.stop_all`` (R-Q-2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+from qualify.errors import HarnessError
+from qualify.procs import free_port, kill_tree, spawn, wait_until
+
+__all__ = ["Deployment", "ManagedProcess", "Processes"]
+
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Deployment:
+    """What one scenario's processes share: database, Temporal, queue and control dir."""
+
+    dsn: str
+    temporal_address: str
+    task_queue: str
+    control_dir: Path
+    logs_dir: Path
+    namespace: str = "default"
+    heartbeat_timeout_s: float = 1.0
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("QIMPL_", "AGENT_", "DURABLE_"))}
+        env.update(
+            QIMPL_DATABASE_URL=self.dsn,
+            QIMPL_TEMPORAL_ADDRESS=self.temporal_address,
+            QIMPL_TEMPORAL_NAMESPACE=self.namespace,
+            QIMPL_TASK_QUEUE=self.task_queue,
+            QIMPL_PROVIDER="qualify.fakes.synthetic:SyntheticProvider",
+            QIMPL_PROVIDER_CONFIG=json.dumps({"control_dir": str(self.control_dir)}),
+            QIMPL_CONTROL_DIR=str(self.control_dir),
+            QIMPL_HEARTBEAT_TIMEOUT_S=str(self.heartbeat_timeout_s),
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(self.extra_env)
+        env.update(overrides)
+        return env
+
+
+class ManagedProcess:
+    """One API or worker process. ``start`` returns once it is ready."""
+
+    def __init__(self, *, name: str, kind: str, argv: list[str], env: dict[str, str],
+                 log_path: Path, port: int | None = None) -> None:
+        self.name = name
+        self.kind = kind
+        self.argv = argv
+        self.env = env
+        self.log_path = log_path
+        self.port = port
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise HarnessError(f"{self.name} is not running")
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ManagedProcess:
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.proc = spawn(self.argv, log_path=self.log_path, env=self.env)
+        self.started_at = time.time()
+        if self.kind == "api":
+            wait_until(self._healthy, timeout_s=READY_TIMEOUT_S, what=self.name, proc=self.proc,
+                       interval_s=0.05)
+        else:
+            wait_until(lambda: self._logged("worker.ready", offset), timeout_s=READY_TIMEOUT_S,
+                       what=self.name, proc=self.proc, interval_s=0.05)
+        return self
+
+    def _healthy(self) -> bool:
+        return httpx.get(f"{self.base_url}/healthz", timeout=1.0).status_code == 200
+
+    def _logged(self, event: str, offset: int) -> bool:
+        with open(self.log_path, "rb") as fh:
+            fh.seek(offset)
+            return f'"event": "{event}"'.encode() in fh.read()
+
+    def sigkill(self) -> dict[str, object]:
+        """SIGKILL the process group; returns evidence that it landed (pid gone)."""
+        pid = self.pid
+        assert self.proc is not None
+        os.killpg(pid, signal.SIGKILL)
+        code = self.proc.wait(timeout=10)
+        return {"pid": pid, "signal": "SIGKILL", "exit_code": code, "pid_gone": not psutil.pid_exists(pid)}
+
+    def sigstop(self) -> dict[str, object]:
+        pid = self.pid
+        os.killpg(pid, signal.SIGSTOP)
+        status = psutil.Process(pid).status()
+        return {"pid": pid, "signal": "SIGSTOP", "status": status}
+
+    def sigcont(self) -> dict[str, object]:
+        pid = self.pid
+        os.killpg(pid, signal.SIGCONT)
+        return {"pid": pid, "signal": "SIGCONT", "status": psutil.Process(pid).status()}
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            kill_tree(self.proc, first=signal.SIGTERM, grace_s=3)
+
+
+class Processes:
+    """Registry of a scenario's processes; ``stop_all`` reaps every one of them."""
+
+    def __init__(self, deployment: Deployment) -> None:
+        self.deployment = deployment
+        self.all: dict[str, ManagedProcess] = {}
+
+    def _log(self, name: str) -> Path:
+        return self.deployment.logs_dir / f"{name}.log"
+
+    def api(self, name: str = "api-1", **env: str) -> ManagedProcess:
+        port = free_port()
+        proc = ManagedProcess(
+            name=name, kind="api", port=port, log_path=self._log(name),
+            env=self.deployment.env(**env),
+            argv=[sys.executable, "-m", "uvicorn", "--factory", "qimpl.api.app:create_app",
+                  "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+                  "--no-access-log"],
+        )
+        self.all[name] = proc
+        return proc.start()
+
+    def worker(self, name: str = "worker-1", **env: str) -> ManagedProcess:
+        proc = ManagedProcess(
+            name=name, kind="worker", log_path=self._log(name), env=self.deployment.env(**env),
+            argv=[sys.executable, "-m", "qimpl.workflows.worker"],
+        )
+        self.all[name] = proc
+        return proc.start()
+
+    def stop_all(self) -> None:
+        errors = []
+        for proc in self.all.values():
+            try:
+                proc.stop()
+            except Exception as exc:  # noqa: BLE001 - keep reaping the others
+                errors.append(f"{proc.name}: {exc}")
+        if errors:
+            raise HarnessError("could not stop: " + "; ".join(errors))

@@ -1,0 +1,142 @@
+"""Child-process plumbing shared by the stack and the process controller.
+
+Every child runs in its own session (process group), dies with the harness
+(``PR_SET_PDEATHSIG``) and is stopped leaf-first: a polite signal, a grace period,
+then SIGKILL to the whole group and every descendant psutil can still see.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+
+from qualify.errors import HarnessError
+
+__all__ = ["free_port", "kill_tree", "spawn", "wait_until"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(sig: int) -> Callable[[], None]:
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+    return preexec
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    user: str | None = None,
+    death_signal: int = signal.SIGKILL,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a new session with stdout+stderr appended to ``log_path``.
+
+    Must be called from the main thread: the death signal fires when the *thread* that
+    forked the child exits.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log: IO[Any] = open(log_path, "ab")  # noqa: SIM115 - owned by the child from here on
+    kwargs: dict[str, Any] = {}
+    if user is not None:
+        kwargs.update(user=user, group=user, extra_groups=[])
+    try:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(death_signal),
+            **kwargs,
+        )
+    finally:
+        log.close()
+
+
+def kill_tree(proc: subprocess.Popen[bytes], *, first: int = signal.SIGTERM, grace_s: float = 5.0) -> None:
+    """Stop ``proc`` and all its descendants; always reaps ``proc``. Idempotent."""
+    if proc.poll() is not None and not _group_alive(proc.pid):
+        return
+    try:
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    if proc.poll() is None:
+        _signal_group(proc.pid, first)
+        _signal_group(proc.pid, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    _signal_group(proc.pid, signal.SIGKILL)
+    for child in descendants:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    proc.wait()
+    psutil.wait_procs(descendants, timeout=5)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (callers retry on collision)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(
+    check: Callable[[], bool],
+    *,
+    timeout_s: float,
+    what: str,
+    interval_s: float = 0.02,
+    proc: subprocess.Popen[bytes] | None = None,
+) -> float:
+    """Poll ``check`` until true; returns seconds waited. Raises HarnessError on timeout
+    or when ``proc`` exits first."""
+    start = time.monotonic()
+    deadline = start + timeout_s
+    while True:
+        try:
+            if check():
+                return time.monotonic() - start
+        except Exception:  # noqa: BLE001 - a failing probe means "not ready yet"
+            pass
+        if proc is not None and proc.poll() is not None:
+            raise HarnessError(f"{what}: process exited with {proc.returncode} before ready")
+        if time.monotonic() > deadline:
+            raise HarnessError(f"{what}: not ready after {timeout_s:.1f} s")
+        time.sleep(interval_s)

