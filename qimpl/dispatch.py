@@ -53,5 +53,5 @@ async def dispatch(client: Client, row: dict[str, Any], settings: Settings) -> s
         return "started"
     except WorkflowAlreadyStartedError:
         return "already_started"
-    except Exception as exc:  # noqa: BLE001 - every other outcome is "unknown"
+    except Exception as exc:
         raise DispatchUnknown(f"dispatch of {wf_id} unconfirmed: {type(exc).__name__}") from exc

