@@ -134,7 +134,8 @@ class PostgresServer:
         out = subprocess.run(
             [str(self.bin_dir / "postgres"), "--version"], capture_output=True, text=True, check=True
         ).stdout
-        return out.strip().rsplit(" ", 1)[-1]
+        # "postgres (PostgreSQL) 15.18 (Debian 15.18-0+deb12u1)" -> "15.18"
+        return out.split()[2]
 
     def dsn(self, dbname: str = "postgres", user: str = "postgres") -> str:
         return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}"
