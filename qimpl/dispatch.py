@@ -27,7 +27,7 @@ def run_input(row: dict[str, Any], settings: Settings) -> RunInput:
         generation=int(row["generation"]),
         deadline_at=row["deadline_at"].isoformat(),
         heartbeat_timeout_s=settings.heartbeat_timeout_s,
-        max_attempts=settings.activity_max_attempts,
+        max_provider_failures=settings.provider_max_failures,
     )
 
 

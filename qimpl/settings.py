@@ -27,7 +27,9 @@ class Settings(BaseSettings):
     provider_config: dict[str, Any] = Field(default_factory=dict)
     #: Activity heartbeat timeout; the ownership lease is derived from it (R-EXEC-2).
     heartbeat_timeout_s: float = 2.0
-    activity_max_attempts: int = 8
+    #: Provider failures (counted durably in the run) after which the run is ``failed``
+    #: (R-EXEC-6). Crashes, pauses and lost locks never count: only the deadline bounds them.
+    provider_max_failures: int = 5
     #: Seconds the API waits for Temporal to confirm a start before answering 503 (R-CREATE-5).
     dispatch_timeout_s: float = 5.0
     #: JSON object ``{api_key: {"tenant": ..., "principal": ...}}`` (development auth seam).

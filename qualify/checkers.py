@@ -18,8 +18,10 @@ __all__ = [
     "TERMINAL",
     "Check",
     "checkpoints_one_per_step",
+    "deadline_respected",
     "no_step_repeated_after_checkpoint",
     "no_write_after_terminal",
+    "no_write_by_a_superseded_attempt",
     "one_terminal_state",
     "row_version_strictly_increasing",
     "run_checks",
@@ -137,12 +139,58 @@ def checkpoints_one_per_step(history: Sequence[Event]) -> Check:
     return Check(name, not bad, "; ".join(bad), ("R-EXEC-3",))
 
 
+def no_write_by_a_superseded_attempt(history: Sequence[Event]) -> Check:
+    """Within a generation, once attempt n owns the run no write carries an attempt < n
+    (a paused or partitioned zombie is fenced, R-EXEC-7)."""
+    name = "no write by a superseded attempt"
+    bad = []
+    for run, evs in _by_run(_of(history, "transition")).items():
+        highest: dict[int, int] = {}
+        for e in evs:
+            attempt = e.get("owner_attempt")
+            if attempt is None:
+                continue
+            gen = int(e["generation"])
+            if attempt < highest.get(gen, 0):
+                bad.append(f"{run}: attempt {attempt} wrote v{e['row_version']} after attempt {highest[gen]}")
+            highest[gen] = max(highest.get(gen, 0), int(attempt))
+    return Check(name, not bad, "; ".join(bad), ("R-EXEC-7",))
+
+
+#: Provider calls are stamped by the worker a few microseconds after it checked the
+#: deadline; checkpoints and transitions are stamped by the database that enforces it.
+PROVIDER_CLOCK_SLACK_S = 0.05
+
+
+def deadline_respected(history: Sequence[Event]) -> Check:
+    """After a run's deadline: no provider call, no checkpoint, and no transition except
+    into ``expired``, ``failed`` or ``cancelled`` (R-EXEC-8)."""
+    name = "deadline respected"
+    deadlines = {str(e["run_id"]): float(e["deadline_t"]) for e in _of(history, "run")}
+    bad = []
+    for e in history:
+        run = str(e.get("run_id", ""))
+        if run not in deadlines or e["type"] not in ("provider_call", "checkpoint", "transition"):
+            continue
+        late = e["t"] - deadlines[run]
+        if e["type"] == "provider_call" and late > PROVIDER_CLOCK_SLACK_S:
+            bad.append(f"{run}: provider step {e['step']} asked {late:.3f} s after the deadline")
+        elif e["type"] == "checkpoint" and late > 0:
+            bad.append(f"{run}: checkpoint {e['step']} {late:.3f} s after the deadline")
+        elif (e["type"] == "transition" and late > 0
+              and e["new_state"] not in ("expired", "failed", "cancelled")):
+            bad.append(f"{run}: {e['old_state']} -> {e['new_state']} {late:.3f} s after the deadline")
+    return Check(name, not bad, "; ".join(bad[:5]), ("R-EXEC-8",))
+
+
 GENERIC_CHECKERS: tuple[Callable[[Sequence[Event]], Check], ...] = (
     one_terminal_state,
     row_version_strictly_increasing,
     no_write_after_terminal,
     no_step_repeated_after_checkpoint,
     checkpoints_one_per_step,
+    no_write_by_a_superseded_attempt,
+    deadline_respected,
 )
 
 
@@ -154,7 +202,7 @@ def run_checks(
     for checker in checkers:
         try:
             out.append(checker(history))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - attached to the report as unknown
             out.append(Check(getattr(checker, "__name__", "checker"), None,
                              f"checker raised {type(exc).__name__}: {exc}"))
     return out

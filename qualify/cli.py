@@ -61,6 +61,8 @@ def _session(scenario_ids: list[str], seed: int | None, stack: str, reports: Pat
         return 2
     v = summary["verdict"]
     console.print(f"verdict [{_STYLE.get(v, 'white')}]{v.upper()}[/] in {summary['duration_s']:.1f} s")
+    if summary.get("error"):
+        console.print(f"  [red]{summary['error']}[/]")
     for s in summary["scenarios"]:
         if s["status"] != "pass":
             console.print(f"  repro: {s['repro']}")

@@ -14,7 +14,7 @@ __all__ = ["database_events", "file_events"]
 
 
 def database_events(dsn: str) -> list[Event]:
-    """Every run transition (from the database's own audit trigger) and checkpoint."""
+    """Every run (its deadline), transition (from the database's own audit trigger) and checkpoint."""
     out: list[Event] = []
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
         for row in conn.execute(
@@ -22,6 +22,12 @@ def database_events(dsn: str) -> list[Event]:
             " checkpoint_step, extract(epoch FROM at)::float8 AS t FROM run_transitions ORDER BY id"
         ):
             out.append({"type": "transition", **row})
+        for row in conn.execute(
+            "SELECT run_id::text, state, generation, row_version, error_code,"
+            " extract(epoch FROM accepted_at)::float8 AS t,"
+            " extract(epoch FROM deadline_at)::float8 AS deadline_t FROM runs"
+        ):
+            out.append({"type": "run", **row})
         for row in conn.execute(
             "SELECT run_id::text, step, generation, attempt, row_version,"
             " extract(epoch FROM created_at)::float8 AS t FROM run_checkpoints ORDER BY row_version"

@@ -29,6 +29,32 @@ class Nemesis:
         evidence = proc.sigkill()
         return self._record("sigkill", proc.name, bool(evidence["pid_gone"]), {**evidence, **context})
 
+    def crash_point(self, proc: ManagedProcess, evidence: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        """Record a crash point that ``proc`` struck on itself (its evidence line, pid gone)."""
+        import psutil
+
+        gone = not psutil.pid_exists(evidence["pid"]) or not proc.alive
+        return self._record(f"crash_point:{evidence['action']}", proc.name, gone,
+                            {"point": evidence["point"], "pid": evidence["pid"],
+                             **evidence.get("context", {}), **extra})
+
+    def terminate_backend(self, dsn: str, application_name: str) -> dict[str, Any]:
+        """``pg_terminate_backend`` every session named ``application_name``; landed when at
+        least one was terminated and none is left."""
+        import psycopg
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pid, pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+                " WHERE application_name = %s", (application_name,)).fetchall()
+            left = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND pid = ANY(%s)",
+                (application_name, [r[0] for r in rows])).fetchone()
+        terminated = [r[0] for r in rows if r[1]]
+        return self._record("pg_terminate_backend", application_name,
+                            bool(terminated) and left is not None and left[0] == 0,
+                            {"backend_pids": terminated})
+
     def sigstop(self, proc: ManagedProcess, **context: Any) -> dict[str, Any]:
         evidence = proc.sigstop()
         return self._record("sigstop", proc.name, evidence["status"] == "stopped", {**evidence, **context})

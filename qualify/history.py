@@ -8,6 +8,7 @@ Events are plain dicts with ``t`` (seconds since the epoch) and ``type``:
 - ``transition``  one row of ``run_transitions``, written by the database's own trigger:
                   ``run_id, row_version, old_state, new_state, generation, owner_attempt,
                   checkpoint_step, id``
+- ``run``         one row of ``runs`` at collection: ``run_id, state, deadline_t`` (``t`` = accepted)
 - ``checkpoint``  one row of ``run_checkpoints``: ``run_id, step, generation, attempt, row_version``
 - ``provider_call`` one line of the synthetic provider's own record: ``run_id, step, attempt, pid``
 - ``crash_point`` a struck crash point with its context

@@ -115,10 +115,15 @@ class ManagedProcess:
         return {"pid": pid, "signal": "SIGKILL", "exit_code": code, "pid_gone": not psutil.pid_exists(pid)}
 
     def sigstop(self) -> dict[str, object]:
+        """SIGSTOP the process group; evidence: the kernel reports the process stopped."""
         pid = self.pid
         os.killpg(pid, signal.SIGSTOP)
-        status = psutil.Process(pid).status()
-        return {"pid": pid, "signal": "SIGSTOP", "status": status}
+        proc = psutil.Process(pid)
+        try:
+            wait_until(lambda: proc.status() == psutil.STATUS_STOPPED, timeout_s=2, what="SIGSTOP")
+        except HarnessError:
+            pass  # recorded as not landed below
+        return {"pid": pid, "signal": "SIGSTOP", "status": proc.status()}
 
     def sigcont(self) -> dict[str, object]:
         pid = self.pid
@@ -165,7 +170,7 @@ class Processes:
         for proc in self.all.values():
             try:
                 proc.stop()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - keep reaping the others
                 errors.append(f"{proc.name}: {exc}")
         if errors:
             raise HarnessError("could not stop: " + "; ".join(errors))

@@ -133,7 +133,7 @@ def wait_until(
         try:
             if check():
                 return time.monotonic() - start
-        except Exception:
+        except Exception:  # noqa: BLE001 - a failing probe means "not ready yet"
             pass
         if proc is not None and proc.poll() is not None:
             raise HarnessError(f"{what}: process exited with {proc.returncode} before ready")

@@ -116,6 +116,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines = [
         f"# Qualification report — verdict: **{summary['verdict'].upper()}**",
         "",
+        *([f"- **{summary['error']}**"] if summary.get("error") else []),
         f"- seed: `{summary['seed']}`; duration: {summary['duration_s']} s",
         f"- git: `{summary['git_sha']}`{' (dirty)' if summary.get('git_dirty') else ''}",
         f"- stack: {st.get('kind')} — PostgreSQL {st.get('postgres_version')}, "

@@ -92,7 +92,7 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
         ctx.checks.append(Check("scenario invariant", False, str(exc)))
     except HarnessError as exc:
         error_verdict, error = Verdict.CRASHED, f"HarnessError: {exc}"
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the harness broke: crashed, with the traceback
         error_verdict = Verdict.CRASHED
         error = "".join(traceback.format_exception(exc))[-4000:]
     finally:
@@ -104,7 +104,7 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
     history.record("scenario", phase="end", id=scenario.id)
     try:
         collected = database_events(dsn) + file_events(control)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - no history means no verdict but crashed
         collected = []
         error_verdict, error = Verdict.CRASHED, f"could not collect the history: {exc}"
     events = merge(history.events, collected)

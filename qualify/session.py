@@ -58,7 +58,10 @@ def run_session(
     reports_root: Path = Path("reports"),
     on_event: Callable[[str, Any], None] = lambda kind, data: None,
 ) -> tuple[dict[str, Any], Path, int]:
-    """Run a session; returns (summary, report directory, exit code). Always tears down."""
+    """Run a session; returns (summary, report directory, exit code). Always tears down.
+
+    With no ``scenario_ids`` (a full run) every declared crash point must be struck by
+    some scenario, or the verdict is ``fail`` with "uncovered crash point"."""
     seed = seed if seed is not None else secrets.randbits(32)
     on_event("seed", seed)
     scenarios = select(scenario_ids)
@@ -89,5 +92,12 @@ def run_session(
     if crashed:
         summary["verdict"] = str(Verdict.CRASHED)
         summary["error"] = crashed
+    elif not scenario_ids:
+        # A full run must strike every crash point declared in qimpl (R-Q-4).
+        uncovered = [p for p, by in summary["crash_points"].items() if not by]
+        summary["uncovered_crash_points"] = uncovered
+        if uncovered:
+            summary["verdict"] = str(Verdict.FAIL)
+            summary["error"] = "uncovered crash point: " + ", ".join(uncovered)
     write_report(report_dir, summary)
     return summary, report_dir, EXIT_CODES[Verdict(summary["verdict"])]

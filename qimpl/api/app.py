@@ -4,6 +4,7 @@ Routes (R-CREATE-1..5, R-READ-1):
 
 - ``POST /v1/agents/{agent_id}/runs``            create a durable run, 202 + receipt
 - ``GET  /v1/agents/{agent_id}/runs/{run_id}``   read a run
+- ``POST /v1/agents/{agent_id}/runs/{run_id}/cancel``  cancel (R-CANCEL-1)
 - ``GET  /healthz``                               liveness (no database or Temporal call)
 """
 
@@ -26,7 +27,7 @@ from temporalio.client import Client
 
 from qimpl.api.auth import Authenticator, Principal, StaticKeyAuthenticator
 from qimpl.api.errors import ApiError, install_error_handlers
-from qimpl.api.models import CreateRunRequest, ErrorBody, Receipt, RunView
+from qimpl.api.models import CancelAnswer, CreateRunRequest, ErrorBody, Receipt, RunView
 from qimpl.crashpoints import declare
 from qimpl.db import runs as repo
 from qimpl.dispatch import dispatch
@@ -219,6 +220,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             AFTER_ACCEPT.reach(run_id=run_id)
         return await _answer(svc, row, replayed=replayed)
 
+    async def _owned_run(conn: Any, agent_id: str, run_id: uuid.UUID, principal: Principal) -> dict[str, Any]:
+        row = await repo.get_run(conn, str(run_id), tenant_id=principal.tenant_id)
+        if row is None or row["principal_id"] != principal.principal_id or row["agent_id"] != agent_id:
+            raise ApiError(404, "run_not_found", "no such run")
+        return row
+
     @app.get("/v1/agents/{agent_id}/runs/{run_id}", response_model=RunView, responses=_ERRORS)
     async def read_run(
         agent_id: str,
@@ -228,9 +235,30 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ) -> RunView:
         """Read a run (R-READ-1); another principal or tenant gets 404 (R-AUTH-1)."""
         async with _services(request).pool.connection() as conn:
-            row = await repo.get_run(conn, str(run_id), tenant_id=principal.tenant_id)
-        if row is None or row["principal_id"] != principal.principal_id or row["agent_id"] != agent_id:
-            raise ApiError(404, "run_not_found", "no such run")
-        return _view(row)
+            return _view(await _owned_run(conn, agent_id, run_id, principal))
+
+    @app.post("/v1/agents/{agent_id}/runs/{run_id}/cancel", response_model=CancelAnswer,
+              responses=_ERRORS)
+    async def cancel_run(
+        agent_id: str,
+        run_id: uuid.UUID,
+        request: Request,
+        principal: Annotated[Principal, Depends(_principal)],
+    ) -> CancelAnswer:
+        """Cancel (R-CANCEL-1): persisted first, then Temporal told, best effort.
+        ``cancelled`` is true also when already cancelled, false for completed, failed
+        and expired runs."""
+        svc = _services(request)
+        async with svc.pool.connection() as conn:
+            await _owned_run(conn, agent_id, run_id, principal)
+            cancelled, row = await repo.cancel(conn, str(run_id))
+        if cancelled and row["dispatch_confirmed_at"] is not None:
+            try:
+                client = await svc.temporal()
+                handle = client.get_workflow_handle(workflow_id(str(run_id), int(row["generation"])))
+                await asyncio.wait_for(handle.cancel(), timeout=svc.settings.dispatch_timeout_s)
+            except Exception as exc:  # noqa: BLE001 - best effort: the worker observes the row
+                log.info("temporal not told of cancel of %s: %s", run_id, type(exc).__name__)
+        return CancelAnswer(cancelled=cancelled, state=row["state"])
 
     return app

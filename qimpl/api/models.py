@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from qimpl.lifecycle import DEFAULT_DEADLINE_S, MAX_DEADLINE_S, MIN_DEADLINE_S
 
-__all__ = ["CreateRunRequest", "ErrorBody", "Receipt", "RunView"]
+__all__ = ["CancelAnswer", "CreateRunRequest", "ErrorBody", "Receipt", "RunView"]
 
 MAX_PROMPT_CHARS = 32_000
 
@@ -62,3 +62,10 @@ class ErrorBody(BaseModel):
     retryable: bool | None = None
     receipt: Receipt | None = None
     errors: list[dict[str, Any]] | None = None
+
+
+class CancelAnswer(BaseModel):
+    """R-CANCEL-1: ``cancelled`` and the state the run is in after the call."""
+
+    cancelled: bool
+    state: str

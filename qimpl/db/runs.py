@@ -22,14 +22,19 @@ from qimpl.lifecycle import TERMINAL, RunState
 __all__ = [
     "GUARD_SQLSTATES",
     "Row",
+    "cancel",
     "claim_for_attempt",
     "commit_checkpoint",
     "confirm_dispatch",
+    "end_unowned",
     "finish",
     "get_run",
     "insert_run",
+    "insert_run_or_none",
     "latest_checkpoint",
     "lookup_idempotency",
+    "outcome",
+    "record_provider_failure",
 ]
 
 Row = dict[str, Any]
@@ -198,10 +203,14 @@ async def latest_checkpoint(conn: AConn, run_id: str) -> Row | None:
         return await cur.fetchone()
 
 
+#: The owner's fencing condition: expected row_version, its (generation, attempt) token,
+#: a live run, and — for progress, not for expiry or failure — a deadline not yet passed,
+#: judged by the database's clock (R-EXEC-7, R-EXEC-8).
 _FENCE = (
     "WHERE run_id = %(run_id)s AND row_version = %(expected)s AND generation = %(generation)s"
     " AND owner_attempt = %(attempt)s AND state = 'running'"
 )
+_BEFORE_DEADLINE = " AND deadline_at > clock_timestamp()"
 
 
 async def commit_checkpoint(
@@ -227,7 +236,7 @@ async def commit_checkpoint(
         async with conn.transaction(), conn.cursor() as cur:
             await cur.execute(
                 "UPDATE runs SET row_version = row_version + 1, checkpoint_step = %(step)s,"
-                f" usage = %(usage)s {_FENCE} RETURNING row_version",
+                f" usage = %(usage)s {_FENCE}{_BEFORE_DEADLINE} RETURNING row_version",
                 params,
             )
             got = await cur.fetchone()
@@ -244,6 +253,31 @@ async def commit_checkpoint(
         if _is_guard(exc) or exc.sqlstate == "23505":
             raise LostOwnership(f"checkpoint {step} of run {run_id} rejected: {exc.sqlstate}") from exc
         raise
+
+
+async def record_provider_failure(
+    conn: AConn, run_id: str, *, expected_row_version: int, generation: int, attempt: int
+) -> tuple[int, int]:
+    """Count one provider failure durably; returns (new row_version, failures so far).
+    Raises LostOwnership when fenced."""
+    params = {"run_id": run_id, "expected": expected_row_version, "generation": generation,
+              "attempt": attempt}
+    try:
+        async with conn.transaction(), conn.cursor() as cur:
+            await cur.execute(
+                "UPDATE runs SET row_version = row_version + 1,"
+                f" provider_failures = provider_failures + 1 {_FENCE}"
+                " RETURNING row_version, provider_failures",
+                params,
+            )
+            got = await cur.fetchone()
+    except psycopg.Error as exc:
+        if _is_guard(exc):
+            raise LostOwnership(f"failure count of run {run_id} rejected: {exc.sqlstate}") from exc
+        raise
+    if got is None:
+        raise LostOwnership(f"failure count of run {run_id} fenced")
+    return int(got[0]), int(got[1])
 
 
 async def finish(
@@ -276,7 +310,9 @@ async def finish(
                 " error_message = %(message)s, usage = coalesce(%(usage)s, usage),"
                 f" completed_at = CASE WHEN %(state)s::varchar IN {_TERMINAL_SQL}"
                 " THEN clock_timestamp() END"
-                f" {_FENCE} RETURNING *",
+                f" {_FENCE}"
+                + ("" if state in (RunState.EXPIRED, RunState.FAILED) else _BEFORE_DEADLINE)
+                + " RETURNING *",
                 params,
             )
             row = await cur.fetchone()
@@ -289,22 +325,54 @@ async def finish(
     return row
 
 
-async def fail_unowned(conn: AConn, run_id: str, *, generation: int, error_code: str,
-                       error_message: str) -> Row | None:
-    """Mark a live run of ``generation`` ``failed`` after its activity gave up (R-EXEC-6).
-    Returns the row, or None when the run was already terminal or re-dispatched."""
+async def end_unowned(conn: AConn, run_id: str, *, generation: int, state: RunState,
+                      error_code: str, error_message: str) -> Row | None:
+    """End a live run of ``generation`` as ``failed`` or ``expired`` when no attempt owns it
+    any more (retry exhaustion, R-EXEC-6; deadline, R-EXEC-8). Returns the row, or None when
+    the run was already terminal, parked or re-dispatched."""
+    if state not in (RunState.FAILED, RunState.EXPIRED):
+        raise ValueError(f"end_unowned cannot set {state}")
     async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(
-            f"""
-            UPDATE runs SET state = 'failed', row_version = row_version + 1,
+            """
+            UPDATE runs SET state = %s, row_version = row_version + 1,
                             error_code = %s, error_message = %s, completed_at = clock_timestamp()
             WHERE run_id = %s AND generation = %s AND state IN ('accepted', 'queued', 'running')
-              AND state NOT IN {_TERMINAL_SQL}
             RETURNING *
             """,
-            (error_code, error_message, run_id, generation),
+            (str(state), error_code, error_message, run_id, generation),
         )
         return await cur.fetchone()
+
+
+async def cancel(conn: AConn, run_id: str) -> tuple[bool, Row]:
+    """Persist cancellation first (R-CANCEL-1). Returns (cancelled, row): True when the run
+    is now — or already was — ``cancelled``; False for ``completed``/``failed``/``expired``.
+
+    The row lock serialises with the owner's compare-and-set: whichever commits first wins,
+    and the other sees a changed ``row_version`` (the owner) or a terminal state (here).
+    """
+    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute("SELECT * FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
+        row = await cur.fetchone()
+        if row is None:
+            raise LookupError(run_id)
+        if row["state"] == RunState.CANCELLED:
+            return True, row
+        if RunState(row["state"]) in TERMINAL:
+            return False, row
+        await cur.execute(
+            """
+            UPDATE runs SET state = 'cancelled', row_version = row_version + 1,
+                            error_code = 'cancelled', error_message = 'cancelled by the client',
+                            completed_at = clock_timestamp()
+            WHERE run_id = %s RETURNING *
+            """,
+            (run_id,),
+        )
+        cancelled = await cur.fetchone()
+        assert cancelled is not None
+        return True, cancelled
 
 
 def outcome(row: Row) -> dict[str, Any]:

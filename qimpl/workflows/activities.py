@@ -111,18 +111,33 @@ class AgentActivities:
         usage: dict[str, Any] = dict(row["usage"] or {})
         deadline = datetime.fromisoformat(inp.deadline_at)
         while answer is None:
-            if datetime.now(UTC) >= deadline:
-                row = await repo.finish(
-                    conn, inp.run_id, expected_row_version=version, generation=inp.generation,
-                    attempt=attempt, state=RunState.EXPIRED, error_code="deadline_exceeded",
-                    error_message="the run's deadline passed",
-                )
-                return repo.outcome(row)
+            left = (deadline - datetime.now(UTC)).total_seconds()
+            if left <= 0:
+                return await self._expire(conn, inp, version, attempt)
             step += 1
-            result = await self.provider.step(
-                StepContext(run_id=inp.run_id, tenant_id=inp.tenant_id, generation=inp.generation,
-                            attempt=attempt, step=step, prompt=row["prompt"], state=state)
-            )
+            try:
+                result = await asyncio.wait_for(self.provider.step(
+                    StepContext(run_id=inp.run_id, tenant_id=inp.tenant_id, generation=inp.generation,
+                                attempt=attempt, step=step, prompt=row["prompt"], state=state)
+                ), timeout=left)
+            except TimeoutError:
+                return await self._expire(conn, inp, version, attempt)
+            except Exception as exc:  # noqa: BLE001 - any provider error is one counted failure
+                log.warning("provider failed at step %s of run %s: %s", step, inp.run_id,
+                            type(exc).__name__)
+                version, failures = await repo.record_provider_failure(
+                    conn, inp.run_id, expected_row_version=version, generation=inp.generation,
+                    attempt=attempt)
+                if failures >= inp.max_provider_failures:
+                    row = await repo.finish(
+                        conn, inp.run_id, expected_row_version=version, generation=inp.generation,
+                        attempt=attempt, state=RunState.FAILED,
+                        error_code="agent_attempts_exhausted",
+                        error_message=_SAFE_MESSAGES["agent_attempts_exhausted"])
+                    return repo.outcome(row)
+                raise ApplicationError("provider step failed", type="ProviderFailure") from None
+            if datetime.now(UTC) >= deadline:  # no checkpoint after the deadline (R-EXEC-8)
+                return await self._expire(conn, inp, version, attempt)
             state, answer = dict(result.state), result.answer
             usage = _merge_usage(usage, dict(result.usage))
             BEFORE_CHECKPOINT.reach(run_id=inp.run_id, step=step, attempt=attempt)
@@ -139,6 +154,14 @@ class AgentActivities:
         AFTER_FINAL.reach(run_id=inp.run_id, attempt=attempt)
         return repo.outcome(row)
 
+    async def _expire(self, conn: Any, inp: RunInput, version: int, attempt: int) -> dict[str, Any]:
+        row = await repo.finish(
+            conn, inp.run_id, expected_row_version=version, generation=inp.generation,
+            attempt=attempt, state=RunState.EXPIRED, error_code="deadline_exceeded",
+            error_message="the run's deadline passed",
+        )
+        return repo.outcome(row)
+
     async def _saved_outcome_if_terminal(self, run_id: str) -> dict[str, Any] | None:
         try:
             async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
@@ -151,12 +174,22 @@ class AgentActivities:
 
     @activity.defn(name="fail_run_v2")
     async def fail_run(self, inp: FailInput) -> dict[str, Any]:
-        """After retry exhaustion: ``failed`` with a safe code, unless already terminal (R-EXEC-6)."""
+        """After retry exhaustion or at the deadline: end the generation ``failed`` or
+        ``expired`` with a safe code, unless it is already terminal (R-EXEC-6, R-EXEC-8).
+        ``error_message`` is a fixed sentence: never an exception text or a trace."""
+        target = RunState(inp.state)
+        message = (_SAFE_MESSAGES.get(inp.error_code)
+                   or "the agent could not complete after repeated attempts")
         async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-            row = await repo.fail_unowned(
-                conn, inp.run_id, generation=inp.generation, error_code=inp.error_code,
-                error_message="the agent could not complete after repeated attempts",
-            )
+            row = await repo.end_unowned(conn, inp.run_id, generation=inp.generation, state=target,
+                                         error_code=inp.error_code, error_message=message)
             if row is None:
                 row = await repo.get_run(conn, inp.run_id)
         return repo.outcome(row) if row else {"run_id": inp.run_id, "state": "unknown"}
+
+
+_SAFE_MESSAGES = {
+    "agent_attempts_exhausted": "the agent could not complete after repeated attempts",
+    "agent_activity_failed": "the agent activity failed and cannot be retried",
+    "deadline_exceeded": "the run's deadline passed",
+}

@@ -33,20 +33,26 @@ class AgentRunWorkflowV2:
                 inp,
                 schedule_to_close_timeout=budget,
                 heartbeat_timeout=timedelta(seconds=inp.heartbeat_timeout_s),
+                # Unlimited attempts, bounded by the deadline: a crashed, paused or fenced
+                # attempt must never use up a run's retries (an attempt handed to a paused
+                # worker's outstanding poll is lost, too). Provider failures are counted in
+                # the run itself and end it `failed` (R-EXEC-6).
                 retry_policy=RetryPolicy(
                     initial_interval=timedelta(milliseconds=200),
                     backoff_coefficient=2.0,
-                    maximum_interval=timedelta(seconds=2),
-                    maximum_attempts=inp.max_attempts,
+                    maximum_interval=timedelta(seconds=1),
+                    maximum_attempts=0,
                 ),
             )
             return result
         except ActivityError as err:
-            code = "deadline_exceeded" if left <= MIN_TIMEOUT else "agent_attempts_exhausted"
+            overdue = workflow.now() >= datetime.fromisoformat(inp.deadline_at)
+            code = "deadline_exceeded" if overdue else "agent_activity_failed"
             workflow.logger.warning("run %s: activity gave up (%s)", inp.run_id, type(err.cause).__name__)
             failed: dict[str, Any] = await workflow.execute_activity(
                 "fail_run_v2",
-                FailInput(run_id=inp.run_id, generation=inp.generation, error_code=code),
+                FailInput(run_id=inp.run_id, generation=inp.generation, error_code=code,
+                          state="expired" if overdue else "failed"),
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=2)),
             )

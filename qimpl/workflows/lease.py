@@ -9,10 +9,13 @@ that stops running stops touching it, and PostgreSQL itself ends the session —
 frees the lock — ``lease_s`` after the last touch, with no help from the holder.
 
 Timing, with ``lease_s`` equal to the activity's heartbeat timeout ``H``: Temporal
-times the paused attempt out after ``H`` and schedules a retry; the server frees the
-lock after ``H`` (+ up to one touch period, ``H / 4``); the retry takes the lock on its
-first or second try (a busy lock is a retryable failure). So takeover happens within
-about ``H + H/4 + retry backoff``; measured figures are in the qualification reports.
+times the paused attempt out after ``H`` (plus its timer slack, measured 0.5-2 s) and
+schedules a retry; PostgreSQL frees the lock ``H`` after the last touch; the retry takes
+the lock on its first or second try (a busy lock is a retryable failure, backoff <= 1 s).
+One more delay is Temporal's, not ours: each activity poll the paused worker had in
+flight may be handed a retry that it never starts, and that attempt too is lost only
+after ``H``. Workers keep two activity polls, so takeover is bounded by about
+``3 x (H + 3 s)``; the ``paused-owner`` scenario measures it (about 6-7 s at H = 1 s).
 
 Every owner write is made *on this connection*: once the session is gone, so is the
 ability to write, and a resumed zombie's first write fails (the connection is dead) or

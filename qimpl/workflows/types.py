@@ -16,11 +16,14 @@ class RunInput:
     generation: int
     deadline_at: str
     heartbeat_timeout_s: float = 2.0
-    max_attempts: int = 8
+    max_provider_failures: int = 5
 
 
 @dataclass(frozen=True)
 class FailInput:
+    """End a generation that no attempt owns: ``state`` is ``failed`` or ``expired``."""
+
     run_id: str
     generation: int
     error_code: str
+    state: str = "failed"

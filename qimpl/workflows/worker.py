@@ -39,6 +39,9 @@ def build_worker(client: Client, settings: Settings) -> Worker:
         # After a worker dies its sticky queue would hold the next workflow task for the
         # default 10 s; a short timeout hands it to a live worker quickly.
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=1),
+        # A paused worker's outstanding activity polls can each swallow one retry (the
+        # server hands it the task; it never starts). Fewer polls, fewer lost attempts.
+        max_concurrent_activity_task_polls=2,
         graceful_shutdown_timeout=timedelta(seconds=2),
     )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 import time
 import uuid
 from collections.abc import Callable
@@ -139,6 +140,70 @@ class ScenarioContext:
 
     def release_barrier(self, name: str) -> None:
         (self.control / f"barrier.{name}.release").touch()
+
+    # -- crash points ---------------------------------------------------------------
+    def crash_evidence(self, point: str, pid: int | None = None) -> list[dict[str, Any]]:
+        """Lines a process wrote to ``crash_points.jsonl`` before striking at ``point``."""
+        path = self.control / "crash_points.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        docs = [json.loads(line) for line in lines if line.strip()]
+        return [d for d in docs if d["point"] == point and (pid is None or d["pid"] == pid)]
+
+    def wait_crash_point(self, point: str, proc: ManagedProcess, *, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Wait until ``proc`` struck ``point``; returns its evidence line."""
+        pid = proc.pid
+        deadline = time.monotonic() + timeout_s
+        while not (found := self.crash_evidence(point, pid)):
+            if time.monotonic() > deadline:
+                raise HarnessError(f"{proc.name} did not reach crash point {point} in {timeout_s} s")
+            time.sleep(0.01)
+        return found[-1]
+
+    def strike_worker(self, point: str, name: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Start worker ``name`` armed to SIGKILL itself at ``point``; wait for it to die
+        there and record the fault with its evidence (the crash-point line, pid gone)."""
+        proc = self.processes.worker(name, QIMPL_CRASH_POINTS=f"{point}:kill")
+        evidence = self.wait_crash_point(point, proc, timeout_s=timeout_s)
+        assert proc.proc is not None
+        try:
+            code = proc.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired as exc:
+            raise HarnessError(f"{name} survived its crash point {point}") from exc
+        return self.nemesis.crash_point(proc, evidence, exit_code=code)
+
+    def release_crash_point(self, point: str) -> None:
+        (self.control / f"crash.{point}.release").touch()
+
+    # -- direct reads of the database (as an operator would) ------------------------------
+    def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
+        import psycopg
+
+        with psycopg.connect(self.deployment.dsn, autocommit=True) as conn:
+            return conn.execute(query, params).fetchall()
+
+    def cancel_run(self, api: ManagedProcess, run_id: str, agent_id: str = "agent-1") -> dict[str, Any]:
+        self.history.record("client", op="cancel", phase="invoke", run_id=run_id)
+        resp = httpx.post(f"{api.base_url}/v1/agents/{agent_id}/runs/{run_id}/cancel",
+                          headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
+        doc = _json(resp)
+        self.history.record("client", op="cancel", phase="ok" if resp.status_code == 200 else "fail",
+                            run_id=run_id, status=resp.status_code, cancelled=doc.get("cancelled"))
+        if resp.status_code != 200:
+            raise HarnessError(f"cancel answered {resp.status_code}: {resp.text[:200]}")
+        return doc
+
+    def workflow_result(self, workflow_id: str, *, timeout_s: float = 30.0) -> Any:
+        """The result Temporal recorded for ``workflow_id`` (waits for it to close)."""
+        import asyncio
+
+        from temporalio.client import Client
+
+        async def fetch() -> Any:
+            client = await Client.connect(self.deployment.temporal_address,
+                                          namespace=self.deployment.namespace)
+            return await asyncio.wait_for(client.get_workflow_handle(workflow_id).result(), timeout_s)
+
+        return asyncio.run(fetch())
 
 
 def _json(resp: httpx.Response) -> dict[str, Any]:

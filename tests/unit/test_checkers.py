@@ -27,6 +27,7 @@ def call(step: int, t: float, attempt: int = 1) -> dict[str, Any]:
 
 def good() -> list[dict[str, Any]]:
     return merge([
+        {"type": "run", "run_id": R, "t": 0.9, "deadline_t": 100.0, "state": "completed"},
         {"type": "client", "op": "create", "phase": "ok", "run_id": R, "t": 0.5},
         tr(1, None, "accepted", 1), tr(2, "accepted", "queued", 2), tr(3, "queued", "running", 3),
         call(1, 3.1), tr(4, "running", "running", 4, 1), cp(1, 4, 4),
@@ -95,3 +96,23 @@ def test_a_raising_checker_is_unknown_never_green() -> None:
 
     (result,) = ck.run_checks(good(), [broken])
     assert result.ok is None and "KeyError" in result.detail
+
+
+@pytest.mark.req("R-EXEC-7")
+def test_catches_a_zombie_write_after_takeover() -> None:
+    h = merge(good(), [{**tr(9, "running", "running", 7.5, 3), "owner_attempt": 1, "id": 6.7}])
+    h = [e if not (e["type"] == "transition" and e["row_version"] in (6, 7, 8)) else {**e, "owner_attempt": 2} for e in h]
+    result = ck.no_write_by_a_superseded_attempt(h)
+    assert result.ok is False and "attempt 1" in result.detail
+
+
+@pytest.mark.req("R-EXEC-8")
+def test_catches_progress_after_the_deadline() -> None:
+    def with_deadline(t: float) -> list[dict[str, Any]]:
+        return [{**e, "deadline_t": t} if e["type"] == "run" else e for e in good()]
+
+    assert ck.deadline_respected(with_deadline(6.0)).ok is False  # checkpoint 3 at t=7
+    late_call = merge(with_deadline(100.0), [call(4, 100.2)])
+    assert ck.deadline_respected(late_call).ok is False
+    expired = [*with_deadline(7.5)[:-1], tr(8, "running", "expired", 8, 3)]
+    assert ck.deadline_respected(expired).ok is True

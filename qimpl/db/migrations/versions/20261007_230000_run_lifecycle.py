@@ -68,6 +68,7 @@ CREATE TABLE runs (
     started_at            timestamptz,
     completed_at          timestamptz,
     checkpoint_step       integer NOT NULL DEFAULT 0,
+    provider_failures     integer NOT NULL DEFAULT 0,
     result_json           jsonb,
     error_code            text,
     error_message         text,

@@ -1,0 +1,68 @@
+"""The API under faults: the response to a create is lost because the API dies."""
+
+from __future__ import annotations
+
+from qimpl.lifecycle import workflow_id
+from qualify.errors import HarnessError
+from qualify.fakes.synthetic import make_prompt
+from qualify.scenarios.base import ScenarioContext, scenario
+
+AFTER_ACCEPT = "api.after_acceptance_commit"
+AFTER_DISPATCH = "api.after_dispatch"
+
+
+def _lost_response(ctx: ScenarioContext, point: str) -> None:
+    ctx.processes.worker()
+    doomed = ctx.processes.api("api-1", QIMPL_CRASH_POINTS=f"{point}:kill")
+    key = f"lost-response-{ctx.rng.randrange(10**9)}"
+    prompt = make_prompt(steps=2, answer="once")
+    first = ctx.create_run(doomed, prompt=prompt, key=key)
+    if first is not None:
+        raise HarnessError(f"the API answered {first.status_code} instead of dying at {point}")
+    evidence = ctx.crash_evidence(point, doomed.pid)
+    assert doomed.proc is not None
+    doomed.proc.wait(timeout=10)
+    if not evidence:
+        raise HarnessError(f"api-1 died without striking {point}")
+    ctx.nemesis.crash_point(doomed, evidence[-1])
+    api = ctx.processes.api("api-2")
+    retry = ctx.create_run(api, prompt=prompt, key=key)
+    if retry is None:
+        raise HarnessError("the retry's outcome is unknown")
+    ctx.expect("the retry with the same key gets 202 and Idempotent-Replayed",
+               retry.status_code == 202 and retry.headers.get("Idempotent-Replayed") == "true",
+               f"{retry.status_code} {dict(retry.headers).get('idempotent-replayed')}", "R-CREATE-2")
+    run_id = retry.json()["run_id"]
+    ctx.expect("the receipt names the run committed before the crash",
+               run_id == evidence[-1]["context"].get("run_id"), run_id, "R-CREATE-4")
+    run = ctx.wait_terminal(api, run_id)
+    ctx.expect("run completed", run["state"] == "completed", run["state"])
+    runs = ctx.sql("SELECT count(*) FROM runs")[0][0]
+    ctx.expect("exactly one run", runs == 1, f"{runs} runs", "R-CREATE-2")
+    result = ctx.workflow_result(workflow_id(run_id, 1))
+    ctx.expect("exactly one workflow: generation 1 completed, no other generation",
+               result.get("state") == "completed" and run["generation"] == 1, str(result), "R-CREATE-5")
+
+
+@scenario(
+    "lost-response-after-acceptance",
+    title="SIGKILL the API after the acceptance commit, before dispatch; the client retries "
+          "with the same key: same receipt, one run, one workflow",
+    requirements=("R-CREATE-2", "R-CREATE-4", "R-CREATE-5", "R-Q-4"),
+    faults=(f"sigkill at {AFTER_ACCEPT}",),
+    crash_points=(AFTER_ACCEPT,),
+)
+def lost_response_after_acceptance(ctx: ScenarioContext) -> None:
+    _lost_response(ctx, AFTER_ACCEPT)
+
+
+@scenario(
+    "lost-response-after-dispatch",
+    title="SIGKILL the API after Temporal accepted the workflow, before `queued` is committed; "
+          "the retry counts 'already started' as confirmation",
+    requirements=("R-CREATE-2", "R-CREATE-5", "R-Q-4"),
+    faults=(f"sigkill at {AFTER_DISPATCH}",),
+    crash_points=(AFTER_DISPATCH,),
+)
+def lost_response_after_dispatch(ctx: ScenarioContext) -> None:
+    _lost_response(ctx, AFTER_DISPATCH)

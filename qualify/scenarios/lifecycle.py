@@ -1,0 +1,274 @@
+"""Run lifecycle v2 under faults: kills at every commit boundary, a paused owner, a killed
+lock session, retry exhaustion, terminal redelivery, expiry and cancel races."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from typing import Any
+
+from qimpl.lifecycle import workflow_id
+from qualify.errors import HarnessError
+from qualify.fakes.synthetic import make_prompt
+from qualify.processes import ManagedProcess
+from qualify.scenarios.base import ScenarioContext, scenario
+
+STEPS = 5
+CKPT_BEFORE = "activity.before_checkpoint_commit"
+CKPT_AFTER = "activity.after_checkpoint_commit"
+FINAL_BEFORE = "activity.before_final_commit"
+FINAL_AFTER = "activity.after_final_commit"
+CLAIMED = "activity.after_claim"
+
+
+def provider_calls(ctx: ScenarioContext, run_id: str) -> list[dict[str, Any]]:
+    path = ctx.control / "provider_calls.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [d for d in map(json.loads, lines) if d["run_id"] == run_id]
+
+
+def accepted(ctx: ScenarioContext, api: ManagedProcess, **kwargs: Any) -> str:
+    resp = ctx.create_run(api, **kwargs)
+    if resp is None or resp.status_code != 202:
+        raise HarnessError(f"create failed: {resp and resp.status_code} {resp and resp.text[:200]}")
+    return str(resp.json()["run_id"])
+
+
+@scenario(
+    "kill-at-every-commit-boundary",
+    title="SIGKILL the worker after the claim and before and after every checkpoint commit "
+          "of a 5-step script, then before the final commit",
+    requirements=("R-EXEC-2", "R-EXEC-3", "R-EXEC-4", "R-STATE-1", "R-Q-2", "R-Q-4"),
+    faults=tuple(["sigkill at activity.after_claim"]
+                 + [f"sigkill at {p} (step {s})" for s in range(1, STEPS + 1)
+                    for p in (CKPT_BEFORE, CKPT_AFTER)]
+                 + [f"sigkill at {FINAL_BEFORE}"]),
+    crash_points=(CLAIMED, CKPT_BEFORE, CKPT_AFTER, FINAL_BEFORE),
+)
+def kill_at_every_commit_boundary(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="boundaries"))
+    points = [CLAIMED] + [p for _ in range(STEPS) for p in (CKPT_BEFORE, CKPT_AFTER)] + [FINAL_BEFORE]
+    for i, point in enumerate(points, 1):
+        ctx.strike_worker(point, f"worker-{i}")
+    ctx.processes.worker(f"worker-{len(points) + 1}")
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    ctx.expect("run completed", run["state"] == "completed", run["state"], "R-EXEC-4")
+    steps = Counter(c["step"] for c in provider_calls(ctx, run_id))
+    ctx.expect("steps asked: each once per kill before its checkpoint, never after",
+               steps == Counter({s: 2 for s in range(1, STEPS + 1)}),
+               f"calls per step {dict(sorted(steps.items()))}", "R-EXEC-4")
+    ckpts = ctx.sql("SELECT step FROM run_checkpoints WHERE run_id = %s ORDER BY step", run_id)
+    ctx.expect("one checkpoint per step", [r[0] for r in ckpts] == list(range(1, STEPS + 1)),
+               str(ckpts), "R-EXEC-3")
+
+
+def _owner(procs: list[ManagedProcess], pid: int) -> ManagedProcess:
+    for p in procs:
+        if p.alive and p.pid == pid:
+            return p
+    raise HarnessError(f"no worker with pid {pid}")
+
+
+def _takeover_seconds(ctx: ScenarioContext, run_id: str, since: float) -> float | None:
+    rows = ctx.sql("SELECT extract(epoch FROM min(at))::float8 FROM run_transitions"
+                   " WHERE run_id = %s AND owner_attempt >= 2", run_id)
+    t = rows[0][0] if rows else None
+    return None if t is None else round(t - since, 3)
+
+
+def _paused_owner(ctx: ScenarioContext, *, resume: bool) -> None:
+    api = ctx.processes.api()
+    workers = [ctx.processes.worker("worker-1"), ctx.processes.worker("worker-2")]
+    h = ctx.deployment.heartbeat_timeout_s
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="paused",
+                                                   barrier={"step": 2, "name": "pause"}))
+    held = ctx.wait_barrier("pause")
+    owner = _owner(workers, held["pid"])
+    ctx.nemesis.sigstop(owner, barrier="pause", step=held["step"], attempt=held["attempt"])
+    stopped_at = time.time()
+    deadline = time.monotonic() + 2 * h + 30
+    while _takeover_seconds(ctx, run_id, stopped_at) is None:
+        if time.monotonic() > deadline:
+            raise HarnessError("no attempt took over from the paused owner")
+        time.sleep(0.02)
+    takeover = _takeover_seconds(ctx, run_id, stopped_at)
+    ctx.figures["takeover_after_sigstop_s"] = takeover or 0.0
+    # Bound: each of the paused worker's outstanding activity polls (2) may swallow one
+    # attempt; each attempt is lost after H, plus the server's timer slack (measured
+    # 0.5-2 s) and at most 1 s of backoff; then one more attempt wins.
+    bound = 3 * (h + 3)
+    ctx.expect(f"a new attempt took over within {bound:.0f} s",
+               takeover is not None and takeover <= bound, f"{takeover} s (H = {h} s)", "R-EXEC-2")
+    ctx.release_barrier("pause")
+    # Keep the owner stopped for twice the heartbeat timeout in all.
+    while time.time() < stopped_at + 2 * h:
+        time.sleep(0.02)
+    resumed_at = time.time()
+    if resume:
+        ctx.nemesis.sigcont(owner)
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    ctx.expect("run completed", run["state"] == "completed", run["state"], "R-EXEC-2")
+    if resume:
+        zombie_calls = [c for c in provider_calls(ctx, run_id)
+                        if c["pid"] == owner.pid and c["t"] >= resumed_at]
+        ctx.expect("the resumed zombie made no provider call", not zombie_calls,
+                   f"{len(zombie_calls)} calls", "R-EXEC-7")
+        zombie_writes = ctx.sql(
+            "SELECT count(*) FROM run_transitions WHERE run_id = %s AND owner_attempt = %s"
+            " AND at >= to_timestamp(%s)", run_id, held["attempt"], resumed_at)[0][0]
+        ctx.expect("the resumed zombie committed nothing", zombie_writes == 0,
+                   f"{zombie_writes} writes by attempt {held['attempt']}", "R-EXEC-7")
+
+
+@scenario(
+    "paused-owner",
+    title="SIGSTOP the owner mid-activity for 2 x heartbeat timeout, then SIGCONT: a new "
+          "attempt takes over; the zombie is fenced",
+    requirements=("R-EXEC-2", "R-EXEC-7", "R-Q-2"),
+    faults=("sigstop owner at barrier", "sigcont owner"),
+)
+def paused_owner(ctx: ScenarioContext) -> None:
+    _paused_owner(ctx, resume=True)
+
+
+@scenario(
+    "paused-owner-never-resumed",
+    title="SIGSTOP the owner and never resume it: the run still completes",
+    requirements=("R-EXEC-2", "R-Q-2"),
+    faults=("sigstop owner at barrier",),
+)
+def paused_owner_never_resumed(ctx: ScenarioContext) -> None:
+    _paused_owner(ctx, resume=False)
+
+
+@scenario(
+    "lock-session-killed",
+    title="pg_terminate_backend on the owner's lock session under a live owner: its next "
+          "write is fenced and exactly one checkpoint per step is committed",
+    requirements=("R-EXEC-2", "R-EXEC-3", "R-EXEC-7", "R-Q-2"),
+    faults=("pg_terminate_backend of the lock session",),
+)
+def lock_session_killed(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    worker = ctx.processes.worker()
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="relocked",
+                                                   barrier={"step": 3, "name": "lock"}))
+    held = ctx.wait_barrier("lock")
+    ctx.nemesis.terminate_backend(ctx.deployment.dsn, f"qimpl-owner:{run_id}")
+    ctx.release_barrier("lock")
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    ctx.expect("run completed", run["state"] == "completed", run["state"])
+    attempts = ctx.sql("SELECT DISTINCT attempt FROM run_checkpoints WHERE run_id = %s AND step >= 3", run_id)
+    ctx.expect("steps from 3 on were committed by a later attempt (the old owner was fenced)",
+               all(a[0] > held["attempt"] for a in attempts), str(attempts), "R-EXEC-7")
+    ctx.expect("the worker survived (only its session was killed)", worker.alive, worker.name)
+
+
+@scenario(
+    "retry-exhaustion",
+    title="The provider fails every attempt: the run ends failed with a safe error code",
+    requirements=("R-EXEC-6",),
+)
+def retry_exhaustion(ctx: ScenarioContext) -> None:
+    attempts = 3
+    api = ctx.processes.api(QIMPL_PROVIDER_MAX_FAILURES=str(attempts))
+    ctx.processes.worker()
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=2, fail="always"))
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    ctx.expect("run failed", run["state"] == "failed", run["state"], "R-EXEC-6")
+    ctx.expect("safe error_code", run["error_code"] == "agent_attempts_exhausted",
+               str(run["error_code"]), "R-EXEC-6")
+    message = run["error_message"] or ""
+    leaks = [m for m in ("Traceback", 'File "', "SyntheticFailure", "scripted failure", "postgresql://")
+             if m in message]
+    ctx.expect("error_message carries no trace, exception text or secret", not leaks,
+               message, "R-EXEC-6", "R-READ-3")
+    calls = provider_calls(ctx, run_id)
+    ctx.expect(f"one provider call per counted failure ({attempts})", len(calls) == attempts,
+               str(len(calls)), "R-EXEC-6")
+
+
+@scenario(
+    "terminal-redelivery",
+    title="Kill the worker right after the final commit, before Temporal hears of it: the "
+          "retried attempt returns the saved outcome without calling the provider",
+    requirements=("R-EXEC-5", "R-Q-4"),
+    faults=(f"sigkill at {FINAL_AFTER}",),
+    crash_points=(FINAL_AFTER,),
+)
+def terminal_redelivery(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=3, answer="saved"))
+    ctx.strike_worker(FINAL_AFTER, "worker-1")
+    before = len(provider_calls(ctx, run_id))
+    ctx.processes.worker("worker-2")
+    result = ctx.workflow_result(workflow_id(run_id, 1))
+    ctx.expect("the workflow returned the saved outcome",
+               result.get("state") == "completed" and result.get("result") == {"answer": "saved"},
+               json.dumps(result)[:300], "R-EXEC-5")
+    after = len(provider_calls(ctx, run_id))
+    ctx.expect("provider calls unchanged by the redelivery", after == before == 3,
+               f"{before} -> {after}", "R-EXEC-5")
+    run = ctx.read_run(api, run_id)
+    ctx.expect("run completed", run["state"] == "completed", run["state"])
+
+
+@scenario(
+    "expiry-mid-run",
+    title="A deadline shorter than the scripted work: expired at the deadline, no provider "
+          "call and no checkpoint after it",
+    requirements=("R-EXEC-8",),
+)
+def expiry_mid_run(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    ctx.processes.worker()
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=50, delay_ms=200), deadline_seconds=2)
+    run = ctx.wait_terminal(api, run_id, timeout_s=30)
+    ctx.expect("run expired", run["state"] == "expired", run["state"], "R-EXEC-8")
+    ctx.expect("error_code deadline_exceeded", run["error_code"] == "deadline_exceeded",
+               str(run["error_code"]), "R-EXEC-8")
+    ckpts = ctx.sql("SELECT count(*) FROM run_checkpoints WHERE run_id = %s", run_id)[0][0]
+    ctx.expect("some steps were checkpointed before the deadline", ckpts > 0, f"{ckpts} checkpoints")
+
+
+def _cancel_with_hold(ctx: ScenarioContext, api: ManagedProcess, point: str, name: str) -> None:
+    worker = ctx.processes.worker(name, QIMPL_CRASH_POINTS=f"{point}:hold")
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=2, answer="raced"))
+    ctx.wait_crash_point(point, worker)
+    answer = ctx.cancel_run(api, run_id)
+    ctx.release_crash_point(point)
+    run = ctx.wait_terminal(api, run_id)
+    expected = point == FINAL_BEFORE
+    ctx.expect(f"cancel at {point}: answer {expected}, state agrees",
+               answer["cancelled"] is expected and (run["state"] == "cancelled") is expected,
+               f"answer {answer}, state {run['state']}", "R-CANCEL-1")
+    worker.stop()
+
+
+@scenario(
+    "cancel-vs-completion",
+    title="Cancel against the final commit, both orders, then many random interleavings: "
+          "the answer and the row always agree; a cancelled run is never completed",
+    requirements=("R-CANCEL-1", "R-STATE-1", "R-EXEC-7", "R-Q-4"),
+    crash_points=(FINAL_BEFORE, FINAL_AFTER),
+)
+def cancel_vs_completion(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    _cancel_with_hold(ctx, api, FINAL_BEFORE, "worker-hold-before")
+    _cancel_with_hold(ctx, api, FINAL_AFTER, "worker-hold-after")
+    ctx.processes.worker("worker-free")
+    disagreements = []
+    outcomes: Counter[str] = Counter()
+    for _ in range(8):
+        run_id = accepted(ctx, api, prompt=make_prompt(steps=2, delay_ms=ctx.rng.randrange(0, 40)))
+        time.sleep(ctx.rng.uniform(0.0, 0.25))  # the workload's chosen interleaving
+        answer = ctx.cancel_run(api, run_id)
+        run = ctx.wait_terminal(api, run_id)
+        outcomes[run["state"]] += 1
+        if answer["cancelled"] != (run["state"] == "cancelled"):
+            disagreements.append(f"{run_id}: {answer} vs {run['state']}")
+    ctx.figures.update({f"random_{k}": v for k, v in outcomes.items()})
+    ctx.expect("random interleavings: answer and row agree", not disagreements,
+               "; ".join(disagreements) or dict(outcomes).__repr__(), "R-CANCEL-1")
