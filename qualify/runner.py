@@ -53,11 +53,12 @@ class ScenarioResult:
 
 def judge(checks: list[Check], faults: list[dict[str, Any]], *, expected_faults: int,
           error: Verdict | None = None) -> Verdict:
-    """Pure verdict of one scenario (see ``qualify.verdict`` for the order)."""
-    if error is not None:
-        return error
+    """Pure verdict of one scenario (see ``qualify.verdict`` for the order): a failed
+    check is ``fail`` even if the scenario also broke off (``error``)."""
     if any(c.ok is False for c in checks):
         return Verdict.FAIL
+    if error is not None:
+        return error
     if any(c.ok is None for c in checks):
         return Verdict.UNKNOWN
     if expected_faults and (len(faults) < expected_faults or not all(f["landed"] for f in faults)):
@@ -110,7 +111,9 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
     events = merge(history.events, collected)
     history.rewrite(events)
     history.close()
-    checks = ctx.checks + (run_checks(events, GENERIC_CHECKERS) if error_verdict is None else [])
+    # The checkers run even when the scenario broke off: a violation in what was recorded
+    # is a ``fail`` (which outranks ``crashed``), whatever stopped the scenario.
+    checks = ctx.checks + (run_checks(events, GENERIC_CHECKERS) if collected else [])
     struck = sorted({e["point"] for e in events if e["type"] == "crash_point"})
     verdict = judge(checks, nemesis.recorded, expected_faults=len(scenario.faults), error=error_verdict)
     return ScenarioResult(

@@ -33,6 +33,7 @@ def test_judge() -> None:
     assert judge([ok], [missed], expected_faults=1) is Verdict.VACUOUS
     assert judge([ok], [], expected_faults=1) is Verdict.VACUOUS
     assert judge([ok], [], expected_faults=1, error=Verdict.CRASHED) is Verdict.CRASHED
+    assert judge([ok, bad], [], expected_faults=1, error=Verdict.CRASHED) is Verdict.FAIL
 
 
 @pytest.mark.req("R-Q-7")
