@@ -2,7 +2,8 @@
 
 Routes (R-CREATE-1..5, R-READ-1):
 
-- ``POST /v1/agents/{agent_id}/runs``            create a durable run, 202 + receipt
+- ``POST /v1/agents/{agent_id}/runs``            create a run (durable, or legacy inline), 202 + receipt
+- ``POST /v1/answer``                             synchronous answer, JSON or SSE (R-CREATE-7)
 - ``GET  /v1/agents/{agent_id}/runs/{run_id}``   read a run
 - ``POST /v1/agents/{agent_id}/runs/{run_id}/cancel``  cancel (R-CANCEL-1)
 - ``GET  /healthz``                               liveness (no database or Temporal call)
@@ -23,17 +24,28 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Header, Request, Response
 from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
+from sse_starlette.sse import EventSourceResponse
 from temporalio.client import Client
 
 from qimpl.api.auth import Authenticator, Principal, StaticKeyAuthenticator
 from qimpl.api.errors import ApiError, install_error_handlers
-from qimpl.api.models import CancelAnswer, CreateRunRequest, ErrorBody, Receipt, RunView
+from qimpl.api.models import (
+    AnswerIn,
+    AnswerOut,
+    CancelAnswer,
+    CreateRunRequest,
+    ErrorBody,
+    Receipt,
+    RunView,
+)
 from qimpl.crashpoints import declare
 from qimpl.db import runs as repo
 from qimpl.dispatch import dispatch
 from qimpl.errors import DispatchUnknown
+from qimpl.legacy import answer_inline, run_inline
 from qimpl.lifecycle import RunState, workflow_id
 from qimpl.logs import setup_logging
+from qimpl.provider import Provider, load_provider
 from qimpl.settings import Settings, get_settings
 
 __all__ = ["create_app"]
@@ -51,7 +63,7 @@ _ERRORS = {
     404: {"model": ErrorBody, "description": "run_not_found"},
     409: {"model": ErrorBody, "description": "idempotency_key_in_flight"},
     422: {"model": ErrorBody, "description": "invalid_request, idempotency_key_reused"},
-    501: {"model": ErrorBody, "description": "legacy_inline_unavailable"},
+    502: {"model": ErrorBody, "description": "answer_failed"},
     503: {"model": ErrorBody, "description": "durable_dispatch_unknown (with the receipt)"},
 }
 
@@ -68,6 +80,25 @@ class Services:
         self.authenticator: Authenticator = StaticKeyAuthenticator(settings.api_keys)
         self._client: Client | None = None
         self._client_lock = asyncio.Lock()
+        self._provider: Provider | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def provider(self) -> Provider:
+        """The provider for the legacy inline path and ``/v1/answer``."""
+        if self._provider is None:
+            self._provider = load_provider(self.settings.provider, self.settings.provider_config)
+        return self._provider
+
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` in the background, keeping a reference until it ends."""
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def run_legacy(self, run_id: str) -> None:
+        async with self.pool.connection() as conn:
+            await run_inline(conn, self.provider, run_id)
 
     async def temporal(self) -> Client:
         """The Temporal client, connected on first use (the API starts without Temporal)."""
@@ -157,6 +188,26 @@ async def _answer(services: Services, row: dict[str, Any], *, replayed: bool) ->
     return JSONResponse(_receipt(row).model_dump(mode="json"), 202, headers)
 
 
+async def _create_legacy(svc: Services, agent_id: str, body: CreateRunRequest, principal: Principal,
+                         key: str | None) -> Response:
+    """R-CREATE-6: the legacy inline path, executed in this process (no restart promise)."""
+    run_id = str(uuid.uuid4())
+    async with svc.pool.connection() as conn:
+        row = await repo.insert_run_or_none(
+            conn, run_id=run_id, tenant_id=principal.tenant_id, principal_id=principal.principal_id,
+            agent_id=agent_id, prompt=body.prompt, request=body.model_dump(),
+            stream_key=secrets.token_urlsafe(24), deadline_s=body.deadline_seconds, workflow_id=None,
+            route=CREATE_ROUTE, idempotency_key=key, fingerprint=_fingerprint(agent_id, body),
+            lifecycle_version=1)
+        if row is None:
+            raise ApiError(409, "idempotency_key_in_flight", "this key is already in use")
+    svc.spawn(svc.run_legacy(run_id))
+    receipt = Receipt(agent_id=agent_id, run_id=run_id, stream_key=row["stream_key"],
+                      state=RunState.QUEUED, lifecycle_version=1, durability="legacy",
+                      deadline_at=row["deadline_at"])
+    return JSONResponse(receipt.model_dump(mode="json"), 202)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the application; settings default to the environment's."""
     settings = settings or get_settings()
@@ -172,6 +223,42 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="qimpl durable agent runs", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
+
+    @app.post("/v1/answer", response_model=AnswerOut, responses=_ERRORS)
+    async def answer(
+        body: AnswerIn,
+        request: Request,
+        principal: Annotated[Principal, Depends(_principal)],
+        accept: Annotated[str | None, Header()] = None,
+    ) -> Response:
+        """Synchronous answer (R-CREATE-7): JSON, or SSE when ``Accept: text/event-stream``
+        (events ``answer`` then ``done``; on failure one ``error`` event with a code).
+        Durable runs do not change it; nothing is stored."""
+        svc = _services(request)
+        run_id = f"answer-{uuid.uuid4()}"
+
+        async def compute() -> dict[str, Any]:
+            return await answer_inline(svc.provider, prompt=body.prompt, run_id=run_id,
+                                       tenant_id=principal.tenant_id)
+
+        if "text/event-stream" in (accept or ""):
+            async def events() -> AsyncIterator[dict[str, str]]:
+                try:
+                    out = await compute()
+                except Exception as exc:  # noqa: BLE001 - streamed as a coded event, never a trace
+                    log.warning("answer failed: %s", type(exc).__name__)
+                    yield {"event": "error", "data": json.dumps({"code": "answer_failed"})}
+                    return
+                yield {"event": "answer", "data": json.dumps(out)}
+                yield {"event": "done", "data": "{}"}
+
+            return EventSourceResponse(events())
+        try:
+            out = await compute()
+        except Exception as exc:  # noqa: BLE001 - a coded error, never a trace
+            log.warning("answer failed: %s", type(exc).__name__)
+            raise ApiError(502, "answer_failed", "the provider could not answer") from None
+        return JSONResponse(AnswerOut(**out).model_dump())
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
@@ -191,7 +278,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         the start; 503 ``durable_dispatch_unknown`` with the receipt when it could not."""
         svc = _services(request)
         if not body.durable_temporal:
-            raise ApiError(501, "legacy_inline_unavailable", "only durable runs are served here")
+            return await _create_legacy(svc, agent_id, body, principal, idempotency_key)
         if not idempotency_key:
             raise ApiError(400, "idempotency_key_required", "durable creation needs an Idempotency-Key")
         fingerprint = _fingerprint(agent_id, body)

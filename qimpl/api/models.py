@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from qimpl.lifecycle import DEFAULT_DEADLINE_S, MAX_DEADLINE_S, MIN_DEADLINE_S
 
-__all__ = ["CancelAnswer", "CreateRunRequest", "ErrorBody", "Receipt", "RunView"]
+__all__ = ["AnswerIn", "AnswerOut", "CancelAnswer", "CreateRunRequest", "ErrorBody", "Receipt",
+           "RunView"]
 
 MAX_PROMPT_CHARS = 32_000
 
@@ -24,6 +25,20 @@ class CreateRunRequest(BaseModel):
     durable_temporal: bool = False
     response_mode: Literal["receipt"] = "receipt"
     deadline_seconds: int = Field(default=DEFAULT_DEADLINE_S, ge=MIN_DEADLINE_S, le=MAX_DEADLINE_S)
+
+
+class AnswerIn(BaseModel):
+    """R-CREATE-7."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+
+
+class AnswerOut(BaseModel):
+    answer: str
+    steps: int
+    usage: dict[str, int]
 
 
 class Receipt(BaseModel):

@@ -85,22 +85,25 @@ async def insert_run(
     request: Mapping[str, Any],
     stream_key: str,
     deadline_s: int,
-    workflow_id: str,
+    workflow_id: str | None,
     route: str,
-    idempotency_key: str,
+    idempotency_key: str | None,
     fingerprint: str,
+    lifecycle_version: int = 2,
 ) -> Row | None:
     """Commit the run as ``accepted`` with its idempotency record and dispatch identity in
     one transaction (R-CREATE-4). Returns the row, or None when the key already exists
-    (nothing is written then)."""
+    (nothing is written then). A legacy run (``lifecycle_version=1``) may have no key."""
     async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(
             """
             INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,
-                              request_json, stream_key, workflow_id, accepted_at, deadline_at)
+                              request_json, stream_key, workflow_id, accepted_at, deadline_at,
+                              lifecycle_version, durability)
             SELECT %(run_id)s, %(tenant)s, %(principal)s, %(agent)s, 'accepted', %(prompt)s,
                    %(request)s, %(stream_key)s, %(workflow_id)s, t.now,
-                   t.now + make_interval(secs => %(deadline_s)s)
+                   t.now + make_interval(secs => %(deadline_s)s), %(lifecycle)s,
+                   CASE WHEN %(lifecycle)s = 2 THEN 'temporal' ELSE 'legacy' END
             FROM (SELECT clock_timestamp() AS now) t
             WHERE NOT EXISTS (SELECT 1 FROM idempotency_records
                               WHERE tenant_id = %(tenant)s AND principal_id = %(principal)s
@@ -111,12 +114,14 @@ async def insert_run(
                 "run_id": run_id, "tenant": tenant_id, "principal": principal_id,
                 "agent": agent_id, "prompt": prompt, "request": Jsonb(dict(request)),
                 "stream_key": stream_key, "workflow_id": workflow_id, "deadline_s": deadline_s,
-                "route": route, "key": idempotency_key,
+                "route": route, "key": idempotency_key, "lifecycle": lifecycle_version,
             },
         )
         row = await cur.fetchone()
         if row is None:
             return None
+        if idempotency_key is None:
+            return row
         await cur.execute(
             """
             INSERT INTO idempotency_records (tenant_id, principal_id, route, key, fingerprint, run_id)

@@ -22,6 +22,7 @@ from temporalio.exceptions import ApplicationError
 from qimpl.crashpoints import declare
 from qimpl.db import runs as repo
 from qimpl.errors import LockNotAcquired, LostOwnership
+from qimpl.legacy import run_inline
 from qimpl.lifecycle import TERMINAL, RunState
 from qimpl.provider import Provider, StepContext
 from qimpl.workflows.lease import OwnershipLease
@@ -171,6 +172,13 @@ class AgentActivities:
         if row is not None and RunState(row["state"]) in TERMINAL:
             return repo.outcome(row)
         return None
+
+    @activity.defn(name="run_agent_v1")
+    async def run_agent_v1(self, run_id: str) -> dict[str, Any]:
+        """Version-1 activity: the legacy inline loop, no lease and no checkpoints."""
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            state = await run_inline(conn, self.provider, run_id)
+        return {"run_id": run_id, "state": str(state)}
 
     @activity.defn(name="fail_run_v2")
     async def fail_run(self, inp: FailInput) -> dict[str, Any]:

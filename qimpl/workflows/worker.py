@@ -21,10 +21,14 @@ from qimpl.provider import load_provider
 from qimpl.settings import Settings, get_settings
 from qimpl.workflows.activities import AgentActivities
 from qimpl.workflows.agent_run import AgentRunWorkflowV2
+from qimpl.workflows.agent_run_v1 import AgentRunWorkflowV1
 
-__all__ = ["build_worker", "main"]
+__all__ = ["WORKFLOWS", "build_worker", "main"]
 
 log = logging.getLogger("qimpl.worker")
+
+#: Every workflow type the worker serves; version 1 stays for replay (R-EXEC-10).
+WORKFLOWS = (AgentRunWorkflowV2, AgentRunWorkflowV1)
 
 
 def build_worker(client: Client, settings: Settings) -> Worker:
@@ -34,8 +38,8 @@ def build_worker(client: Client, settings: Settings) -> Worker:
     return Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[AgentRunWorkflowV2],
-        activities=[activities.run_agent, activities.fail_run],
+        workflows=list(WORKFLOWS),
+        activities=[activities.run_agent, activities.fail_run, activities.run_agent_v1],
         # After a worker dies its sticky queue would hold the next workflow task for the
         # default 10 s; a short timeout hands it to a live worker quickly.
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=1),
