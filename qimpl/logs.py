@@ -5,25 +5,30 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 
 __all__ = ["setup_logging"]
 
 
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+
 class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message and every ``extra`` field
+    (``run_id``, ``event``, ...). Exceptions contribute their type only, never a trace."""
+
     def format(self, record: logging.LogRecord) -> str:
-        doc = {
-            "t": round(time.time(), 3),
+        doc: dict[str, object] = {
+            "t": round(record.created, 3),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for key in ("run_id", "event"):
-            if hasattr(record, key):
-                doc[key] = getattr(record, key)
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                doc[key] = value
         if record.exc_info and record.exc_info[0] is not None:
             doc["exc_type"] = record.exc_info[0].__name__  # never the traceback text
-        return json.dumps(doc)
+        return json.dumps(doc, default=str)
 
 
 def setup_logging(level: int = logging.INFO) -> None:

@@ -29,15 +29,21 @@ class StepContext:
     step: int
     prompt: str
     state: Mapping[str, Any]
+    #: Inputs given by resumes, oldest first (R-RESUME-1).
+    inputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
 class StepResult:
-    """``state`` is checkpointed; ``answer`` set means the run is complete after this step."""
+    """``state`` is checkpointed; ``answer`` set means the run is complete after this step;
+    ``pending`` set parks the run for a human (R-READ-2): ``{"kind": "input", ...}`` for
+    ``awaiting_input`` or ``{"kind": "approval", "approval_id", "action_version", "tool",
+    "arguments"}`` for ``awaiting_approval``."""
 
     state: Mapping[str, Any]
     answer: str | None = None
     usage: Mapping[str, int] = field(default_factory=dict)
+    pending: Mapping[str, Any] | None = None
 
 
 class Provider(ABC):

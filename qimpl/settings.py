@@ -43,6 +43,10 @@ class Settings(BaseSettings):
     concurrency_limit: int = Field(
         default=0, validation_alias=AliasChoices("AGENT_CONCURRENCY_LIMIT", "QIMPL_CONCURRENCY_LIMIT")
     )
+    #: Seconds between reconciler sweeps (R-OPS-3).
+    reconcile_interval_s: float = 5.0
+    #: Port of the worker's Prometheus endpoint; 0 disables it (R-OPS-6).
+    metrics_port: int = 0
     reconcile_tenants: list[str] = Field(
         default_factory=list,
         validation_alias=AliasChoices("DURABLE_AGENT_RECONCILE_TENANTS", "QIMPL_RECONCILE_TENANTS"),

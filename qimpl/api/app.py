@@ -6,6 +6,8 @@ Routes (R-CREATE-1..5, R-READ-1):
 - ``POST /v1/answer``                             synchronous answer, JSON or SSE (R-CREATE-7)
 - ``GET  /v1/agents/{agent_id}/runs/{run_id}``   read a run
 - ``POST /v1/agents/{agent_id}/runs/{run_id}/cancel``  cancel (R-CANCEL-1)
+- ``POST /v1/agents/{agent_id}/runs/{run_id}/resume``  resume (R-RESUME-1..2)
+- ``GET  /metrics``                               Prometheus metrics (R-OPS-6)
 - ``GET  /healthz``                               liveness (no database or Temporal call)
 """
 
@@ -23,10 +25,12 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Request, Response
 from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from psycopg_pool import AsyncConnectionPool
 from sse_starlette.sse import EventSourceResponse
 from temporalio.client import Client
 
+from qimpl import metrics
 from qimpl.api.auth import Authenticator, Principal, StaticKeyAuthenticator
 from qimpl.api.errors import ApiError, install_error_handlers
 from qimpl.api.models import (
@@ -36,6 +40,7 @@ from qimpl.api.models import (
     CreateRunRequest,
     ErrorBody,
     Receipt,
+    ResumeRequest,
     RunView,
 )
 from qimpl.crashpoints import declare
@@ -56,6 +61,14 @@ AFTER_ACCEPT = declare("api.after_acceptance_commit", "the run is committed `acc
 AFTER_DISPATCH = declare("api.after_dispatch", "Temporal accepted the workflow, `queued` not yet committed")
 
 CREATE_ROUTE = "POST /v1/agents/{agent_id}/runs"
+RESUME_ROUTE = "POST /v1/agents/{agent_id}/runs/{run_id}/resume"
+
+#: Why a run in this state cannot be resumed (R-RESUME-2).
+_NOT_RESUMABLE = {
+    "queued": "run_active", "running": "run_active", "awaiting_approval": "run_active",
+    "completed": "run_terminal", "failed": "run_terminal", "expired": "run_terminal",
+    "cancelled": "run_terminal",
+}
 
 _ERRORS = {
     400: {"model": ErrorBody, "description": "idempotency_key_required"},
@@ -260,6 +273,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise ApiError(502, "answer_failed", "the provider could not answer") from None
         return JSONResponse(AnswerOut(**out).model_dump())
 
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics_endpoint(request: Request) -> Response:
+        """Prometheus metrics (R-OPS-6); gauges are recomputed from the database per scrape,
+        worker availability from Temporal's view of the task queue (best effort)."""
+        svc = _services(request)
+        async with svc.pool.connection() as conn:
+            await metrics.refresh_from_db(conn)
+        try:
+            client = await svc.temporal()
+            await asyncio.wait_for(metrics.refresh_pollers(client, svc.settings), timeout=2)
+        except Exception as exc:  # noqa: BLE001 - metrics never fail the scrape
+            log.info("poller metrics unavailable: %s", type(exc).__name__)
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
@@ -323,6 +350,54 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         """Read a run (R-READ-1); another principal or tenant gets 404 (R-AUTH-1)."""
         async with _services(request).pool.connection() as conn:
             return _view(await _owned_run(conn, agent_id, run_id, principal))
+
+    @app.post("/v1/agents/{agent_id}/runs/{run_id}/resume", status_code=202, response_model=Receipt,
+              responses=_ERRORS)
+    async def resume_run(
+        agent_id: str,
+        run_id: uuid.UUID,
+        request: Request,
+        principal: Annotated[Principal, Depends(_principal)],
+        body: ResumeRequest | None = None,
+        idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+    ) -> Response:
+        """Resume (R-RESUME-1/2): ``awaiting_input`` + ``additional_prompt`` dispatches the
+        next generation (same ``run_id`` and ``deadline_at``); ``accepted`` with an empty body
+        retries dispatch of its generation. 409 ``run_active``/``run_terminal``/
+        ``run_not_resumable`` otherwise. Replaying the key returns the same receipt."""
+        svc = _services(request)
+        body = body or ResumeRequest()
+        if not idempotency_key:
+            raise ApiError(400, "idempotency_key_required", "resume needs an Idempotency-Key")
+        fingerprint = hashlib.sha256(json.dumps(
+            {"run_id": str(run_id), **body.model_dump()}, sort_keys=True).encode()).hexdigest()
+        scope = {"tenant_id": principal.tenant_id, "principal_id": principal.principal_id,
+                 "route": RESUME_ROUTE, "key": idempotency_key}
+        async with svc.pool.connection() as conn:
+            row = await _owned_run(conn, agent_id, run_id, principal)
+            record = await repo.lookup_idempotency(conn, **scope)
+            if record is not None:
+                if record["fingerprint"] != fingerprint:
+                    raise ApiError(422, "idempotency_key_reused",
+                                   "this Idempotency-Key was used with a different request")
+                return await _answer(svc, row, replayed=True)
+            state = row["state"]
+            if state == RunState.ACCEPTED:
+                if body.additional_prompt is not None:
+                    raise ApiError(409, "run_not_resumable",
+                                   "an accepted run takes no input; resume with an empty body")
+                return await _answer(svc, row, replayed=False)
+            if state != RunState.AWAITING_INPUT:
+                raise ApiError(409, _NOT_RESUMABLE.get(state, "run_not_resumable"),
+                               f"a run in state {state} cannot be resumed")
+            if body.additional_prompt is None:
+                raise ApiError(409, "run_not_resumable", "a waiting run needs additional_prompt")
+            resumed = await repo.resume_or_none(
+                conn, str(run_id), expected_row_version=row["row_version"],
+                additional_prompt=body.additional_prompt, fingerprint=fingerprint, **scope)
+            if resumed is None:
+                raise ApiError(409, "run_resume_conflict", "another resume of this run won")
+        return await _answer(svc, resumed, replayed=False)
 
     @app.post("/v1/agents/{agent_id}/runs/{run_id}/cancel", response_model=CancelAnswer,
               responses=_ERRORS)

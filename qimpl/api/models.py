@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from qimpl.lifecycle import DEFAULT_DEADLINE_S, MAX_DEADLINE_S, MIN_DEADLINE_S
 
 __all__ = ["AnswerIn", "AnswerOut", "CancelAnswer", "CreateRunRequest", "ErrorBody", "Receipt",
-           "RunView"]
+           "ResumeRequest", "RunView"]
 
 MAX_PROMPT_CHARS = 32_000
 
@@ -25,6 +25,15 @@ class CreateRunRequest(BaseModel):
     durable_temporal: bool = False
     response_mode: Literal["receipt"] = "receipt"
     deadline_seconds: int = Field(default=DEFAULT_DEADLINE_S, ge=MIN_DEADLINE_S, le=MAX_DEADLINE_S)
+
+
+class ResumeRequest(BaseModel):
+    """R-RESUME-1/2: input for an ``awaiting_input`` run; empty to retry an ``accepted``
+    run's dispatch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    additional_prompt: str | None = Field(default=None, min_length=1, max_length=MAX_PROMPT_CHARS)
 
 
 class AnswerIn(BaseModel):

@@ -7,9 +7,10 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-__all__ = ["HEAD", "alembic_config", "downgrade", "upgrade"]
+__all__ = ["BASELINE", "HEAD", "alembic_config", "downgrade", "upgrade"]
 
 HEAD = "20261007_230000_run_lifecycle"
+BASELINE = "20261001_000000_baseline"
 _DIR = Path(__file__).with_name("migrations")
 
 

@@ -35,6 +35,8 @@ __all__ = [
     "lookup_idempotency",
     "outcome",
     "record_provider_failure",
+    "resume",
+    "resume_or_none",
 ]
 
 Row = dict[str, Any]
@@ -163,11 +165,19 @@ async def confirm_dispatch(conn: AConn, run_id: str) -> Row | None:
         return await cur.fetchone()
 
 
-async def claim_for_attempt(conn: AConn, run_id: str, *, generation: int, attempt: int) -> Row:
+async def claim_for_attempt(conn: AConn, run_id: str, *, generation: int, attempt: int,
+                            slot_limit: int = 0) -> Row:
     """Make this activity attempt the owner: ``accepted -> queued -> running`` or a takeover
     ``running -> running`` with ``owner_attempt = attempt``. Call only while holding the
     run's advisory lock. Returns the row; a terminal or foreign-generation run is returned
-    unchanged for the caller to inspect (R-EXEC-5)."""
+    unchanged for the caller to inspect (R-EXEC-5).
+
+    Tenant slots (R-EXEC-9): with ``slot_limit > 0`` a ``queued`` run starts only while
+    fewer than ``slot_limit`` of its tenant's runs are ``running`` or ``awaiting_approval``;
+    otherwise it is returned still ``queued``. A slot is the run's state itself, so it is
+    released by every exit path — a SIGKILLed owner's run keeps its one slot until its
+    retried attempt (which never waits for a slot) finishes it. Claims of one tenant are
+    serialised by a transaction-level advisory lock so that two cannot both see room."""
     async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         await cur.execute("SELECT * FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
         row = await cur.fetchone()
@@ -186,6 +196,15 @@ async def claim_for_attempt(conn: AConn, run_id: str, *, generation: int, attemp
             assert row is not None
         if row["state"] not in (RunState.QUEUED, RunState.RUNNING):
             return row
+        if row["state"] == RunState.QUEUED and slot_limit > 0:
+            await cur.execute("SELECT pg_advisory_xact_lock(hashtextextended('qimpl-slots:' || %s, 0))",
+                              (row["tenant_id"],))
+            await cur.execute(
+                "SELECT count(*) AS held FROM runs WHERE tenant_id = %s AND run_id <> %s"
+                " AND state IN ('running', 'awaiting_approval')", (row["tenant_id"], run_id))
+            held = await cur.fetchone()
+            if held is not None and held["held"] >= slot_limit:
+                return row
         await cur.execute(
             """
             UPDATE runs SET state = 'running', row_version = row_version + 1,
@@ -229,6 +248,7 @@ async def commit_checkpoint(
     state: Mapping[str, Any],
     usage: Mapping[str, Any],
     answer: str | None = None,
+    pending: Mapping[str, Any] | None = None,
 ) -> int:
     """Checkpoint ``step`` and bump ``row_version`` in one transaction (R-EXEC-3); returns the
     new ``row_version``. The final step's checkpoint carries the ``answer``, so an attempt
@@ -250,8 +270,9 @@ async def commit_checkpoint(
             new_version = int(got[0])
             await cur.execute(
                 "INSERT INTO run_checkpoints (run_id, step, generation, attempt, row_version,"
-                " state_json, answer) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                (run_id, step, generation, attempt, new_version, Jsonb(dict(state)), answer),
+                " state_json, answer, pending) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                (run_id, step, generation, attempt, new_version, Jsonb(dict(state)), answer,
+                 Jsonb(dict(pending)) if pending is not None else None),
             )
             return new_version
     except psycopg.Error as exc:
@@ -378,6 +399,46 @@ async def cancel(conn: AConn, run_id: str) -> tuple[bool, Row]:
         cancelled = await cur.fetchone()
         assert cancelled is not None
         return True, cancelled
+
+
+async def resume(conn: AConn, run_id: str, *, expected_row_version: int, additional_prompt: str,
+                 route: str, tenant_id: str, principal_id: str, key: str, fingerprint: str) -> Row | None:
+    """``awaiting_input -> accepted`` with the next generation, as a compare-and-set, and its
+    idempotency record, in one transaction (R-RESUME-1). ``deadline_at`` is untouched (the
+    guard forbids changing it). Returns the row, or None when another writer won."""
+    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(
+            """
+            UPDATE runs SET state = 'accepted', row_version = row_version + 1,
+                   generation = generation + 1, owner_attempt = NULL, dispatch_confirmed_at = NULL,
+                   workflow_id = 'agent-run-' || run_id::text || '-g' || (generation + 1),
+                   result_json = NULL,
+                   request_json = jsonb_set(request_json, '{inputs}',
+                       coalesce(request_json -> 'inputs', '[]'::jsonb) || to_jsonb(%s::text))
+            WHERE run_id = %s AND state = 'awaiting_input' AND row_version = %s
+            RETURNING *
+            """,
+            (additional_prompt, run_id, expected_row_version),
+        )
+        row = await cur.fetchone()
+        if row is None:
+            return None
+        await cur.execute(
+            "INSERT INTO idempotency_records (tenant_id, principal_id, route, key, fingerprint, run_id)"
+            " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING run_id",
+            (tenant_id, principal_id, route, key, fingerprint, run_id),
+        )
+        if await cur.fetchone() is None:
+            raise _KeyTaken()
+        return row
+
+
+async def resume_or_none(conn: AConn, run_id: str, **kwargs: Any) -> Row | None:
+    """``resume`` that maps a lost same-key race to None."""
+    try:
+        return await resume(conn, run_id, **kwargs)
+    except _KeyTaken:
+        return None
 
 
 def outcome(row: Row) -> dict[str, Any]:

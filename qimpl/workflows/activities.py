@@ -53,9 +53,10 @@ def _merge_usage(total: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
 class AgentActivities:
     """Activities bound to one database and one provider (created by the worker)."""
 
-    def __init__(self, *, dsn: str, provider: Provider) -> None:
+    def __init__(self, *, dsn: str, provider: Provider, slot_limit: int = 0) -> None:
         self.dsn = dsn
         self.provider = provider
+        self.slot_limit = slot_limit
 
     @activity.defn(name="run_agent_v2")
     async def run_agent(self, inp: RunInput) -> dict[str, Any]:
@@ -98,9 +99,13 @@ class AgentActivities:
 
     async def _loop(self, lease: OwnershipLease, inp: RunInput, attempt: int) -> dict[str, Any]:
         conn = lease.conn
-        row = await repo.claim_for_attempt(conn, inp.run_id, generation=inp.generation, attempt=attempt)
+        row = await repo.claim_for_attempt(conn, inp.run_id, generation=inp.generation,
+                                           attempt=attempt, slot_limit=self.slot_limit)
         if RunState(row["state"]) in TERMINAL or row["generation"] != inp.generation:
             return repo.outcome(row)  # R-EXEC-5: nothing to run
+        if row["state"] == RunState.QUEUED:
+            # No tenant slot free (R-EXEC-9): stay queued; Temporal retries (<= 1 s backoff).
+            raise ApplicationError("no tenant slot free", type="SlotUnavailable")
         if row["state"] != RunState.RUNNING:
             return repo.outcome(row)
         AFTER_CLAIM.reach(run_id=inp.run_id, attempt=attempt)
@@ -108,10 +113,14 @@ class AgentActivities:
         step = int(checkpoint["step"]) if checkpoint else 0
         state: dict[str, Any] = dict(checkpoint["state_json"]) if checkpoint else {}
         answer: str | None = checkpoint["answer"] if checkpoint else None
+        # A park checkpointed by this generation parks again; a resumed generation goes on.
+        pending: dict[str, Any] | None = (
+            checkpoint["pending"] if checkpoint and checkpoint["generation"] == inp.generation else None)
+        inputs = tuple(str(i) for i in (row["request_json"] or {}).get("inputs", []))
         version = int(row["row_version"])
         usage: dict[str, Any] = dict(row["usage"] or {})
         deadline = datetime.fromisoformat(inp.deadline_at)
-        while answer is None:
+        while answer is None and pending is None:
             left = (deadline - datetime.now(UTC)).total_seconds()
             if left <= 0:
                 return await self._expire(conn, inp, version, attempt)
@@ -119,7 +128,8 @@ class AgentActivities:
             try:
                 result = await asyncio.wait_for(self.provider.step(
                     StepContext(run_id=inp.run_id, tenant_id=inp.tenant_id, generation=inp.generation,
-                                attempt=attempt, step=step, prompt=row["prompt"], state=state)
+                                attempt=attempt, step=step, prompt=row["prompt"], state=state,
+                                inputs=inputs)
                 ), timeout=left)
             except TimeoutError:
                 return await self._expire(conn, inp, version, attempt)
@@ -140,13 +150,24 @@ class AgentActivities:
             if datetime.now(UTC) >= deadline:  # no checkpoint after the deadline (R-EXEC-8)
                 return await self._expire(conn, inp, version, attempt)
             state, answer = dict(result.state), result.answer
+            pending = dict(result.pending) if result.pending is not None else None
             usage = _merge_usage(usage, dict(result.usage))
             BEFORE_CHECKPOINT.reach(run_id=inp.run_id, step=step, attempt=attempt)
             version = await repo.commit_checkpoint(
                 conn, inp.run_id, expected_row_version=version, generation=inp.generation,
                 attempt=attempt, step=step, state=state, usage=usage, answer=answer,
+                pending=pending,
             )
             AFTER_CHECKPOINT.reach(run_id=inp.run_id, step=step, attempt=attempt)
+        if pending is not None:
+            approval = pending.get("kind") == "approval"
+            row = await repo.finish(
+                conn, inp.run_id, expected_row_version=version, generation=inp.generation,
+                attempt=attempt,
+                state=RunState.AWAITING_APPROVAL if approval else RunState.AWAITING_INPUT,
+                result={"pending_approval" if approval else "pending_input": pending}, usage=usage,
+            )
+            return repo.outcome(row)
         BEFORE_FINAL.reach(run_id=inp.run_id, attempt=attempt)
         row = await repo.finish(
             conn, inp.run_id, expected_row_version=version, generation=inp.generation,

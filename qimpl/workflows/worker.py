@@ -1,23 +1,32 @@
 """Worker entry point: ``python -m qimpl.workflows.worker``.
 
-Polls the task queue for the agent-run workflows and activities. Prints one JSON log
-line with ``"event": "worker.ready"`` once polling has started. Exits 0 on SIGTERM or
-SIGINT after a graceful shutdown.
+Polls the task queue for the agent-run workflows and activities, and — for the tenants
+in ``DURABLE_AGENT_RECONCILE_TENANTS`` — runs the reconciler every
+``QIMPL_RECONCILE_INTERVAL_S`` (R-OPS-3). Refuses a transaction-pooling PgBouncer at
+start (R-OPS-5). Prints one JSON log line with ``"event": "worker.ready"`` once polling
+has started. Exits 0 on SIGTERM or SIGINT after a graceful shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+import socket
 from datetime import timedelta
+from typing import Any
 
+import psycopg
+from prometheus_client import start_http_server
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from qimpl import metrics
 from qimpl.logs import setup_logging
 from qimpl.provider import load_provider
+from qimpl.reconciler import sweep_tenant
 from qimpl.settings import Settings, get_settings
 from qimpl.workflows.activities import AgentActivities
 from qimpl.workflows.agent_run import AgentRunWorkflowV2
@@ -34,7 +43,8 @@ WORKFLOWS = (AgentRunWorkflowV2, AgentRunWorkflowV1)
 def build_worker(client: Client, settings: Settings) -> Worker:
     """A worker for ``settings.task_queue`` with the real activities and the configured provider."""
     provider = load_provider(settings.provider, settings.provider_config)
-    activities = AgentActivities(dsn=settings.database_url, provider=provider)
+    activities = AgentActivities(dsn=settings.database_url, provider=provider,
+                                 slot_limit=settings.concurrency_limit)
     return Worker(
         client,
         task_queue=settings.task_queue,
@@ -50,17 +60,65 @@ def build_worker(client: Client, settings: Settings) -> Worker:
     )
 
 
+async def reconcile_forever(client: Client, settings: Settings, stop: asyncio.Event) -> None:
+    """Sweep every tenant of ``DURABLE_AGENT_RECONCILE_TENANTS`` every interval (R-OPS-3).
+    Errors are logged and counted; the loop never dies of one."""
+    name = f"{socket.gethostname()}:{os.getpid()}"
+    conn: psycopg.AsyncConnection[Any] | None = None
+    while not stop.is_set():
+        for tenant in settings.reconcile_tenants:
+            try:
+                if conn is None or conn.closed:
+                    conn = await psycopg.AsyncConnection.connect(
+                        settings.database_url, autocommit=True, application_name="qimpl-reconciler")
+                await sweep_tenant(conn, client, settings, tenant, reconciler=name)
+            except Exception as exc:  # noqa: BLE001 - the next sweep retries
+                metrics.RECONCILE_WARNINGS.labels(tenant, "sweep_failed").inc()
+                log.warning("sweep of tenant %s failed: %s", tenant, type(exc).__name__)
+                if conn is not None:
+                    await conn.close()
+                conn = None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=settings.reconcile_interval_s)
+    if conn is not None:
+        await conn.close()
+
+
+async def check_session_pooling(settings: Settings) -> None:
+    """Refuse transaction-pooling PgBouncer (R-OPS-5): the ownership lease needs one server
+    session across transactions. Raises SystemExit with a clear message otherwise."""
+    async with await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True,
+                                                     application_name="qimpl-pool-check") as conn:
+        pids = set()
+        for _ in range(3):
+            cur = await conn.execute("SELECT pg_backend_pid()")
+            row = await cur.fetchone()
+            pids.add(row[0] if row else None)
+    if len(pids) != 1:
+        raise SystemExit(
+            "qimpl worker: the database connection does not keep one server session across "
+            "transactions (transaction-pooling PgBouncer?). Session advisory locks need a direct "
+            "or session-pooled connection: point QIMPL_DATABASE_URL at PostgreSQL or at a "
+            "PgBouncer pool with pool_mode=session.")
+
+
 async def run(settings: Settings) -> None:
+    await check_session_pooling(settings)
     client = await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace)
     worker = build_worker(client, settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, addr="127.0.0.1")
     async with worker:
+        reconciler = asyncio.create_task(reconcile_forever(client, settings, stop))
         log.info("worker ready on %s", settings.task_queue,
-                 extra={"event": "worker.ready", "pid": os.getpid()})
+                 extra={"event": "worker.ready", "pid": os.getpid(),
+                        "reconcile_tenants": settings.reconcile_tenants})
         await stop.wait()
+        await reconciler
     log.info("worker stopped", extra={"event": "worker.stopped"})
 
 

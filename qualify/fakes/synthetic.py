@@ -37,7 +37,7 @@ BARRIER_MAX_S = 600.0
 class Script:
     """A parsed script; unknown keys are refused so a typo cannot make a vacuous test."""
 
-    KEYS = frozenset({"steps", "answer", "barrier", "fail", "delay_ms"})
+    KEYS = frozenset({"steps", "answer", "barrier", "fail", "delay_ms", "park"})
 
     def __init__(self, doc: Mapping[str, Any]) -> None:
         unknown = set(doc) - self.KEYS
@@ -48,6 +48,9 @@ class Script:
         self.delay_ms = int(doc.get("delay_ms", 0))
         self.barrier: Mapping[str, Any] | None = doc.get("barrier")
         self.fail: Any = doc.get("fail")
+        #: ``{"step": n, "kind": "input" | "approval"}``: park the run at step n of
+        #: generation 1 (a resumed generation goes on to the answer).
+        self.park: Mapping[str, Any] | None = doc.get("park")
 
     @classmethod
     def from_prompt(cls, prompt: str) -> Script:
@@ -111,6 +114,15 @@ class SyntheticProvider(Provider):
         if script.fails(ctx.step, ctx.attempt):
             raise SyntheticFailure(f"scripted failure at step {ctx.step}")
         trail = [*ctx.state.get("trail", []), ctx.step]
+        usage = {"provider_calls": 1, "input_tokens": 10, "output_tokens": 5}
+        if script.park and int(script.park["step"]) == ctx.step and ctx.generation == 1:
+            kind = str(script.park.get("kind", "input"))
+            pending: dict[str, Any] = {"kind": kind}
+            if kind == "approval":
+                pending.update(approval_id=f"ap-{ctx.run_id[:8]}-{ctx.step}",
+                               action_version=f"v{ctx.step}", tool="send_email",
+                               arguments={"to": "ops@example.invalid"})
+            return StepResult(state={"trail": trail}, usage=usage, pending=pending)
         done = ctx.step >= script.steps
         return StepResult(
             state={"trail": trail},

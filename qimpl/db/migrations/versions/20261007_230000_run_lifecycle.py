@@ -1,7 +1,7 @@
 """Run lifecycle v2: runs, checkpoints, idempotency records, transition guard and audit.
 
 Revision ID: 20261007_230000_run_lifecycle
-Revises:
+Revises: 20261001_000000_baseline
 Create Date: 2026-10-07 23:00:00
 
 Implements R-STATE-1 (the guard trigger, driven by ``run_allowed_transitions``),
@@ -14,7 +14,7 @@ qualification checkers read).
 from alembic import op
 
 revision = "20261007_230000_run_lifecycle"
-down_revision = None
+down_revision = "20261001_000000_baseline"
 branch_labels = None
 depends_on = None
 
@@ -23,7 +23,7 @@ STATES = (
     "completed", "failed", "expired", "cancelled",
 )
 
-# Mirrors qimpl.lifecycle.TRANSITIONS; tests/unit/test_lifecycle_sql.py keeps them equal.
+# Mirrors qimpl.lifecycle.TRANSITIONS (+ LEGACY_TRANSITIONS); tests keep them equal.
 ALLOWED = (
     ("accepted", "queued"), ("accepted", "cancelled"), ("accepted", "expired"),
     ("accepted", "failed"),
@@ -37,6 +37,12 @@ ALLOWED = (
     ("awaiting_approval", "cancelled"), ("awaiting_approval", "expired"),
 )
 
+# Version-1 rows may still say `streaming` (R-READ-4): they may only end.
+LEGACY_ALLOWED = (
+    ("streaming", "completed"), ("streaming", "failed"), ("streaming", "cancelled"),
+    ("streaming", "expired"),
+)
+
 _STATE_LIST = ", ".join(f"'{s}'" for s in STATES)
 
 UPGRADE_SQL = f"""
@@ -46,34 +52,45 @@ CREATE TABLE run_allowed_transitions (
     PRIMARY KEY (from_state, to_state)
 );
 
-CREATE TABLE runs (
-    run_id                uuid PRIMARY KEY,
-    tenant_id             text NOT NULL,
-    principal_id          text NOT NULL,
-    agent_id              text NOT NULL,
-    state                 varchar(32) NOT NULL CHECK (state IN ({_STATE_LIST})),
-    lifecycle_version     smallint NOT NULL DEFAULT 2 CHECK (lifecycle_version IN (1, 2)),
-    durability            varchar(16) NOT NULL DEFAULT 'temporal'
-                          CHECK (durability IN ('temporal', 'legacy')),
-    row_version           bigint NOT NULL DEFAULT 1 CHECK (row_version >= 1),
-    generation            integer NOT NULL DEFAULT 1 CHECK (generation >= 1),
-    owner_attempt         integer,
-    prompt                text NOT NULL,
-    request_json          jsonb NOT NULL DEFAULT '{{}}'::jsonb,
-    workflow_id           text,
-    dispatch_confirmed_at timestamptz,
-    stream_key            text NOT NULL,
-    deadline_at           timestamptz NOT NULL,
-    accepted_at           timestamptz NOT NULL DEFAULT clock_timestamp(),
-    started_at            timestamptz,
-    completed_at          timestamptz,
-    checkpoint_step       integer NOT NULL DEFAULT 0,
-    provider_failures     integer NOT NULL DEFAULT 0,
-    result_json           jsonb,
-    error_code            text,
-    error_message         text,
-    usage                 jsonb NOT NULL DEFAULT '{{}}'::jsonb
-);
+-- Upgrade the baseline table in place (R-OPS-1): status enum -> lowercase VARCHAR with a
+-- CHECK (R-STATE-2); every existing row becomes lifecycle_version 1, durability legacy.
+ALTER TABLE runs RENAME COLUMN status TO state;
+ALTER TABLE runs ALTER COLUMN state DROP DEFAULT;
+ALTER TABLE runs ALTER COLUMN state TYPE varchar(32) USING lower(state::text);
+DROP TYPE run_status;
+ALTER TABLE runs RENAME COLUMN created_at TO accepted_at;
+ALTER TABLE runs ALTER COLUMN accepted_at SET DEFAULT clock_timestamp();
+ALTER TABLE runs
+    ADD COLUMN lifecycle_version     smallint NOT NULL DEFAULT 1 CHECK (lifecycle_version IN (1, 2)),
+    ADD COLUMN durability            varchar(16) NOT NULL DEFAULT 'legacy'
+                                     CHECK (durability IN ('temporal', 'legacy')),
+    ADD COLUMN row_version           bigint NOT NULL DEFAULT 1 CHECK (row_version >= 1),
+    ADD COLUMN generation            integer NOT NULL DEFAULT 1 CHECK (generation >= 1),
+    ADD COLUMN owner_attempt         integer,
+    ADD COLUMN request_json          jsonb NOT NULL DEFAULT '{{}}'::jsonb,
+    ADD COLUMN workflow_id           text,
+    ADD COLUMN dispatch_confirmed_at timestamptz,
+    ADD COLUMN stream_key            text,
+    ADD COLUMN deadline_at           timestamptz,
+    ADD COLUMN started_at            timestamptz,
+    ADD COLUMN completed_at          timestamptz,
+    ADD COLUMN checkpoint_step       integer NOT NULL DEFAULT 0,
+    ADD COLUMN provider_failures     integer NOT NULL DEFAULT 0,
+    ADD COLUMN error_code            text,
+    ADD COLUMN usage                 jsonb NOT NULL DEFAULT '{{}}'::jsonb;
+UPDATE runs SET stream_key = md5(random()::text || run_id::text),
+                deadline_at = accepted_at + interval '1 hour',
+                completed_at = CASE WHEN state IN ('completed', 'failed', 'cancelled')
+                                    THEN updated_at END;
+ALTER TABLE runs DROP COLUMN updated_at;
+ALTER TABLE runs
+    ALTER COLUMN stream_key SET NOT NULL,
+    ALTER COLUMN deadline_at SET NOT NULL,
+    ALTER COLUMN lifecycle_version SET DEFAULT 2,
+    ALTER COLUMN durability SET DEFAULT 'temporal',
+    ADD CONSTRAINT runs_state_check CHECK (
+        state IN ({_STATE_LIST}) OR (lifecycle_version = 1 AND state = 'streaming'));
+DROP INDEX runs_tenant;
 CREATE INDEX runs_tenant_state ON runs (tenant_id, state);
 CREATE INDEX runs_deadline_open ON runs (deadline_at)
     WHERE state NOT IN ('completed', 'failed', 'expired', 'cancelled');
@@ -86,6 +103,7 @@ CREATE TABLE run_checkpoints (
     row_version bigint NOT NULL,
     state_json  jsonb NOT NULL,
     answer      text,
+    pending     jsonb,
     created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (run_id, step)
 );
@@ -113,6 +131,20 @@ CREATE TABLE run_transitions (
     at              timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX run_transitions_run ON run_transitions (run_id, id);
+
+-- One row per reconciler sweep of one tenant (R-OPS-3): operators' audit trail and the
+-- qualification harness's evidence that no sweep took more than its limit.
+CREATE TABLE reconciler_sweeps (
+    id          bigserial PRIMARY KEY,
+    reconciler  text NOT NULL,
+    tenant_id   text NOT NULL,
+    started_at  timestamptz NOT NULL,
+    finished_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    candidates  integer NOT NULL,
+    expired     integer NOT NULL,
+    dispatched  integer NOT NULL,
+    errors      integer NOT NULL
+);
 
 -- The transition guard (R-STATE-1). Custom SQLSTATEs let writers tell a fenced write
 -- (QG001 terminal, QG002 illegal transition, QG003 row_version, QG004 immutable column)
@@ -170,20 +202,47 @@ CREATE TRIGGER runs_record_transition AFTER INSERT OR UPDATE ON runs
 """
 
 DOWNGRADE_SQL = """
-DROP TABLE run_transitions;
-DROP TABLE idempotency_records;
-DROP TABLE run_checkpoints;
-DROP TABLE runs;
-DROP TABLE run_allowed_transitions;
+DROP TRIGGER runs_transition_guard ON runs;
+DROP TRIGGER runs_forbid_delete ON runs;
+DROP TRIGGER runs_record_transition ON runs;
 DROP FUNCTION runs_transition_guard();
 DROP FUNCTION runs_forbid_delete();
 DROP FUNCTION runs_record_transition();
+DROP TABLE reconciler_sweeps;
+DROP TABLE run_transitions;
+DROP TABLE idempotency_records;
+DROP TABLE run_checkpoints;
+DROP TABLE run_allowed_transitions;
+DROP INDEX runs_tenant_state;
+DROP INDEX runs_deadline_open;
+ALTER TABLE runs DROP CONSTRAINT runs_state_check;
+CREATE TYPE run_status AS ENUM ('QUEUED', 'STREAMING', 'COMPLETED', 'FAILED', 'CANCELLED');
+ALTER TABLE runs ADD COLUMN updated_at timestamptz NOT NULL DEFAULT now();
+UPDATE runs SET updated_at = coalesce(completed_at, accepted_at);
+-- Terminal version-2 states fold into the old enum: expired was reported as a failure.
+ALTER TABLE runs ALTER COLUMN state TYPE run_status USING (CASE state
+    WHEN 'accepted' THEN 'QUEUED' WHEN 'queued' THEN 'QUEUED'
+    WHEN 'running' THEN 'STREAMING' WHEN 'streaming' THEN 'STREAMING'
+    WHEN 'completed' THEN 'COMPLETED' WHEN 'cancelled' THEN 'CANCELLED'
+    ELSE 'FAILED' END)::run_status;
+ALTER TABLE runs RENAME COLUMN state TO status;
+ALTER TABLE runs ALTER COLUMN status SET DEFAULT 'QUEUED';
+ALTER TABLE runs RENAME COLUMN accepted_at TO created_at;
+ALTER TABLE runs ALTER COLUMN created_at SET DEFAULT now();
+ALTER TABLE runs
+    DROP COLUMN lifecycle_version, DROP COLUMN durability, DROP COLUMN row_version,
+    DROP COLUMN generation, DROP COLUMN owner_attempt, DROP COLUMN request_json,
+    DROP COLUMN workflow_id, DROP COLUMN dispatch_confirmed_at, DROP COLUMN stream_key,
+    DROP COLUMN deadline_at, DROP COLUMN started_at, DROP COLUMN completed_at,
+    DROP COLUMN checkpoint_step, DROP COLUMN provider_failures, DROP COLUMN error_code,
+    DROP COLUMN usage;
+CREATE INDEX runs_tenant ON runs (tenant_id);
 """
 
 
 def upgrade() -> None:
     op.execute(UPGRADE_SQL)
-    values = ", ".join(f"('{a}', '{b}')" for a, b in ALLOWED)
+    values = ", ".join(f"('{a}', '{b}')" for a, b in ALLOWED + LEGACY_ALLOWED)
     op.execute(f"INSERT INTO run_allowed_transitions (from_state, to_state) VALUES {values}")
 
 
@@ -195,8 +254,9 @@ def downgrade() -> None:
         BEGIN
             IF EXISTS (SELECT 1 FROM runs WHERE lifecycle_version = 2
                        AND state NOT IN ('completed', 'failed', 'expired', 'cancelled')) THEN
-                RAISE EXCEPTION 'downgrade refused: version-2 runs are not terminal; '
-                                'drain them (cancel or wait) first';
+                RAISE EXCEPTION 'downgrade refused: % version-2 runs are not terminal; drain them (cancel or let them finish) first',
+                    (SELECT count(*) FROM runs WHERE lifecycle_version = 2
+                     AND state NOT IN ('completed', 'failed', 'expired', 'cancelled'));
             END IF;
         END $$;
         """

@@ -1,0 +1,80 @@
+"""Migration ``20261007_230000_run_lifecycle`` upgrades a baseline database holding legacy
+rows, and its downgrade refuses while a version-2 run is live (R-OPS-1, R-OPS-2)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from qimpl.db.migrate import BASELINE, HEAD, downgrade, upgrade
+
+
+@pytest.fixture
+def empty_db(stack: Any) -> str:
+    name = f"m_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(stack.postgres.dsn(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return str(stack.postgres.dsn(name))
+
+
+def _legacy_rows(dsn: str) -> dict[str, str]:
+    rows = {str(uuid.uuid4()): s for s in ("QUEUED", "STREAMING", "COMPLETED", "FAILED")}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for run_id, status in rows.items():
+            conn.execute("INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, status, prompt)"
+                         " VALUES (%s, 't', 'p', 'a', %s, 'hello')", (run_id, status))
+    return rows
+
+
+@pytest.mark.req("R-OPS-1")
+@pytest.mark.req("R-STATE-2")
+def test_upgrade_converts_legacy_rows(empty_db: str) -> None:
+    upgrade(empty_db, BASELINE)
+    rows = _legacy_rows(empty_db)
+    upgrade(empty_db, HEAD)
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        got = dict(conn.execute("SELECT run_id::text, state FROM runs").fetchall())
+        assert got == {k: v.lower() for k, v in rows.items()}
+        meta = conn.execute("SELECT DISTINCT lifecycle_version, durability FROM runs").fetchall()
+        assert meta == [(1, "legacy")]
+        assert conn.execute("SELECT count(*) FROM pg_type WHERE typname = 'run_status'").fetchone() == (0,)
+        col = conn.execute("SELECT data_type FROM information_schema.columns"
+                           " WHERE table_name = 'runs' AND column_name = 'state'").fetchone()
+        assert col == ("character varying",)
+        # a legacy `streaming` run may still end, and the guard records it
+        streaming = next(k for k, v in rows.items() if v == "STREAMING")
+        conn.execute("UPDATE runs SET state = 'completed', row_version = row_version + 1"
+                     " WHERE run_id = %s", (streaming,))
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute("INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,"
+                         " stream_key, deadline_at) VALUES (%s, 't', 'p', 'a', 'streaming', 'x', 'k',"
+                         " now())", (str(uuid.uuid4()),))
+
+
+def _v2_run(dsn: str, state: str) -> str:
+    run_id = str(uuid.uuid4())
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,"
+                     " stream_key, deadline_at) VALUES (%s, 't', 'p', 'a', %s, 'x', 'k',"
+                     " now() + interval '1 hour')", (run_id, state))
+    return run_id
+
+
+@pytest.mark.req("R-OPS-2")
+def test_downgrade_refused_while_a_v2_run_is_live_then_allowed(empty_db: str) -> None:
+    upgrade(empty_db, HEAD)
+    run_id = _v2_run(empty_db, "queued")
+    with pytest.raises(Exception, match="downgrade refused: 1 version-2 runs are not terminal"):
+        downgrade(empty_db, BASELINE)
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM run_transitions").fetchone() == (1,)  # nothing undone
+        conn.execute("UPDATE runs SET state = 'cancelled', row_version = 2 WHERE run_id = %s", (run_id,))
+    _v2_run(empty_db, "expired")
+    downgrade(empty_db, BASELINE)
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        statuses = sorted(r[0] for r in conn.execute("SELECT status::text FROM runs"))
+        assert statuses == ["CANCELLED", "FAILED"]
+    upgrade(empty_db, HEAD)  # and back up again
