@@ -43,8 +43,15 @@ class Settings(BaseSettings):
     concurrency_limit: int = Field(
         default=0, validation_alias=AliasChoices("AGENT_CONCURRENCY_LIMIT", "QIMPL_CONCURRENCY_LIMIT")
     )
+    #: Activities one worker runs at once; each holds one lease connection (connection budget).
+    max_concurrent_activities: int = 20
+    #: Size of the API's connection pool (connection budget).
+    api_pool_size: int = 10
     #: Seconds between reconciler sweeps (R-OPS-3).
     reconcile_interval_s: float = 5.0
+    #: An ``accepted`` run is the reconciler's to dispatch only after this many seconds,
+    #: so that it does not race the API's own dispatch (which waits dispatch_timeout_s).
+    reconcile_grace_s: float = 6.0
     #: Port of the worker's Prometheus endpoint; 0 disables it (R-OPS-6).
     metrics_port: int = 0
     reconcile_tenants: list[str] = Field(

@@ -25,6 +25,8 @@ __all__ = [
     "one_terminal_state",
     "row_version_strictly_increasing",
     "run_checks",
+    "slot_holders",
+    "slot_limit_respected",
 ]
 
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
@@ -181,6 +183,38 @@ def deadline_respected(history: Sequence[Event]) -> Check:
               and e["new_state"] not in ("expired", "failed", "cancelled")):
             bad.append(f"{run}: {e['old_state']} -> {e['new_state']} {late:.3f} s after the deadline")
     return Check(name, not bad, "; ".join(bad[:5]), ("R-EXEC-8",))
+
+
+SLOT_STATES = frozenset({"running", "awaiting_approval"})
+
+
+def slot_holders(history: Sequence[Event]) -> int:
+    """The most runs of one tenant ever holding a slot (``running`` or
+    ``awaiting_approval``) at once, replaying transitions in the database's commit order."""
+    tenant_of = {str(e["run_id"]): e.get("tenant_id", "") for e in _of(history, "run")}
+    holding: dict[str, set[str]] = defaultdict(set)
+    most = 0
+    for e in sorted(_of(history, "transition"), key=lambda e: e.get("id", 0)):
+        run = str(e["run_id"])
+        held = holding[tenant_of.get(run, "")]
+        if e["new_state"] in SLOT_STATES:
+            held.add(run)
+        else:
+            held.discard(run)
+        most = max(most, len(held))
+    return most
+
+
+def slot_limit_respected(limit: int) -> Callable[[Sequence[Event]], Check]:
+    """A checker: no tenant ever had more than ``limit`` slot holders (R-EXEC-9)."""
+
+    def check(history: Sequence[Event]) -> Check:
+        most = slot_holders(history)
+        return Check(f"at most {limit} slot holders per tenant", most <= limit,
+                     f"max {most} at once", ("R-EXEC-9",))
+
+    check.__name__ = "slot_limit_respected"
+    return check
 
 
 GENERIC_CHECKERS: tuple[Callable[[Sequence[Event]], Check], ...] = (

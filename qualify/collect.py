@@ -23,7 +23,7 @@ def database_events(dsn: str) -> list[Event]:
         ):
             out.append({"type": "transition", **row})
         for row in conn.execute(
-            "SELECT run_id::text, state, generation, row_version, error_code,"
+            "SELECT run_id::text, tenant_id, state, generation, row_version, error_code,"
             " extract(epoch FROM accepted_at)::float8 AS t,"
             " extract(epoch FROM deadline_at)::float8 AS deadline_t FROM runs"
         ):

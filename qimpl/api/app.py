@@ -87,7 +87,7 @@ class Services:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.pool = AsyncConnectionPool(
-            settings.database_url, min_size=1, max_size=10, open=False,
+            settings.database_url, min_size=1, max_size=settings.api_pool_size, open=False,
             kwargs={"autocommit": True, "application_name": "qimpl-api"},
         )
         self.authenticator: Authenticator = StaticKeyAuthenticator(settings.api_keys)

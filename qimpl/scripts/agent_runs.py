@@ -43,7 +43,8 @@ async def _run(tenants: list[str], limit: int) -> int:
             return 3
         name = f"sweep:{socket.gethostname()}:{os.getpid()}"
         for tenant in tenants:
-            res = await sweep_tenant(conn, client, settings, tenant, reconciler=name, limit=limit)
+            res = await sweep_tenant(conn, client, settings, tenant, reconciler=name, limit=limit,
+                                     grace_s=settings.reconcile_grace_s)
             print(json.dumps(res.as_dict()))
         return 0
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -56,6 +57,7 @@ def build_worker(client: Client, settings: Settings) -> Worker:
         # A paused worker's outstanding activity polls can each swallow one retry (the
         # server hands it the task; it never starts). Fewer polls, fewer lost attempts.
         max_concurrent_activity_task_polls=2,
+        max_concurrent_activities=settings.max_concurrent_activities,
         graceful_shutdown_timeout=timedelta(seconds=2),
     )
 
@@ -71,7 +73,8 @@ async def reconcile_forever(client: Client, settings: Settings, stop: asyncio.Ev
                 if conn is None or conn.closed:
                     conn = await psycopg.AsyncConnection.connect(
                         settings.database_url, autocommit=True, application_name="qimpl-reconciler")
-                await sweep_tenant(conn, client, settings, tenant, reconciler=name)
+                await sweep_tenant(conn, client, settings, tenant, reconciler=name,
+                                   grace_s=settings.reconcile_grace_s)
             except Exception as exc:  # noqa: BLE001 - the next sweep retries
                 metrics.RECONCILE_WARNINGS.labels(tenant, "sweep_failed").inc()
                 log.warning("sweep of tenant %s failed: %s", tenant, type(exc).__name__)
@@ -86,15 +89,28 @@ async def reconcile_forever(client: Client, settings: Settings, stop: asyncio.Ev
 
 async def check_session_pooling(settings: Settings) -> None:
     """Refuse transaction-pooling PgBouncer (R-OPS-5): the ownership lease needs one server
-    session across transactions. Raises SystemExit with a clear message otherwise."""
-    async with await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True,
-                                                     application_name="qimpl-pool-check") as conn:
-        pids = set()
-        for _ in range(3):
-            cur = await conn.execute("SELECT pg_backend_pid()")
-            row = await cur.fetchone()
-            pids.add(row[0] if row else None)
-    if len(pids) != 1:
+    session across transactions. Raises SystemExit with a clear message otherwise.
+
+    Probe: connection A reads its backend pid; a second connection B then reads its own
+    while A sits idle; A reads again. With a direct or session-pooled connection A keeps
+    its server session, so B's differs and A's is unchanged. A transaction pooler returns
+    A's idle server connection to the pool after each transaction and hands it to B
+    (PgBouncer reuses the most recently released one), or gives A another one.
+    """
+
+    async def backend_pid(conn: psycopg.AsyncConnection[Any]) -> int:
+        cur = await conn.execute("SELECT pg_backend_pid()")
+        row = await cur.fetchone()
+        return int(row[0]) if row else -1
+
+    connect = functools.partial(psycopg.AsyncConnection.connect, settings.database_url,
+                                autocommit=True, application_name="qimpl-pool-check")
+    async with await connect() as a:
+        first = await backend_pid(a)
+        async with await connect() as b:
+            other = await backend_pid(b)
+            again = await backend_pid(a)
+    if other == first or again != first:
         raise SystemExit(
             "qimpl worker: the database connection does not keep one server session across "
             "transactions (transaction-pooling PgBouncer?). Session advisory locks need a direct "

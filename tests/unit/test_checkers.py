@@ -106,6 +106,19 @@ def test_catches_a_zombie_write_after_takeover() -> None:
     assert result.ok is False and "attempt 1" in result.detail
 
 
+@pytest.mark.req("R-EXEC-9")
+def test_slot_holders_counts_overlap_in_commit_order() -> None:
+    def t(i: int, run: str, new: str) -> dict[str, Any]:
+        return {"type": "transition", "run_id": run, "new_state": new, "id": i, "t": float(i)}
+
+    runs = [{"type": "run", "run_id": r, "tenant_id": "t1", "t": 0.0} for r in "abc"]
+    ok = [*runs, t(1, "a", "running"), t(2, "b", "running"), t(3, "a", "completed"),
+          t(4, "c", "running"), t(5, "b", "awaiting_approval"), t(6, "b", "cancelled")]
+    assert ck.slot_holders(ok) == 2 and ck.slot_limit_respected(2)(ok).ok is True
+    bad = [*ok, t(7, "a", "running"), t(8, "b", "running"), t(9, "c", "running")]
+    assert ck.slot_limit_respected(2)(bad).ok is False
+
+
 @pytest.mark.req("R-EXEC-8")
 def test_catches_progress_after_the_deadline() -> None:
     def with_deadline(t: float) -> list[dict[str, Any]]:

@@ -1,0 +1,245 @@
+"""The reconciler, tenant slots and operator signals under faults (R-OPS-3..6, R-EXEC-8..9)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+
+from qimpl.lifecycle import workflow_id
+from qualify.checkers import slot_holders
+from qualify.errors import HarnessError
+from qualify.fakes.synthetic import make_prompt
+from qualify.processes import ManagedProcess
+from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
+from qualify.scenarios.lifecycle import accepted, provider_calls
+
+TENANT = "t-dev"
+AFTER_ACCEPT = "api.after_acceptance_commit"
+RECONCILE = {"DURABLE_AGENT_RECONCILE_TENANTS": json.dumps([TENANT]),
+             "QIMPL_RECONCILE_INTERVAL_S": "1", "QIMPL_RECONCILE_GRACE_S": "1"}
+
+
+def _wait(ctx: ScenarioContext, what: str, check: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise HarnessError(f"{what}: not within {timeout_s} s")
+        time.sleep(0.05)
+
+
+def _accepted_then_api_dies(ctx: ScenarioContext) -> str:
+    """Create a run on an API that dies right after the acceptance commit; the client never
+    retries. Returns the run id (from the crash point's evidence)."""
+    doomed = ctx.processes.api("api-doomed", QIMPL_CRASH_POINTS=f"{AFTER_ACCEPT}:kill")
+    if ctx.create_run(doomed, prompt=make_prompt(steps=2, answer="reconciled")) is not None:
+        raise HarnessError("the API answered instead of dying")
+    evidence = ctx.wait_crash_point(AFTER_ACCEPT, doomed)
+    ctx.nemesis.crash_point(doomed, evidence)
+    return str(evidence["context"]["run_id"])
+
+
+def _sweeps(ctx: ScenarioContext) -> list[tuple[Any, ...]]:
+    return ctx.sql("SELECT reconciler, candidates, expired, dispatched, errors,"
+                   " extract(epoch FROM finished_at)::float8 FROM reconciler_sweeps ORDER BY id")
+
+
+@scenario(
+    "reconciler-dispatches-orphan",
+    title="SIGKILL the API after the acceptance commit, the client never retries: the "
+          "reconciler dispatches the run within two sweeps; one workflow; it completes",
+    requirements=("R-OPS-3", "R-CREATE-4", "R-CREATE-5", "R-Q-4"),
+    faults=(f"sigkill at {AFTER_ACCEPT}",),
+    crash_points=(AFTER_ACCEPT,),
+)
+def reconciler_dispatches_orphan(ctx: ScenarioContext) -> None:
+    run_id = _accepted_then_api_dies(ctx)
+    grace_at = time.time() + 1.0
+    ctx.processes.worker("worker-1", **RECONCILE)
+    api = ctx.processes.api("api-2")
+    run = ctx.wait_terminal(api, run_id, timeout_s=30)
+    ctx.expect("run completed", run["state"] == "completed", run["state"], "R-OPS-3")
+    confirmed = ctx.sql("SELECT extract(epoch FROM dispatch_confirmed_at)::float8 FROM runs"
+                        " WHERE run_id = %s", run_id)[0][0]
+    sweeps = [s for s in _sweeps(ctx) if grace_at <= s[5] <= (confirmed or 0) + 0.5]
+    ctx.expect("dispatched by the reconciler within two sweeps after the grace period",
+               confirmed is not None and 1 <= len(sweeps) <= 2 and sum(s[3] for s in sweeps) == 1,
+               f"{len(sweeps)} sweeps, dispatched {[s[3] for s in sweeps]}", "R-OPS-3")
+    result = ctx.workflow_result(workflow_id(run_id, 1))
+    ctx.expect("exactly one workflow, generation 1", result.get("state") == "completed"
+               and run["generation"] == 1, str(result), "R-CREATE-5")
+
+
+@scenario(
+    "expiry-without-worker",
+    title="No worker at all, deadline 5 s: the one-shot sweep expires the run; a worker "
+          "started afterwards makes no provider call for it",
+    requirements=("R-EXEC-8", "R-OPS-3", "R-OPS-4"),
+)
+def expiry_without_worker(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=2), deadline_seconds=5)
+    deadline = ctx.read_run(api, run_id)["deadline_at"]
+    _wait(ctx, "deadline", lambda: ctx.sql("SELECT clock_timestamp() > %s::timestamptz", deadline)[0][0],
+          timeout_s=15)
+    sweep = subprocess.run([sys.executable, "-m", "qimpl.scripts.agent_runs", "--tenant", TENANT],
+                           env=ctx.deployment.env(), capture_output=True, text=True, timeout=60)
+    ctx.history.record("operator", op="sweep", exit_code=sweep.returncode, stdout=sweep.stdout[-500:])
+    report = json.loads(sweep.stdout.splitlines()[-1]) if sweep.returncode == 0 else {}
+    ctx.expect("one-shot sweep exits 0 and reports one expiry",
+               sweep.returncode == 0 and report.get("expired") == 1,
+               f"exit {sweep.returncode}: {sweep.stdout.strip()[-200:]} {sweep.stderr.strip()[-200:]}",
+               "R-OPS-4")
+    run = ctx.read_run(api, run_id)
+    ctx.expect("run expired by the sweep", run["state"] == "expired"
+               and run["error_code"] == "deadline_exceeded", run["state"], "R-EXEC-8")
+    ctx.processes.worker()
+    handle_closed = _workflow_closed(ctx, workflow_id(run_id, 1))
+    ctx.expect("its workflow is closed", handle_closed, str(handle_closed))
+    ctx.expect("no provider call for the expired run", provider_calls(ctx, run_id) == [],
+               str(len(provider_calls(ctx, run_id))), "R-EXEC-8")
+
+
+def _workflow_closed(ctx: ScenarioContext, wf_id: str, timeout_s: float = 20.0) -> bool:
+    import asyncio
+
+    from temporalio.client import Client, WorkflowExecutionStatus
+
+    async def poll() -> bool:
+        client = await Client.connect(ctx.deployment.temporal_address)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            desc = await client.get_workflow_handle(wf_id).describe()
+            if desc.status != WorkflowExecutionStatus.RUNNING:
+                return True
+            await asyncio.sleep(0.1)
+        return False
+
+    return asyncio.run(poll())
+
+
+@scenario(
+    "parked-runs-expire",
+    title="Runs parked in awaiting_input and awaiting_approval past their deadline expire "
+          "within a sweep; a resume afterwards answers 409",
+    requirements=("R-EXEC-8", "R-OPS-3", "R-READ-2", "R-RESUME-2"),
+)
+def parked_runs_expire(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    ctx.processes.worker("worker-1", **RECONCILE)
+    waiting = accepted(ctx, api, prompt=make_prompt(steps=3, park={"step": 1, "kind": "input"}),
+                       deadline_seconds=4)
+    approving = accepted(ctx, api, prompt=make_prompt(steps=3, park={"step": 2, "kind": "approval"}),
+                         deadline_seconds=4)
+    _wait(ctx, "both parked", lambda: {ctx.read_run(api, waiting)["state"],
+                                       ctx.read_run(api, approving)["state"]}
+          == {"awaiting_input", "awaiting_approval"})
+    parked = ctx.read_run(api, approving)
+    ctx.expect("pending_approval carries approval_id, action_version, tool, arguments",
+               set((parked["result_json"] or {}).get("pending_approval", {}))
+               >= {"approval_id", "action_version", "tool", "arguments"},
+               json.dumps(parked["result_json"]), "R-READ-2")
+    for run_id in (waiting, approving):
+        run = ctx.wait_terminal(api, run_id, timeout_s=20)
+        ctx.expect(f"{'input' if run_id == waiting else 'approval'} run expired",
+                   run["state"] == "expired", run["state"], "R-EXEC-8")
+    resp = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{waiting}/resume",
+                      headers={"Authorization": f"Bearer {API_KEY}", "Idempotency-Key": "late"},
+                      json={"additional_prompt": "too late"}, timeout=10)
+    ctx.history.record("client", op="resume", phase="fail", run_id=waiting, status=resp.status_code)
+    ctx.expect("resume after expiry answers 409 run_terminal",
+               resp.status_code == 409 and resp.json().get("code") == "run_terminal",
+               f"{resp.status_code} {resp.text[:120]}", "R-RESUME-2")
+
+
+@scenario(
+    "three-reconcilers",
+    title="Three reconcilers at once over 250 overdue runs of one tenant: each run expired "
+          "exactly once, at most 100 per sweep per reconciler",
+    requirements=("R-OPS-3", "R-EXEC-8"),
+)
+def three_reconcilers(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    n = 250
+
+    def create(i: int) -> str:
+        return accepted(ctx, api, prompt=make_prompt(steps=1), deadline_seconds=1, key=f"overdue-{i}")
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        run_ids = list(pool.map(create, range(n)))
+    idle_queue = {"QIMPL_TASK_QUEUE": f"{ctx.deployment.task_queue}-reconcile-only"}
+    for i in range(3):
+        ctx.processes.worker(f"reconciler-{i + 1}", **RECONCILE, **idle_queue)
+    _wait(ctx, "all expired", lambda: ctx.sql(
+        "SELECT count(*) FROM runs WHERE state = 'expired'")[0][0] == n, timeout_s=60)
+    sweeps = _sweeps(ctx)
+    per_run = ctx.sql("SELECT count(*) FROM run_transitions WHERE new_state = 'expired'"
+                      " GROUP BY run_id HAVING count(*) <> 1")
+    ctx.expect("every run expired exactly once", len(run_ids) == n and not per_run,
+               f"{len(per_run)} runs with != 1 expiry", "R-OPS-3")
+    ctx.expect("at most 100 candidates per sweep per reconciler", max(s[1] for s in sweeps) <= 100,
+               f"max {max(s[1] for s in sweeps)}", "R-OPS-3")
+    ctx.expect("sweeps account for every expiry", sum(s[2] for s in sweeps) == n,
+               f"{sum(s[2] for s in sweeps)} expired by sweeps")
+    ctx.figures["reconcilers_that_expired"] = len({s[0] for s in sweeps if s[2]})
+
+
+@scenario(
+    "tenant-slots",
+    title="AGENT_CONCURRENCY_LIMIT=2 with six runs and a SIGKILLed owner in the middle: never "
+          "more than two slot holders, and all six finish",
+    requirements=("R-EXEC-9", "R-Q-2"),
+    faults=("sigkill owner at barrier",),
+)
+def tenant_slots(ctx: ScenarioContext) -> None:
+    limit = {"AGENT_CONCURRENCY_LIMIT": "2"}
+    api = ctx.processes.api()
+    workers = [ctx.processes.worker("worker-1", **limit), ctx.processes.worker("worker-2", **limit)]
+    run_ids = [accepted(ctx, api, prompt=make_prompt(
+        steps=3, delay_ms=150, **({"barrier": {"step": 2, "name": "slot"}} if i == 2 else {})))
+        for i in range(6)]
+    held = ctx.wait_barrier("slot")
+    owner = next(w for w in workers if w.alive and w.pid == held["pid"])
+    ctx.nemesis.sigkill(owner, barrier="slot", attempt=held["attempt"])
+    ctx.processes.worker("worker-3", **limit)
+    for run_id in run_ids:
+        run = ctx.wait_terminal(api, run_id, timeout_s=60)
+        ctx.expect(f"run {run_id[:8]} completed", run["state"] == "completed", run["state"])
+    from qualify.collect import database_events
+
+    most = slot_holders(database_events(ctx.deployment.dsn))
+    ctx.expect("never more than 2 slot holders", most <= 2, f"max {most}", "R-EXEC-9")
+    ctx.expect("the limit was reached (the check is not vacuous)", most == 2, f"max {most}", "R-EXEC-9")
+
+
+def _oldest_accepted_age(api: ManagedProcess) -> float:
+    text = httpx.get(f"{api.base_url}/metrics", timeout=10).text
+    found = re.search(rf'qimpl_oldest_accepted_run_age_seconds{{tenant="{TENANT}"}} ([0-9.e+-]+)', text)
+    return float(found.group(1)) if found else 0.0
+
+
+@scenario(
+    "oldest-accepted-metric",
+    title="Worker down: the oldest-accepted-age metric grows; it falls back once the worker "
+          "(and its reconciler) returns",
+    requirements=("R-OPS-6", "R-OPS-3"),
+    faults=(f"sigkill at {AFTER_ACCEPT}",),
+)
+def oldest_accepted_metric(ctx: ScenarioContext) -> None:
+    run_id = _accepted_then_api_dies(ctx)
+    api = ctx.processes.api("api-2")
+    first = _oldest_accepted_age(api)
+    _wait(ctx, "the age to grow", lambda: _oldest_accepted_age(api) > first + 0.5, timeout_s=10)
+    grown = _oldest_accepted_age(api)
+    ctx.expect("the metric grows while no worker runs", grown > first > 0, f"{first:.2f} -> {grown:.2f}",
+               "R-OPS-6")
+    ctx.processes.worker("worker-1", **RECONCILE)
+    ctx.wait_terminal(api, run_id, timeout_s=30)
+    ctx.expect("the metric falls back to 0 after the worker returns", _oldest_accepted_age(api) == 0.0,
+               str(_oldest_accepted_age(api)), "R-OPS-6")

@@ -1,0 +1,85 @@
+"""The worker refuses a transaction-pooling PgBouncer and accepts a session-pooling one
+(R-OPS-5), against a real PgBouncer (Debian's package; ``.ci/run`` installs it)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from qualify.procs import free_port, kill_tree, spawn, wait_until
+from qualify.stack.postgres import SHM
+
+PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+
+
+@pytest.fixture
+def pgbouncer(stack: Any, request: pytest.FixtureRequest) -> Iterator[str]:
+    if not os.path.exists(PGBOUNCER):
+        if os.environ.get("CI"):
+            pytest.fail("pgbouncer is missing: .ci/run should have installed it")
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
+    mode: str = request.param
+    work = Path(tempfile.mkdtemp(dir=SHM, prefix="qualify-pgbouncer-"))
+    work.chmod(0o755)
+    port = free_port()
+    (work / "userlist.txt").write_text('"postgres" ""\n')
+    (work / "pgbouncer.ini").write_text(
+        f"[databases]\n* = host=127.0.0.1 port={stack.postgres.port}\n"
+        f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nauth_type = trust\n"
+        f"auth_file = {work}/userlist.txt\npool_mode = {mode}\nunix_socket_dir =\n"
+        "ignore_startup_parameters = options\n"
+    )
+    user = "postgres" if os.geteuid() == 0 else None
+    if user:
+        subprocess.run(["chown", "-R", user, str(work)], check=True)
+    proc = spawn([PGBOUNCER, str(work / "pgbouncer.ini")], log_path=work / "pgbouncer.log", user=user)
+    db = stack.create_database()
+    dsn = f"postgresql://postgres@127.0.0.1:{port}/{db.rsplit('/', 1)[1]}"
+    try:
+        wait_until(lambda: bool(psycopg.connect(dsn, connect_timeout=1).close() or True),
+                   timeout_s=15, what="pgbouncer", proc=proc)
+        yield dsn
+    finally:
+        kill_tree(proc, first=signal.SIGTERM, grace_s=3)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _worker(stack: Any, dsn: str, timeout_s: float) -> subprocess.CompletedProcess[str] | None:
+    env = {**os.environ, "QIMPL_DATABASE_URL": dsn, "QIMPL_TEMPORAL_ADDRESS": stack.info.temporal_address,
+           "QIMPL_TASK_QUEUE": "pgbouncer-check"}
+    proc = subprocess.Popen([sys.executable, "-m", "qimpl.workflows.worker"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+    except subprocess.TimeoutExpired:
+        return None  # still running: it accepted the connection
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=15)
+
+
+@pytest.mark.req("R-OPS-5")
+@pytest.mark.parametrize("pgbouncer", ["transaction"], indirect=True)
+def test_transaction_pooling_is_refused(stack: Any, pgbouncer: str) -> None:
+    done = _worker(stack, pgbouncer, timeout_s=30)
+    assert done is not None, "the worker kept running behind a transaction-pooling PgBouncer"
+    assert done.returncode != 0
+    assert "transaction-pooling PgBouncer" in done.stdout
+
+
+@pytest.mark.req("R-OPS-5")
+@pytest.mark.parametrize("pgbouncer", ["session"], indirect=True)
+def test_session_pooling_is_accepted(stack: Any, pgbouncer: str) -> None:
+    assert _worker(stack, pgbouncer, timeout_s=8) is None, "the worker exited behind session pooling"

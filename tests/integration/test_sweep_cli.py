@@ -1,0 +1,55 @@
+"""The one-shot operator sweep (R-OPS-4): prints what it did and exits 0; a clear message
+and a non-zero exit when the database or Temporal cannot be reached."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from qualify.procs import free_port
+
+
+def _sweep(env: dict[str, str], *tenants: str) -> subprocess.CompletedProcess[str]:
+    args = [a for t in tenants for a in ("--tenant", t)]
+    return subprocess.run([sys.executable, "-m", "qimpl.scripts.agent_runs", *args],
+                          env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.req("R-OPS-4")
+def test_sweep_expires_overdue_runs_and_reports(stack: Any) -> None:
+    dsn = stack.create_database()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for tenant in ("t1", "t1", "t2"):
+            conn.execute("INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,"
+                         " stream_key, deadline_at) VALUES (%s, %s, 'p', 'a', 'queued', 'x', 'k',"
+                         " now() - interval '1 second')", (str(uuid.uuid4()), tenant))
+    done = _sweep({"QIMPL_DATABASE_URL": dsn, "QIMPL_TEMPORAL_ADDRESS": stack.info.temporal_address},
+                  "t1")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["tenant"] == "t1" and report["expired"] == 2 and report["errors"] == 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        states = dict(conn.execute("SELECT tenant_id, string_agg(state, ',') FROM runs GROUP BY 1"))
+    assert states == {"t1": "expired,expired", "t2": "queued"}  # only the named tenant
+
+
+@pytest.mark.req("R-OPS-4")
+def test_sweep_says_when_the_database_is_unreachable() -> None:
+    done = _sweep({"QIMPL_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{free_port()}/x"}, "t1")
+    assert done.returncode == 2 and "cannot reach the database" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.req("R-OPS-4")
+def test_sweep_says_when_temporal_is_unreachable(stack: Any) -> None:
+    done = _sweep({"QIMPL_DATABASE_URL": stack.create_database(),
+                   "QIMPL_TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}", "QIMPL_DISPATCH_TIMEOUT_S": "2"},
+                  "t1")
+    assert done.returncode == 3 and "cannot reach Temporal" in done.stderr
