@@ -1,11 +1,14 @@
-"""The ``qualify`` command: ``run``, ``list``, ``repro``.
+"""The ``qualify`` command: ``run``, ``repro``, ``list``.
 
-Exit codes (``qualify run`` / ``repro``): 0 pass, 1 fail, 2 crashed, 3 unknown,
-4 vacuous, 5 flaky, 130 interrupted.
+Exit codes (``run`` and ``repro``): 0 pass, 1 fail, 2 crashed, 3 unknown, 4 vacuous,
+5 flaky, 130 interrupted.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import secrets
 import signal
 import sys
 from pathlib import Path
@@ -22,6 +25,7 @@ console = Console(highlight=False, soft_wrap=True)
 
 _STYLE = {"pass": "green", "fail": "bold red", "crashed": "bold magenta", "unknown": "yellow",
           "vacuous": "yellow", "flaky": "yellow"}
+CORPUS = Path(__file__).resolve().parents[1] / "tests" / "corpus.jsonl"
 
 
 def _progress(kind: str, data: Any) -> None:
@@ -30,35 +34,35 @@ def _progress(kind: str, data: Any) -> None:
     elif kind == "stack":
         console.print(f"stack {data.kind}: PostgreSQL {data.postgres_version}, "
                       f"Temporal {data.temporal_version}, booted in {data.boot_s:.2f} s")
+    elif kind == "slice":
+        console.print(f"slice {data['index']}: {', '.join(data['scenarios'])}")
+    elif kind == "refused":
+        console.print(f"  {data.id} [yellow]refused[/]: it restarts PostgreSQL or Temporal, "
+                      "which this stack did not start")
     elif kind == "scenario_start":
         console.print(f"  {data.id} …", end="")
     elif kind == "scenario_end":
-        v = str(data.verdict)
-        console.print(f" [{_STYLE.get(v, 'white')}]{v}[/] ({data.duration_s:.1f} s)")
-        for c in data.checks:
-            if c.ok is not True:
-                console.print(f"    [red]✗[/] {c.name}: {c.detail}")
-        if data.error:
-            console.print(f"    [magenta]{data.error.splitlines()[-1]}[/]")
+        v = data["status"]
+        rate = f", reproduced {data['reproduction']}" if data.get("reproduction") else ""
+        console.print(f" [{_STYLE.get(v, 'white')}]{v}[/] ({data['duration_s']:.1f} s{rate})")
+        for c in data["checks"]:
+            if c["ok"] is not True:
+                console.print(f"    [red]✗[/] {c['name']}: {c['detail']}")
+        if data["error"]:
+            console.print(f"    [magenta]{data['error'].splitlines()[-1]}[/]")
+    elif kind == "keep":
+        console.print("[yellow]--keep: the stack stays up; Ctrl-C to tear it down[/]")
+        console.print(f"  psql {data['pg_dsn']}    (databases: {data['databases']})")
+        console.print(f"  temporal workflow list --address {data['temporal_address']}")
+    elif kind in ("shrunk", "shrink_try"):
+        console.print(f"  shrink: {kind} size={data['size']} {data.get('verdict', '')}")
 
 
-def _session(scenario_ids: list[str], seed: int | None, stack: str, reports: Path) -> int:
-    from qualify.session import run_session
+def _on_term(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
-    def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_term)
-    try:
-        summary, report_dir, code = run_session(scenario_ids=scenario_ids, seed=seed,
-                                                stack_kind=stack, reports_root=reports,
-                                                on_event=_progress)
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted: every process was stopped[/]")
-        return 130
-    except HarnessError as exc:
-        console.print(f"[magenta]harness error:[/] {exc}")
-        return 2
+def _finish(summary: dict[str, Any], report_dir: Path, code: int) -> int:
     v = summary["verdict"]
     console.print(f"verdict [{_STYLE.get(v, 'white')}]{v.upper()}[/] in {summary['duration_s']:.1f} s")
     if summary.get("error"):
@@ -66,34 +70,146 @@ def _session(scenario_ids: list[str], seed: int | None, stack: str, reports: Pat
     for s in summary["scenarios"]:
         if s["status"] != "pass":
             console.print(f"  repro: {s['repro']}")
-    console.print(f"report: {report_dir}")
+    console.print(f"report: {report_dir}  ({report_dir / 'report.html'})")
     return code
 
 
-StackOpt = Annotated[str, typer.Option("--stack", help="embedded (wheel binaries) or system")]
+StackOpt = Annotated[str, typer.Option("--stack", help="embedded | system | existing | testcontainers")]
 ReportsOpt = Annotated[Path, typer.Option("--reports-dir", help="where reports are written")]
+PgDsnOpt = Annotated[str, typer.Option("--pg-dsn", help="--stack existing: PostgreSQL DSN that may create databases")]
+TemporalOpt = Annotated[str, typer.Option("--temporal-address", help="--stack existing: host:port")]
 
 
 @app.command()
 def run(
     scenario: Annotated[list[str] | None, typer.Option("--scenario", "-s", help="scenario id (repeatable); default all")] = None,
+    random_n: Annotated[int, typer.Option("--random", help="generate N random scenarios (workload + faults) from the seed")] = 0,
     seed: Annotated[int | None, typer.Option(help="root seed; random when omitted")] = None,
     stack: StackOpt = "embedded",
+    pg_dsn: PgDsnOpt = "",
+    temporal_address: TemporalOpt = "",
     reports_dir: ReportsOpt = Path("reports"),
+    reruns: Annotated[int, typer.Option(help="re-run a failing scenario N times to measure flakiness")] = 1,
+    parallel: Annotated[str, typer.Option("-n", "--parallel", help="parallel slices, each with its own stack; 'auto' = CPUs")] = "1",
+    determinism_check: Annotated[bool, typer.Option("--determinism-check", help="measure how reproducible the harness is, and exit")] = False,
 ) -> None:
     """Boot a disposable stack, run the scenarios, write a sign-off report."""
-    raise typer.Exit(_session(scenario or [], seed, stack, reports_dir))
+    from qualify.session import SessionOptions, run_session
+
+    signal.signal(signal.SIGTERM, _on_term)
+    if determinism_check:
+        raise typer.Exit(_determinism(seed, stack, reports_dir))
+    n = (os.cpu_count() or 1) if parallel == "auto" else int(parallel)
+    opts = SessionOptions(scenario_ids=scenario or [], random_n=random_n, seed=seed, stack_kind=stack,
+                          pg_dsn=pg_dsn, temporal_address=temporal_address, reports_root=reports_dir,
+                          reruns=reruns, parallel=max(1, n))
+    raise typer.Exit(_guarded(lambda: _finish(*run_session(opts, _progress))))
+
+
+def _guarded(body: Any) -> int:
+    try:
+        return int(body())
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: every process was stopped[/]")
+        return 130
+    except HarnessError as exc:
+        console.print(f"[magenta]harness error:[/] {exc}")
+        return 2
+
+
+def _determinism(seed: int | None, stack: str, reports_dir: Path) -> int:
+    from qualify.determinism import run_check
+    from qualify.provenance import git_sha
+    from qualify.session import new_report_dir
+
+    seed = seed if seed is not None else secrets.randbits(32)
+    console.print(f"seed {seed}")
+    import random
+
+    seeds = [random.Random(seed).getrandbits(32) for _ in range(5)]
+    out = new_report_dir(reports_dir, git_sha()[0])
+
+    def body() -> int:
+        result = run_check(seeds=seeds, sample=2, stack_kind=stack, out_dir=out / "determinism")
+        (out / "determinism.json").write_text(json.dumps(result, indent=2, default=str))
+        console.print(f"schedules identical: {result['schedules_identical']}; "
+                      f"executions identical: {result['executions_identical']}")
+        console.print(f"report: {out / 'determinism.json'}")
+        same, total = map(int, result["schedules_identical"].split("/"))
+        return 0 if same == total else 1
+
+    return _guarded(body)
 
 
 @app.command()
 def repro(
-    scenario_id: Annotated[str, typer.Argument(help="the scenario to re-run")],
-    seed: Annotated[int, typer.Option(help="the seed from the report")],
+    scenario_id: Annotated[str | None, typer.Argument(help="the scenario to re-run (from the report)")] = None,
+    seed: Annotated[int | None, typer.Option(help="the seed from the report")] = None,
+    schedule: Annotated[Path | None, typer.Option("--schedule", help="replay a saved schedule (repro.json)")] = None,
+    shrink: Annotated[bool, typer.Option("--shrink", help="delta-debug a failing random schedule to a minimal one")] = False,
+    runs: Annotated[int, typer.Option(help="--shrink: replays per candidate")] = 2,
+    keep: Annotated[bool, typer.Option("--keep", help="on failure leave the stack up and print how to connect")] = False,
+    save_corpus: Annotated[bool, typer.Option("--save-corpus", help="append a failing case to tests/corpus.jsonl")] = False,
+    reruns: Annotated[int, typer.Option(help="re-run a failure N times to measure flakiness")] = 2,
     stack: StackOpt = "embedded",
+    pg_dsn: PgDsnOpt = "",
+    temporal_address: TemporalOpt = "",
     reports_dir: ReportsOpt = Path("reports"),
 ) -> None:
-    """Re-run one scenario with the seed a report printed."""
-    raise typer.Exit(_session([scenario_id], seed, stack, reports_dir))
+    """Re-run one scenario with the seed a report printed (or a saved schedule)."""
+    from qualify.session import SessionOptions, run_session
+
+    signal.signal(signal.SIGTERM, _on_term)
+    if scenario_id is None and schedule is None:
+        raise typer.BadParameter("name a scenario (with --seed) or give --schedule")
+    if scenario_id is not None and seed is None:
+        raise typer.BadParameter("--seed is required with a scenario id")
+    opts = SessionOptions(scenario_ids=[scenario_id] if scenario_id else [], schedule_path=schedule,
+                          seed=seed if seed is not None else 0, stack_kind=stack, pg_dsn=pg_dsn,
+                          temporal_address=temporal_address, reports_root=reports_dir, reruns=reruns,
+                          keep=keep and not shrink)
+
+    def body() -> int:
+        summary, report_dir, code = run_session(opts, _progress)
+        failed = [s for s in summary["scenarios"] if s["status"] in ("fail", "flaky")]
+        if failed and save_corpus:
+            _save_corpus(failed[0], summary["seed"])
+        if failed and shrink:
+            return _shrink(failed[0], summary, report_dir, runs, stack)
+        return _finish(summary, report_dir, code)
+
+    raise typer.Exit(_guarded(body))
+
+
+def _save_corpus(doc: dict[str, Any], seed: int) -> None:
+    entry = {"scenario": doc["id"], "seed": seed, **({"schedule": doc["schedule"]} if "schedule" in doc else {})}
+    with open(CORPUS, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(entry, sort_keys=True) + "\n")
+    console.print(f"appended to {CORPUS}")
+
+
+def _shrink(doc: dict[str, Any], summary: dict[str, Any], report_dir: Path, runs: int, stack_kind: str) -> int:
+    from qualify.schedule import Schedule
+    from qualify.shrink import shrink as do_shrink
+    from qualify.stack import make_stack
+
+    if "schedule" not in doc:
+        console.print("[yellow]--shrink works on random scenarios (a schedule); this one is fixed[/]")
+        return 1
+    start = Schedule.from_json(json.dumps(doc["schedule"]))
+    stack = make_stack(stack_kind)
+    try:
+        stack.start()
+        minimal, tried = do_shrink(stack, start, seed=summary["seed"], out_dir=report_dir / "shrink",
+                                   runs=runs, on_event=_progress)
+    finally:
+        stack.stop()
+    path = report_dir / "repro.json"
+    path.write_text(json.dumps({"scenario": doc["id"], "seed": summary["seed"],
+                                "schedule": json.loads(minimal.to_json())}, indent=2))
+    console.print(f"minimal failing schedule (size {minimal.size}, from {start.size}, {tried} replays): {path}")
+    console.print(f"  repro: qualify repro --schedule {path}")
+    return 1
 
 
 @app.command("list")
@@ -111,6 +227,7 @@ def list_(
 
     for sc in REGISTRY.values():
         console.print(f"{sc.id}\t{sc.title}\t[{' '.join(sc.requirements)}]")
+    console.print("random-<i>\tgenerated from the seed with --random N: runs + faults at barriers")
 
 
 def main() -> None:

@@ -30,9 +30,17 @@ class Nemesis:
         return self._record("sigkill", proc.name, bool(evidence["pid_gone"]), {**evidence, **context})
 
     def crash_point(self, proc: ManagedProcess, evidence: dict[str, Any], **extra: Any) -> dict[str, Any]:
-        """Record a crash point that ``proc`` struck on itself (its evidence line, pid gone)."""
+        """Record a crash point that ``proc`` struck on itself (its evidence line, pid gone).
+        The line is written just before the process strikes, so wait for it to be gone."""
+        import subprocess
+
         import psutil
 
+        if evidence["action"] == "kill" and proc.proc is not None:
+            try:
+                proc.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
         gone = not psutil.pid_exists(evidence["pid"]) or not proc.alive
         return self._record(f"crash_point:{evidence['action']}", proc.name, gone,
                             {"point": evidence["point"], "pid": evidence["pid"],
@@ -54,6 +62,48 @@ class Nemesis:
         return self._record("pg_terminate_backend", application_name,
                             bool(terminated) and left is not None and left[0] == 0,
                             {"backend_pids": terminated})
+
+    def restart_postgres(self, stack: Any) -> dict[str, Any]:
+        """Immediate-mode restart of PostgreSQL (SIGQUIT, then start on the same port):
+        landed when the old postmaster is gone and a new one accepts connections."""
+        import psutil
+
+        old, new = stack.postgres.restart()
+        return self._record("postgres_restart", "postgres", not psutil.pid_exists(old) and new != old,
+                            {"old_pid": old, "new_pid": new, "mode": "immediate"})
+
+    def restart_temporal(self, stack: Any) -> dict[str, Any]:
+        """Restart the Temporal dev server on the same ports and database file."""
+        import psutil
+
+        old, new = stack.temporal.restart()
+        return self._record("temporal_restart", "temporal", not psutil.pid_exists(old) and new != old,
+                            {"old_pid": old, "new_pid": new, "address": stack.temporal.address})
+
+    def stop_temporal(self, stack: Any) -> dict[str, Any]:
+        """Make dispatch fail: Temporal unreachable until ``start_temporal``."""
+        import psutil
+
+        assert stack.temporal.proc is not None
+        old = stack.temporal.proc.pid
+        stack.temporal.stop()
+        return self._record("temporal_down", "temporal", not psutil.pid_exists(old),
+                            {"old_pid": old, "address": stack.temporal.address})
+
+    def start_temporal(self, stack: Any) -> dict[str, Any]:
+        address = stack.temporal.address
+        stack.temporal.start()
+        return self._record("temporal_up", "temporal", stack.temporal.address == address,
+                            {"new_pid": stack.temporal.proc.pid, "address": stack.temporal.address})
+
+    def restart(self, proc: ManagedProcess, **context: Any) -> dict[str, Any]:
+        """Graceful restart (SIGTERM, wait, start again): landed when the pid changed and the
+        new process is ready."""
+        old = proc.pid
+        proc.stop()
+        proc.start()
+        return self._record("restart", proc.name, proc.pid != old and proc.alive,
+                            {"old_pid": old, "new_pid": proc.pid, **context})
 
     def sigstop(self, proc: ManagedProcess, **context: Any) -> dict[str, Any]:
         evidence = proc.sigstop()

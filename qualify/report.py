@@ -18,13 +18,24 @@ from typing import Any
 from qualify.runner import ScenarioResult
 from qualify.verdict import Verdict, merge
 
-__all__ = ["SCHEMA", "build_summary", "render_junit", "render_markdown", "repro_line", "write_report"]
+__all__ = [
+    "SCHEMA",
+    "build_summary",
+    "crash_matrix",
+    "render_html",
+    "render_junit",
+    "render_markdown",
+    "repro_line",
+    "scenario_doc",
+    "write_report",
+]
 
 SCHEMA = "qualify.summary/1"
 
 
 def repro_line(scenario_id: str, seed: int, stack_kind: str) -> str:
-    """The one-line command that re-runs one scenario with its seed."""
+    """The one-line command that re-runs one scenario with its seed (a random scenario's
+    schedule is re-derived from the same seed)."""
     extra = "" if stack_kind == "embedded" else f" --stack {stack_kind}"
     return f"qualify repro {scenario_id} --seed {seed}{extra}"
 
@@ -35,17 +46,43 @@ def _fault_line(f: dict[str, Any]) -> str:
     return f"{f['fault']} {f['target']} ({where}){'' if f['landed'] else ' [did not land]'}"
 
 
-def build_summary(*, results: Sequence[ScenarioResult], seed: int, duration_s: float,
+def scenario_doc(r: ScenarioResult, *, report_dir: Path, stack_kind: str) -> dict[str, Any]:
+    """One scenario's entry in ``summary.json`` (JSON-safe)."""
+    doc: dict[str, Any] = {
+        "id": r.scenario.id,
+        "title": r.scenario.title,
+        "status": str(r.verdict),
+        "duration_s": r.duration_s,
+        "requirements": list(r.scenario.requirements),
+        "faults": [_fault_line(f) for f in r.faults],
+        "fault_evidence": [f.get("evidence", {}) for f in r.faults],
+        "crash_points": r.crash_points,
+        "crash_point_evidence": r.crash_point_evidence,
+        "checks": [c.as_dict() for c in r.checks],
+        "figures": r.figures,
+        "error": r.error,
+        "history": str((r.out_dir / "history.jsonl").relative_to(report_dir)),
+        "logs": [str((r.out_dir / p).relative_to(report_dir)) for p in r.logs],
+        "repro": repro_line(r.scenario.id, r.seed, stack_kind),
+    }
+    if r.scenario.schedule is not None:
+        doc["schedule"] = json.loads(r.scenario.schedule)
+    if r.reproduction:
+        doc["reproduction"] = r.reproduction
+    return doc
+
+
+def build_summary(*, scenarios: Sequence[dict[str, Any]], seed: int, duration_s: float,
                   stack: dict[str, Any], provenance: dict[str, Any], report_dir: Path,
                   crash_catalog: Sequence[str] = ()) -> dict[str, Any]:
-    """The ``qualify.summary/1`` document."""
-    verdict = merge([r.verdict for r in results]) if results else Verdict.CRASHED
+    """The ``qualify.summary/1`` document from the scenarios' documents."""
+    verdict = merge([Verdict(s["status"]) for s in scenarios]) if scenarios else Verdict.CRASHED
     requirements: dict[str, dict[str, list[str]]] = {}
-    for r in results:
-        for req in r.scenario.requirements:
+    for sc in scenarios:
+        for req in sc["requirements"]:
             entry = requirements.setdefault(req, {"passed": [], "failed": []})
-            entry["passed" if r.verdict == Verdict.PASS else "failed"].append(r.scenario.id)
-    crash_points = {p: sorted({r.scenario.id for r in results if p in r.crash_points})
+            entry["passed" if sc["status"] == Verdict.PASS else "failed"].append(sc["id"])
+    crash_points = {p: sorted({sc["id"] for sc in scenarios if p in sc["crash_points"]})
                     for p in crash_catalog}
     return {
         "schema": SCHEMA,
@@ -59,25 +96,7 @@ def build_summary(*, results: Sequence[ScenarioResult], seed: int, duration_s: f
         "report_dir": str(report_dir),
         "requirements": dict(sorted(requirements.items())),
         "crash_points": crash_points,
-        "scenarios": [
-            {
-                "id": r.scenario.id,
-                "title": r.scenario.title,
-                "status": str(r.verdict),
-                "duration_s": r.duration_s,
-                "requirements": list(r.scenario.requirements),
-                "faults": [_fault_line(f) for f in r.faults],
-                "fault_evidence": [f.get("evidence", {}) for f in r.faults],
-                "crash_points": r.crash_points,
-                "checks": [c.as_dict() for c in r.checks],
-                "figures": r.figures,
-                "error": r.error,
-                "history": str((r.out_dir / "history.jsonl").relative_to(report_dir)),
-                "logs": [str((r.out_dir / p).relative_to(report_dir)) for p in r.logs],
-                "repro": repro_line(r.scenario.id, r.seed, stack.get("kind", "embedded")),
-            }
-            for r in results
-        ],
+        "scenarios": list(scenarios),
     }
 
 
@@ -152,11 +171,49 @@ def render_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def crash_matrix(summary: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, list[str]]]]:
+    """(actions, crash point -> action -> scenarios that struck it that way)."""
+    actions = ["kill", "stop", "hold"]
+    matrix: dict[str, dict[str, list[str]]] = {p: {} for p in summary["crash_points"]}
+    for sc in summary["scenarios"]:
+        for ev in sc.get("crash_point_evidence", []):
+            cell = matrix.setdefault(ev["point"], {}).setdefault(ev["action"], [])
+            if sc["id"] not in cell:
+                cell.append(sc["id"])
+    return actions, matrix
+
+
+def render_html(summary: dict[str, Any], histories: dict[str, list[dict[str, Any]]]) -> str:
+    """A self-contained HTML report (no external assets)."""
+    from jinja2 import Environment, PackageLoader, select_autoescape
+
+    from qualify.spec_ids import REQUIREMENTS
+    from qualify.timeline import MAX_EVENTS, svg_timeline
+
+    env = Environment(loader=PackageLoader("qualify", "templates"), autoescape=select_autoescape())
+    actions, matrix = crash_matrix(summary)
+    timelines = {sc["id"]: svg_timeline(histories.get(sc["id"], [])) for sc in summary["scenarios"]}
+    return env.get_template("report.html.j2").render(
+        s=summary, requirements=REQUIREMENTS, actions=actions, crash_matrix=matrix,
+        timelines=timelines, max_events=MAX_EVENTS)
+
+
+def _histories(report_dir: Path, summary: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    out = {}
+    for sc in summary["scenarios"]:
+        path = report_dir / sc["history"]
+        lines = path.read_text().splitlines() if path.exists() else []
+        out[sc["id"]] = [json.loads(line) for line in lines if line.strip()]
+    return out
+
+
 def write_report(report_dir: Path, summary: dict[str, Any]) -> None:
-    """Write junit.xml and report.md, then summary.json last (its presence means complete)."""
+    """Write junit.xml, report.md and report.html, then summary.json last (its presence
+    means the run finished)."""
     report_dir.mkdir(parents=True, exist_ok=True)
     (report_dir / "junit.xml").write_text(render_junit(summary))
     (report_dir / "report.md").write_text(render_markdown(summary))
+    (report_dir / "report.html").write_text(render_html(summary, _histories(report_dir, summary)))
     tmp = report_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2, default=str))
     tmp.replace(report_dir / "summary.json")

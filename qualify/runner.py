@@ -49,6 +49,9 @@ class ScenarioResult:
     error: str = ""
     events: int = 0
     logs: list[str] = field(default_factory=list)
+    #: "k/n" when a failure was re-run: how often it reproduced.
+    reproduction: str = ""
+    crash_point_evidence: list[dict[str, Any]] = field(default_factory=list)
 
 
 def judge(checks: list[Check], faults: list[dict[str, Any]], *, expected_faults: int,
@@ -83,7 +86,8 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
     processes = Processes(deployment)
     nemesis = Nemesis(history)
     ctx = ScenarioContext(deployment=deployment, processes=processes, history=history,
-                          nemesis=nemesis, rng=random.Random(sub_seed(seed, scenario.id)))
+                          nemesis=nemesis, rng=random.Random(sub_seed(seed, scenario.id)),
+                          stack=stack)
     t0 = time.monotonic()
     error_verdict: Verdict | None = None
     error = ""
@@ -120,5 +124,7 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
         scenario=scenario, seed=seed, verdict=verdict, duration_s=round(duration, 3), checks=checks,
         faults=nemesis.recorded, crash_points=struck, figures=ctx.figures, out_dir=out_dir,
         error=error, events=len(events),
+        crash_point_evidence=[{"point": e["point"], "action": e["action"], "pid": e["pid"]}
+                              for e in events if e["type"] == "crash_point"],
         logs=sorted(str(p.relative_to(out_dir)) for p in (out_dir / "logs").glob("*.log")),
     )

@@ -1,23 +1,31 @@
-"""One qualification session: boot a stack, run the selected scenarios, write the report."""
+"""One qualification session: boot a stack, run scenarios (in parallel slices if asked),
+re-run failures to measure how often they reproduce, write the report."""
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
+import signal
+import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qualify.errors import HarnessError
+from qualify.procs import kill_tree, spawn
 from qualify.provenance import provenance, utc_stamp
-from qualify.report import build_summary, write_report
-from qualify.runner import ScenarioResult, run_scenario
+from qualify.report import build_summary, scenario_doc, write_report
+from qualify.runner import run_scenario
 from qualify.scenarios import REGISTRY, Scenario
-from qualify.stack import EmbeddedStack
+from qualify.stack import make_stack
 from qualify.verdict import EXIT_CODES, Verdict
 
-__all__ = ["crash_point_catalog", "new_report_dir", "run_session", "select"]
+__all__ = ["SessionOptions", "crash_point_catalog", "new_report_dir", "resolve", "run_session"]
+
+Events = Callable[[str, Any], None]
 
 
 def crash_point_catalog() -> dict[str, str]:
@@ -29,12 +37,26 @@ def crash_point_catalog() -> dict[str, str]:
     return {name: p.doc for name, p in sorted(CATALOG.items())}
 
 
-def select(ids: Sequence[str]) -> list[Scenario]:
-    """The scenarios named by ``ids`` (all, in registration order, when empty)."""
-    unknown = [i for i in ids if i not in REGISTRY]
-    if unknown:
-        raise HarnessError(f"unknown scenario(s): {', '.join(unknown)}; see `qualify list`")
-    return [REGISTRY[i] for i in ids] if ids else list(REGISTRY.values())
+def resolve(ids: Sequence[str], *, seed: int, random_n: int = 0, schedule_path: Path | None = None) -> list[Scenario]:
+    """Scenarios by id (registered ones, ``random-<i>`` of this seed), ``random_n`` random
+    ones, or one saved schedule; all registered scenarios when nothing is named."""
+    from qualify.scenarios.random_mix import random_scenario, schedule_scenario
+    from qualify.schedule import Schedule
+
+    out: list[Scenario] = []
+    if schedule_path is not None:
+        doc = json.loads(schedule_path.read_text())
+        out.append(schedule_scenario(Schedule.from_json(json.dumps(doc.get("schedule", doc))),
+                                     doc.get("scenario", "schedule")))
+    for i in ids:
+        if i in REGISTRY:
+            out.append(REGISTRY[i])
+        elif i.startswith("random-") and i.removeprefix("random-").isdigit():
+            out.append(random_scenario(int(i.removeprefix("random-")), seed))
+        else:
+            raise HarnessError(f"unknown scenario {i!r}; see `qualify list`")
+    out += [random_scenario(i, seed) for i in range(random_n)]
+    return out if (out or schedule_path) else list(REGISTRY.values())
 
 
 def new_report_dir(root: Path, sha: str) -> Path:
@@ -50,50 +72,153 @@ def new_report_dir(root: Path, sha: str) -> Path:
     raise HarnessError("could not create a report directory")
 
 
-def run_session(
-    *,
-    scenario_ids: Sequence[str] = (),
-    seed: int | None = None,
-    stack_kind: str = "embedded",
-    reports_root: Path = Path("reports"),
-    on_event: Callable[[str, Any], None] = lambda kind, data: None,
-) -> tuple[dict[str, Any], Path, int]:
-    """Run a session; returns (summary, report directory, exit code). Always tears down.
+@dataclass(kw_only=True)
+class SessionOptions:
+    scenario_ids: list[str] = field(default_factory=list)
+    random_n: int = 0
+    schedule_path: Path | None = None
+    seed: int | None = None
+    stack_kind: str = "embedded"
+    pg_dsn: str = ""
+    temporal_address: str = ""
+    reports_root: Path = Path("reports")
+    #: Re-run a failing scenario this many times to measure its reproduction rate.
+    reruns: int = 1
+    #: Leave the stack up after a failure until Ctrl-C, and say how to connect.
+    keep: bool = False
+    #: Parallel slices, each with its own stack (1 = in this process).
+    parallel: int = 1
 
-    With no ``scenario_ids`` (a full run) every declared crash point must be struck by
-    some scenario, or the verdict is ``fail`` with "uncovered crash point"."""
-    seed = seed if seed is not None else secrets.randbits(32)
-    on_event("seed", seed)
-    scenarios = select(scenario_ids)
-    prov = provenance()
-    report_dir = new_report_dir(reports_root, prov["git_sha"])
-    on_event("report_dir", report_dir)
-    t0 = time.monotonic()
-    results: list[ScenarioResult] = []
-    stack_doc: dict[str, Any] = {"kind": stack_kind}
-    crashed = ""
-    stack = EmbeddedStack(kind=stack_kind)
+    @property
+    def full(self) -> bool:
+        """A full run (nothing selected): every crash point must be struck."""
+        return not self.scenario_ids and not self.random_n and self.schedule_path is None
+
+
+def _run_one(stack: Any, sc: Scenario, *, seed: int, report_dir: Path, reruns: int,
+             stack_kind: str) -> dict[str, Any]:
+    result = run_scenario(stack, sc, seed=seed, out_dir=report_dir / "scenarios" / sc.id)
+    if result.verdict is Verdict.FAIL and reruns > 0:
+        failed = 1
+        for i in range(reruns):
+            again = run_scenario(stack, sc, seed=seed, out_dir=report_dir / "scenarios" / sc.id / f"rerun-{i + 1}")
+            failed += again.verdict is Verdict.FAIL
+        result.reproduction = f"{failed}/{reruns + 1}"
+        if failed < reruns + 1:
+            result.verdict = Verdict.FLAKY
+    return scenario_doc(result, report_dir=report_dir, stack_kind=stack_kind)
+
+
+def _slice_main(argv: Sequence[str]) -> int:
+    """Entry point of one parallel slice (``python -m qualify.session``)."""
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    spec = json.loads(argv[0])
+    report_dir = Path(spec["report_dir"])
+    scenarios = resolve(spec["ids"], seed=spec["seed"],
+                        schedule_path=Path(spec["schedule"]) if spec.get("schedule") else None)
+    stack = make_stack(spec["stack_kind"], pg_dsn=spec["pg_dsn"], temporal_address=spec["temporal_address"])
+    docs = []
     try:
         info = stack.start()
-        stack_doc = {k: v for k, v in asdict(info).items() if k not in ("pg_dsn",)}
-        on_event("stack", info)
         for sc in scenarios:
-            on_event("scenario_start", sc)
-            result = run_scenario(stack, sc, seed=seed, out_dir=report_dir / "scenarios" / sc.id)
-            results.append(result)
-            on_event("scenario_end", result)
-    except HarnessError as exc:
-        crashed = str(exc)
+            docs.append(_run_one(stack, sc, seed=spec["seed"], report_dir=report_dir,
+                                 reruns=spec["reruns"], stack_kind=spec["stack_kind"]))
+            print(json.dumps({"done": sc.id, "status": docs[-1]["status"]}), flush=True)
     finally:
         stack.stop()
-    summary = build_summary(results=results, seed=seed, duration_s=time.monotonic() - t0,
+    out = {"stack": {k: v for k, v in asdict(info).items() if k != "pg_dsn"}, "scenarios": docs}
+    Path(spec["out"]).write_text(json.dumps(out))
+    return 0
+
+
+def _run_parallel(opts: SessionOptions, seed: int, scenarios: list[Scenario], report_dir: Path,
+                  on_event: Events) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    slices = [scenarios[i::opts.parallel] for i in range(opts.parallel)]
+    procs = []
+    for i, part in enumerate(s for s in slices if s):
+        spec = {"ids": [sc.id for sc in part if sc.schedule is None or sc.id.startswith("random-")],
+                "schedule": str(opts.schedule_path) if opts.schedule_path else None,
+                "seed": seed, "stack_kind": opts.stack_kind, "pg_dsn": opts.pg_dsn,
+                "temporal_address": opts.temporal_address, "reruns": opts.reruns,
+                "report_dir": str(report_dir), "out": str(report_dir / f".slice-{i}.json")}
+        log = report_dir / f"slice-{i}.log"
+        procs.append((spawn([sys.executable, "-m", "qualify.session", json.dumps(spec)], log_path=log,
+                            death_signal=signal.SIGTERM), spec, log))
+        on_event("slice", {"index": i, "scenarios": [sc.id for sc in part]})
+    docs: list[dict[str, Any]] = []
+    stack_doc: dict[str, Any] = {"kind": opts.stack_kind}
+    try:
+        for proc, spec, log in procs:
+            proc.wait()
+            if proc.returncode != 0 or not Path(spec["out"]).exists():
+                raise HarnessError(f"parallel slice failed (exit {proc.returncode}); see {log}")
+            part = json.loads(Path(spec["out"]).read_text())
+            docs += part["scenarios"]
+            stack_doc = {**part["stack"], "slices": opts.parallel}
+    finally:
+        for proc, _, _ in procs:
+            kill_tree(proc, first=signal.SIGTERM, grace_s=20)
+    return docs, stack_doc
+
+
+def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
+                ) -> tuple[dict[str, Any], Path, int]:
+    """Run a session; returns (summary, report directory, exit code). Always tears down.
+
+    A full run must strike every declared crash point, or the verdict is ``fail`` with
+    "uncovered crash point". Scenarios that need to restart PostgreSQL or Temporal are
+    refused (listed, not run) on a stack the harness did not boot."""
+    seed = opts.seed if opts.seed is not None else secrets.randbits(32)
+    on_event("seed", seed)
+    scenarios = resolve(opts.scenario_ids, seed=seed, random_n=opts.random_n,
+                        schedule_path=opts.schedule_path)
+    prov = provenance()
+    report_dir = new_report_dir(opts.reports_root, prov["git_sha"])
+    on_event("report_dir", report_dir)
+    t0 = time.monotonic()
+    docs: list[dict[str, Any]] = []
+    stack_doc: dict[str, Any] = {"kind": opts.stack_kind}
+    crashed = ""
+    refused: list[str] = []
+    if opts.parallel > 1:
+        try:
+            docs, stack_doc = _run_parallel(opts, seed, scenarios, report_dir, on_event)
+        except HarnessError as exc:
+            crashed = str(exc)
+    else:
+        stack = make_stack(opts.stack_kind, pg_dsn=opts.pg_dsn, temporal_address=opts.temporal_address)
+        try:
+            info = stack.start()
+            stack_doc = {k: v for k, v in asdict(info).items() if k not in ("pg_dsn",)}
+            on_event("stack", info)
+            for sc in scenarios:
+                if sc.needs_platform and not stack.controls_platform:
+                    refused.append(sc.id)
+                    on_event("refused", sc)
+                    continue
+                on_event("scenario_start", sc)
+                docs.append(_run_one(stack, sc, seed=seed, report_dir=report_dir, reruns=opts.reruns,
+                                     stack_kind=opts.stack_kind))
+                on_event("scenario_end", docs[-1])
+            if opts.keep and any(d["status"] != "pass" for d in docs):
+                on_event("keep", {"pg_dsn": info.pg_dsn, "temporal_address": info.temporal_address,
+                                  "databases": "one per scenario, named s_<hash>"})
+                _wait_for_interrupt()
+        except HarnessError as exc:
+            crashed = str(exc)
+        finally:
+            stack.stop()
+    summary = build_summary(scenarios=docs, seed=seed, duration_s=time.monotonic() - t0,
                             stack=stack_doc, provenance=prov, report_dir=report_dir,
                             crash_catalog=list(crash_point_catalog()))
+    summary["refused"] = refused
     if crashed:
         summary["verdict"] = str(Verdict.CRASHED)
         summary["error"] = crashed
-    elif not scenario_ids:
-        # A full run must strike every crash point declared in qimpl (R-Q-4).
+    elif opts.full and not refused:
         uncovered = [p for p, by in summary["crash_points"].items() if not by]
         summary["uncovered_crash_points"] = uncovered
         if uncovered:
@@ -101,3 +226,16 @@ def run_session(
             summary["error"] = "uncovered crash point: " + ", ".join(uncovered)
     write_report(report_dir, summary)
     return summary, report_dir, EXIT_CODES[Verdict(summary["verdict"])]
+
+
+def _wait_for_interrupt() -> None:
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(_slice_main(sys.argv[1:]))

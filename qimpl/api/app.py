@@ -89,6 +89,9 @@ class Services:
         self.pool = AsyncConnectionPool(
             settings.database_url, min_size=1, max_size=settings.api_pool_size, open=False,
             kwargs={"autocommit": True, "application_name": "qimpl-api"},
+            # A connection that died while idle (server restart) is replaced on checkout
+            # instead of failing the request.
+            check=AsyncConnectionPool.check_connection,
         )
         self.authenticator: Authenticator = StaticKeyAuthenticator(settings.api_keys)
         self._client: Client | None = None

@@ -39,6 +39,10 @@ class Scenario:
     body: Callable[[ScenarioContext], None]
     faults: tuple[str, ...] = ()
     crash_points: tuple[str, ...] = ()
+    #: For generated scenarios: the schedule (JSON) that the body executes.
+    schedule: str | None = None
+    #: Restarts or stops PostgreSQL or Temporal: refused on a stack the harness did not boot.
+    needs_platform: bool = False
 
 
 REGISTRY: dict[str, Scenario] = {}
@@ -46,14 +50,15 @@ REGISTRY: dict[str, Scenario] = {}
 
 def scenario(
     id: str, *, title: str, requirements: tuple[str, ...], faults: tuple[str, ...] = (),
-    crash_points: tuple[str, ...] = (),
+    crash_points: tuple[str, ...] = (), needs_platform: bool = False,
 ) -> Callable[[Callable[[ScenarioContext], None]], Callable[[ScenarioContext], None]]:
     """Register ``body`` as scenario ``id``."""
 
     def register(body: Callable[[ScenarioContext], None]) -> Callable[[ScenarioContext], None]:
         if id in REGISTRY:
             raise ValueError(f"scenario {id!r} registered twice")
-        REGISTRY[id] = Scenario(id, title, requirements, body, faults, crash_points)
+        REGISTRY[id] = Scenario(id, title, requirements, body, faults, crash_points,
+                                needs_platform=needs_platform)
         return body
 
     return register
@@ -68,6 +73,8 @@ class ScenarioContext:
     rng: random.Random
     checks: list[Check] = field(default_factory=list)
     figures: dict[str, float] = field(default_factory=dict)
+    #: The stack, for faults that strike PostgreSQL or Temporal themselves.
+    stack: Any = None
 
     @property
     def control(self) -> Path:
@@ -103,10 +110,22 @@ class ScenarioContext:
                             run_id=run_id, code=doc.get("code"))
         return resp
 
-    def read_run(self, api: ManagedProcess, run_id: str, agent_id: str = "agent-1") -> dict[str, Any]:
-        resp = httpx.get(f"{api.base_url}/v1/agents/{agent_id}/runs/{run_id}",
-                         headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
-        if resp.status_code != 200:
+    def read_run(self, api: ManagedProcess, run_id: str, agent_id: str = "agent-1",
+                 *, retry_s: float = 10.0) -> dict[str, Any]:
+        """Read a run; transport errors and 5xx (a restarting dependency) are retried for
+        ``retry_s``; anything else non-200 is a HarnessError."""
+        deadline = time.monotonic() + retry_s
+        while True:
+            try:
+                resp = httpx.get(f"{api.base_url}/v1/agents/{agent_id}/runs/{run_id}",
+                                 headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
+            except httpx.HTTPError:
+                resp = None
+            if (resp is None or resp.status_code >= 500) and time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            break
+        if resp is None or resp.status_code != 200:
             raise HarnessError(f"read of run {run_id} answered {resp.status_code}: {resp.text[:200]}")
         return _json(resp)
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -18,7 +19,7 @@ from qualify.errors import HarnessError
 from qualify.stack.postgres import SHM, PostgresServer, embedded_bin_dir, system_bin_dir
 from qualify.stack.temporal import TemporalServer
 
-__all__ = ["TEMPLATE_DB", "EmbeddedStack", "StackInfo", "open_stack"]
+__all__ = ["TEMPLATE_DB", "EmbeddedStack", "StackInfo", "make_stack", "open_stack"]
 
 TEMPLATE_DB = "qimpl_template"
 
@@ -43,19 +44,23 @@ def _schema_key() -> str:
     return h.hexdigest()
 
 
-def _build_template(dsn: str) -> None:
+def _build_template(dsn: str, name: str = TEMPLATE_DB) -> None:
+    """Create database ``name`` on ``dsn``'s server, migrate it to head, make it a template."""
     from qimpl.db.migrate import upgrade
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {TEMPLATE_DB}")
-    upgrade(dsn.rsplit("/", 1)[0] + f"/{TEMPLATE_DB}")
+        conn.execute(f'CREATE DATABASE "{name}"')
+    upgrade(dsn.rsplit("/", 1)[0] + f"/{name}")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"ALTER DATABASE {TEMPLATE_DB} WITH is_template true allow_connections false")
+        conn.execute(f'ALTER DATABASE "{name}" WITH is_template true allow_connections false')
 
 
 class EmbeddedStack:
     """PostgreSQL + Temporal for one harness run. Use as a context manager or call
     ``start``/``stop``; ``stop`` is idempotent and leaves no process or directory."""
+
+    #: The harness started PostgreSQL and Temporal, so it may restart or stop them.
+    controls_platform = True
 
     def __init__(self, *, kind: str = "embedded", keep_dir: bool = False) -> None:
         if kind not in ("embedded", "system"):
@@ -117,6 +122,19 @@ class EmbeddedStack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def make_stack(kind: str = "embedded", *, pg_dsn: str = "", temporal_address: str = "") -> Any:
+    """The stack of ``kind``: embedded, system, existing or testcontainers."""
+    if kind in ("embedded", "system"):
+        return EmbeddedStack(kind=kind)
+    from qualify.stack._others import ExistingStack, TestcontainersStack
+
+    if kind == "existing":
+        return ExistingStack(pg_dsn=pg_dsn, temporal_address=temporal_address)
+    if kind == "testcontainers":
+        return TestcontainersStack()
+    raise HarnessError(f"unknown stack {kind!r}: embedded, system, existing or testcontainers")
 
 
 @contextmanager

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from qualify.session import run_session
+from qualify.session import SessionOptions, run_session
 from tests.conftest import assert_eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,15 +26,15 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_qualify_run_passes_and_writes_the_report(tmp_path: Path) -> None:
     me = psutil.Process()
     before = set(me.children(recursive=True))  # e.g. the session's shared stack
-    summary, report_dir, code = run_session(
-        scenario_ids=["happy-path", "worker-killed-mid-activity"], seed=1234,
-        reports_root=tmp_path)
+    summary, report_dir, code = run_session(SessionOptions(
+        scenario_ids=["happy-path", "worker-killed-mid-activity"], seed=1234, reports_root=tmp_path))
     assert code == 0, json.dumps(summary["scenarios"], indent=1)[:4000]
     assert summary["verdict"] == "pass" and summary["seed"] == 1234
     on_disk = json.loads((report_dir / "summary.json").read_text())
     assert on_disk["schema"] == "qualify.summary/1"
     assert {"kind", "postgres_version", "temporal_version", "boot_s"} <= set(on_disk["stack"])
-    assert (report_dir / "junit.xml").exists() and (report_dir / "report.md").exists()
+    for name in ("junit.xml", "report.md", "report.html"):
+        assert (report_dir / name).exists(), name
     killed = next(s for s in on_disk["scenarios"] if s["id"] == "worker-killed-mid-activity")
     assert killed["faults"] and killed["fault_evidence"][0]["pid_gone"] is True
     assert killed["repro"] == "qualify repro worker-killed-mid-activity --seed 1234"

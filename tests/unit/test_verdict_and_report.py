@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from qualify.checkers import Check
-from qualify.report import SCHEMA, build_summary, render_junit, render_markdown, write_report
+from qualify.report import (
+    SCHEMA,
+    build_summary,
+    render_junit,
+    render_markdown,
+    scenario_doc,
+    write_report,
+)
 from qualify.runner import ScenarioResult, judge, sub_seed
 from qualify.scenarios import Scenario
 from qualify.verdict import EXIT_CODES, Verdict, merge
@@ -57,7 +64,8 @@ def _result(tmp: Path, sid: str, verdict: Verdict, checks: list[Check]) -> Scena
 def test_summary_junit_and_markdown(tmp_path: Path) -> None:
     results = [_result(tmp_path, "a", Verdict.PASS, [Check("x", True)]),
                _result(tmp_path, "b", Verdict.FAIL, [Check("y", False, "broke")])]
-    summary = build_summary(results=results, seed=5, duration_s=3.2,
+    docs = [scenario_doc(r, report_dir=tmp_path, stack_kind="embedded") for r in results]
+    summary = build_summary(scenarios=docs, seed=5, duration_s=3.2,
                             stack={"kind": "embedded", "boot_s": 0.5}, provenance={"git_sha": "abc"},
                             report_dir=tmp_path, crash_catalog=["p1"])
     assert summary["schema"] == SCHEMA and summary["verdict"] == "fail"
@@ -74,3 +82,7 @@ def test_summary_junit_and_markdown(tmp_path: Path) -> None:
     assert "FAIL" in md and "qualify repro b --seed 5" in md
     write_report(tmp_path, summary)
     assert json.loads((tmp_path / "summary.json").read_text())["verdict"] == "fail"
+    html = (tmp_path / "report.html").read_text()
+    assert "Verdict: FAIL" in html and "qualify repro b --seed 5" in html
+    assert "R-APPROVAL-1" in html  # the matrix spans every spec ID, exercised or not
+    assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")  # self-contained

@@ -1,0 +1,119 @@
+"""Faults that strike the platform itself: PostgreSQL and Temporal restarts, Temporal
+unreachable at dispatch, and rolling restarts of two APIs and two workers (R-Q-2)."""
+
+from __future__ import annotations
+
+import httpx
+
+from qimpl.lifecycle import workflow_id
+from qualify.errors import HarnessError
+from qualify.fakes.synthetic import make_prompt
+from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
+from qualify.scenarios.lifecycle import accepted, provider_calls
+
+STEPS = 4
+
+
+@scenario(
+    "postgres-restart-mid-run",
+    title="Restart PostgreSQL (immediate mode) while the owner holds at a barrier: the owner's "
+          "session is gone, a new attempt restores the checkpoint and completes",
+    requirements=("R-EXEC-2", "R-EXEC-4", "R-EXEC-7", "R-Q-2"),
+    faults=("postgres restart (immediate) at barrier",),
+    needs_platform=True,
+)
+def postgres_restart_mid_run(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    ctx.processes.worker()
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="pg",
+                                                   barrier={"step": 3, "name": "pg"}))
+    held = ctx.wait_barrier("pg")
+    ctx.nemesis.restart_postgres(ctx.stack)
+    ctx.release_barrier("pg")
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    ctx.expect("run completed", run["state"] == "completed", run["state"], "R-EXEC-4")
+    later = ctx.sql("SELECT min(attempt) FROM run_checkpoints WHERE run_id = %s AND step >= 3", run_id)
+    ctx.expect("steps after the restart were committed by a new attempt",
+               later[0][0] is not None and later[0][0] > held["attempt"], str(later), "R-EXEC-7")
+    steps = sorted({c["step"] for c in provider_calls(ctx, run_id)})
+    ctx.expect("every step asked", steps == list(range(1, STEPS + 1)), str(steps))
+
+
+@scenario(
+    "temporal-restart-mid-run",
+    title="Restart the Temporal server while the owner holds at a barrier: the run completes",
+    requirements=("R-EXEC-1", "R-EXEC-4", "R-Q-2"),
+    faults=("temporal restart at barrier",),
+    needs_platform=True,
+)
+def temporal_restart_mid_run(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    ctx.processes.worker()
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="tp",
+                                                   barrier={"step": 2, "name": "tp"}))
+    ctx.wait_barrier("tp")
+    ctx.nemesis.restart_temporal(ctx.stack)
+    ctx.release_barrier("tp")
+    run = ctx.wait_terminal(api, run_id, timeout_s=90)
+    ctx.expect("run completed", run["state"] == "completed", run["state"], "R-EXEC-4")
+
+
+@scenario(
+    "dispatch-unknown",
+    title="Temporal down at creation: 503 durable_dispatch_unknown with the receipt and the run "
+          "left accepted; once Temporal is back an empty resume dispatches the same workflow",
+    requirements=("R-CREATE-5", "R-RESUME-2", "R-Q-2"),
+    faults=("temporal down at dispatch", "temporal back"),
+    needs_platform=True,
+)
+def dispatch_unknown(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api(QIMPL_DISPATCH_TIMEOUT_S="2")
+    ctx.processes.worker()
+    ctx.nemesis.stop_temporal(ctx.stack)
+    resp = ctx.create_run(api, prompt=make_prompt(steps=2, answer="late"))
+    if resp is None:
+        raise HarnessError("create timed out on the client side")
+    doc = resp.json()
+    receipt = doc.get("receipt") or {}
+    ctx.expect("503 durable_dispatch_unknown, retryable false, with the receipt",
+               resp.status_code == 503 and doc.get("code") == "durable_dispatch_unknown"
+               and doc.get("retryable") is False and receipt.get("state") == "accepted",
+               f"{resp.status_code} {doc.get('code')} {receipt.get('state')}", "R-CREATE-5")
+    run_id = str(receipt.get("run_id"))
+    state = ctx.sql("SELECT state FROM runs WHERE run_id = %s", run_id)
+    ctx.expect("the run stays accepted", state == [("accepted",)], str(state), "R-CREATE-5")
+    ctx.nemesis.start_temporal(ctx.stack)
+    resume = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume",
+                        headers={"Authorization": f"Bearer {API_KEY}", "Idempotency-Key": "redispatch"},
+                        timeout=30)
+    ctx.history.record("client", op="resume", phase="ok" if resume.status_code == 202 else "fail",
+                       run_id=run_id, status=resume.status_code)
+    ctx.expect("an empty resume dispatches it: 202 queued",
+               resume.status_code == 202 and resume.json().get("state") == "queued",
+               f"{resume.status_code} {resume.text[:200]}", "R-RESUME-2")
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    ctx.expect("run completed in generation 1", run["state"] == "completed" and run["generation"] == 1,
+               f"{run['state']} g{run['generation']}", "R-CREATE-5")
+    result = ctx.workflow_result(workflow_id(run_id, 1))
+    ctx.expect("the one workflow returned the outcome", result.get("state") == "completed", str(result))
+
+
+@scenario(
+    "rolling-restarts",
+    title="Two APIs and two workers; each is restarted (SIGTERM, start) while runs are in "
+          "flight: every run completes once",
+    requirements=("R-EXEC-4", "R-Q-2"),
+    faults=("restart worker-1", "restart api-1", "restart worker-2", "restart api-2"),
+)
+def rolling_restarts(ctx: ScenarioContext) -> None:
+    apis = [ctx.processes.api("api-1"), ctx.processes.api("api-2")]
+    workers = [ctx.processes.worker("worker-1"), ctx.processes.worker("worker-2")]
+    run_ids = []
+    for round_ in range(2):
+        for i in range(3):
+            run_ids.append(accepted(ctx, apis[i % 2], prompt=make_prompt(steps=4, delay_ms=150)))
+        ctx.nemesis.restart(workers[round_], round=round_)
+        ctx.nemesis.restart(apis[round_], round=round_)
+    for run_id in run_ids:
+        run = ctx.wait_terminal(apis[0], run_id, timeout_s=60)
+        ctx.expect(f"run {run_id[:8]} completed", run["state"] == "completed", run["state"])
