@@ -42,7 +42,8 @@ def repro_line(scenario_id: str, seed: int, stack_kind: str) -> str:
 
 def _fault_line(f: dict[str, Any]) -> str:
     ev = f.get("evidence", {})
-    where = ", ".join(f"{k}={ev[k]}" for k in ("pid", "barrier", "step", "attempt") if k in ev)
+    keys = ("pid", "old_pid", "new_pid", "backend_pids", "point", "barrier", "step", "attempt")
+    where = ", ".join(f"{k}={ev[k]}" for k in keys if k in ev)
     return f"{f['fault']} {f['target']} ({where}){'' if f['landed'] else ' [did not land]'}"
 
 
