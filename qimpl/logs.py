@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sys
 
-__all__ = ["setup_logging"]
+from temporalio.runtime import (
+    LogForwardingConfig,
+    LoggingConfig,
+    Runtime,
+    TelemetryConfig,
+    TelemetryFilter,
+)
+
+__all__ = ["setup_logging", "temporal_runtime"]
 
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
@@ -29,6 +38,15 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info and record.exc_info[0] is not None:
             doc["exc_type"] = record.exc_info[0].__name__  # never the traceback text
         return json.dumps(doc, default=str)
+
+
+@functools.cache
+def temporal_runtime() -> Runtime:
+    """The process's Temporal runtime, its core (Rust) logs forwarded to Python logging so
+    that every line a process prints is JSON."""
+    return Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(
+        filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
+        forwarding=LogForwardingConfig(logger=logging.getLogger("temporalio.core")))))
 
 
 def setup_logging(level: int = logging.INFO) -> None:

@@ -7,7 +7,8 @@ that any number of reconcilers can sweep at once without touching the same run:
    touched — in one transaction with a savepoint per run (an error on one run is logged
    and counted and the sweep goes on); then tell Temporal, best effort, by cancelling the
    run's current workflow.
-2. **Confirm dispatch** of ``accepted`` runs older than ``grace_s``: start the same
+2. **Prune idempotency keys** older than their retention (24 h by default).
+3. **Confirm dispatch** of ``accepted`` runs older than ``grace_s``: start the same
    workflow id with duplicates rejected ("already started" counts as confirmed), then
    ``accepted -> queued``. The first unknown outcome stops dispatching for this sweep
    (Temporal is probably down), so no run is held locked for long.
@@ -31,6 +32,7 @@ from psycopg.rows import dict_row
 from temporalio.client import Client
 
 from qimpl import metrics
+from qimpl.db import runs as repo
 from qimpl.dispatch import dispatch
 from qimpl.errors import DispatchUnknown
 from qimpl.lifecycle import workflow_id
@@ -54,6 +56,7 @@ class SweepResult:
     expired: int = 0
     dispatched: int = 0
     errors: int = 0
+    pruned_keys: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -161,6 +164,8 @@ async def sweep_tenant(
         " dispatched, errors) VALUES (%s, %s, %s, %s, %s, %s, %s)",
         (reconciler, tenant, started, res.candidates, res.expired, res.dispatched, res.errors),
     )
+    res.pruned_keys = await repo.prune_idempotency(conn, tenant,
+                                                   retention_s=settings.idempotency_retention_s)
     await _tell_temporal(client, expired, settings.dispatch_timeout_s)
     if res.candidates:
         log.info("swept tenant %s: %s", tenant, res.as_dict(),

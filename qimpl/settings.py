@@ -47,6 +47,8 @@ class Settings(BaseSettings):
     max_concurrent_activities: int = 20
     #: Size of the API's connection pool (connection budget).
     api_pool_size: int = 10
+    #: How long idempotency keys are remembered (R-CREATE-2); pruned by the reconciler.
+    idempotency_retention_s: int = 86400
     #: Seconds between reconciler sweeps (R-OPS-3).
     reconcile_interval_s: float = 5.0
     #: An ``accepted`` run is the reconciler's to dispatch only after this many seconds,

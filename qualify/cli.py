@@ -1,7 +1,7 @@
 """The ``qualify`` command: ``run``, ``repro``, ``list``.
 
 Exit codes (``run`` and ``repro``): 0 pass, 1 fail, 2 crashed, 3 unknown, 4 vacuous,
-5 flaky, 130 interrupted.
+5 flaky, 64 usage error (bad option, unknown scenario or stack), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,7 +16,11 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from qualify.errors import HarnessError
+from qualify import interrupt
+from qualify.errors import HarnessError, UsageError
+
+#: Exit code of a wrong command line (EX_USAGE), distinct from every verdict's.
+EXIT_USAGE = 64
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Fault-injection qualification of durable agent runs.")
@@ -58,10 +61,6 @@ def _progress(kind: str, data: Any) -> None:
         console.print(f"  shrink: {kind} size={data['size']} {data.get('verdict', '')}")
 
 
-def _on_term(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def _finish(summary: dict[str, Any], report_dir: Path, code: int) -> int:
     v = summary["verdict"]
     console.print(f"verdict [{_STYLE.get(v, 'white')}]{v.upper()}[/] in {summary['duration_s']:.1f} s")
@@ -84,7 +83,7 @@ TemporalOpt = Annotated[str, typer.Option("--temporal-address", help="--stack ex
 def run(
     scenario: Annotated[list[str] | None, typer.Option("--scenario", "-s", help="scenario id (repeatable); default all")] = None,
     random_n: Annotated[int, typer.Option("--random", help="generate N random scenarios (workload + faults) from the seed")] = 0,
-    seed: Annotated[int | None, typer.Option(help="root seed; random when omitted")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, help="root seed (>= 0); random when omitted")] = None,
     stack: StackOpt = "embedded",
     pg_dsn: PgDsnOpt = "",
     temporal_address: TemporalOpt = "",
@@ -96,7 +95,7 @@ def run(
     """Boot a disposable stack, run the scenarios, write a sign-off report."""
     from qualify.session import SessionOptions, run_session
 
-    signal.signal(signal.SIGTERM, _on_term)
+    interrupt.install()
     if determinism_check:
         raise typer.Exit(_determinism(seed, stack, reports_dir))
     n = (os.cpu_count() or 1) if parallel == "auto" else int(parallel)
@@ -112,6 +111,9 @@ def _guarded(body: Any) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every process was stopped[/]")
         return 130
+    except UsageError as exc:
+        console.print(f"[red]usage:[/] {exc}")
+        return EXIT_USAGE
     except HarnessError as exc:
         console.print(f"[magenta]harness error:[/] {exc}")
         return 2
@@ -144,7 +146,7 @@ def _determinism(seed: int | None, stack: str, reports_dir: Path) -> int:
 @app.command()
 def repro(
     scenario_id: Annotated[str | None, typer.Argument(help="the scenario to re-run (from the report)")] = None,
-    seed: Annotated[int | None, typer.Option(help="the seed from the report")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, help="the seed from the report")] = None,
     schedule: Annotated[Path | None, typer.Option("--schedule", help="replay a saved schedule (repro.json)")] = None,
     shrink: Annotated[bool, typer.Option("--shrink", help="delta-debug a failing random schedule to a minimal one")] = False,
     runs: Annotated[int, typer.Option(help="--shrink: replays per candidate")] = 2,
@@ -159,7 +161,7 @@ def repro(
     """Re-run one scenario with the seed a report printed (or a saved schedule)."""
     from qualify.session import SessionOptions, run_session
 
-    signal.signal(signal.SIGTERM, _on_term)
+    interrupt.install()
     if scenario_id is None and schedule is None:
         raise typer.BadParameter("name a scenario (with --seed) or give --schedule")
     if scenario_id is not None and seed is None:
@@ -231,9 +233,17 @@ def list_(
 
 
 def main() -> None:
+    """Console entry point: usage errors exit 64 (click's default 2 means "crashed" here)."""
+    import click
+
     try:
-        app()
-    except KeyboardInterrupt:
+        app(standalone_mode=False)
+    except click.exceptions.Exit as done:
+        sys.exit(done.exit_code)
+    except click.UsageError as exc:
+        exc.show()
+        sys.exit(EXIT_USAGE)
+    except (KeyboardInterrupt, click.Abort):
         sys.exit(130)
 
 

@@ -127,9 +127,12 @@ def wait_until(
 ) -> float:
     """Poll ``check`` until true; returns seconds waited. Raises HarnessError on timeout
     or when ``proc`` exits first."""
+    from qualify import interrupt
+
     start = time.monotonic()
     deadline = start + timeout_s
     while True:
+        interrupt.check()
         try:
             if check():
                 return time.monotonic() - start

@@ -159,12 +159,23 @@ def render_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"- figures: {json.dumps(s['figures'])}")
         if s["error"]:
             lines += ["", "```", s["error"], "```"]
-        lines += ["", f"history: `{s['history']}`; logs: " + ", ".join(f"`{p}`" for p in s["logs"])]
+        lines += ["", f"history: `{s['history']}`; logs: " + ", ".join(f"`{p}`" for p in s["logs"])
+                  + "; timeline: report.html"]
         if s["status"] != "pass":
             lines.append(f"repro: `{s['repro']}`")
-    lines += ["", "## Requirement coverage", "", "| requirement | passed in | failed in |", "|---|---|---|"]
-    for req, entry in summary["requirements"].items():
-        lines.append(f"| {req} | {', '.join(entry['passed']) or '-'} | {', '.join(entry['failed']) or '-'} |")
+    from qualify.spec_ids import REQUIREMENTS
+
+    covered = [r for r in REQUIREMENTS if r in summary["requirements"]]
+    lines += ["", "## Requirement coverage", "",
+              f"{len(covered)} of the spec's {len(REQUIREMENTS)} requirements were exercised by these "
+              "scenarios (others may be covered by unit and integration tests, or not built yet).", "",
+              "| requirement | passed in | failed in |", "|---|---|---|"]
+    for req in REQUIREMENTS:
+        entry = summary["requirements"].get(req)
+        if entry is None:
+            lines.append(f"| {req} | never exercised | |")
+        else:
+            lines.append(f"| {req} | {', '.join(entry['passed']) or '-'} | {', '.join(entry['failed']) or '-'} |")
     if summary["crash_points"]:
         lines += ["", "## Crash points", "", "| crash point | struck by |", "|---|---|"]
         for point, by in summary["crash_points"].items():

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qualify import interrupt
 from qualify.checkers import GENERIC_CHECKERS, Check, run_checks
 from qualify.collect import database_events, file_events
 from qualify.errors import HarnessError, InvariantViolation
@@ -101,10 +102,11 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
         error_verdict = Verdict.CRASHED
         error = "".join(traceback.format_exception(exc))[-4000:]
     finally:
-        try:
-            processes.stop_all()
-        except HarnessError as exc:
-            error_verdict, error = Verdict.CRASHED, str(exc)
+        with interrupt.deferred():
+            try:
+                processes.stop_all()
+            except HarnessError as exc:
+                error_verdict, error = Verdict.CRASHED, str(exc)
     duration = time.monotonic() - t0
     history.record("scenario", phase="end", id=scenario.id)
     try:

@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qualify.errors import HarnessError
+from qualify import interrupt
+from qualify.errors import HarnessError, UsageError
 from qualify.procs import kill_tree, spawn
 from qualify.provenance import provenance, utc_stamp
 from qualify.report import build_summary, scenario_doc, write_report
@@ -44,6 +45,7 @@ def resolve(ids: Sequence[str], *, seed: int, random_n: int = 0, schedule_path: 
     from qualify.schedule import Schedule
 
     out: list[Scenario] = []
+    ids = list(dict.fromkeys(ids))  # a scenario named twice runs once: one report folder each
     if schedule_path is not None:
         doc = json.loads(schedule_path.read_text())
         out.append(schedule_scenario(Schedule.from_json(json.dumps(doc.get("schedule", doc))),
@@ -54,13 +56,19 @@ def resolve(ids: Sequence[str], *, seed: int, random_n: int = 0, schedule_path: 
         elif i.startswith("random-") and i.removeprefix("random-").isdigit():
             out.append(random_scenario(int(i.removeprefix("random-")), seed))
         else:
-            raise HarnessError(f"unknown scenario {i!r}; see `qualify list`")
+            raise UsageError(f"unknown scenario {i!r}; see `qualify list`")
     out += [random_scenario(i, seed) for i in range(random_n)]
     return out if (out or schedule_path) else list(REGISTRY.values())
 
 
+STACK_KINDS = ("embedded", "system", "existing", "testcontainers")
+
+
 def new_report_dir(root: Path, sha: str) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the reports directory {root}: {exc.strerror}") from exc
     base = f"{utc_stamp()}-{sha}"
     for n in range(1000):
         path = root / (base if n == 0 else f"{base}.{n}")
@@ -69,6 +77,8 @@ def new_report_dir(root: Path, sha: str) -> Path:
             return path
         except FileExistsError:
             continue
+        except OSError as exc:
+            raise UsageError(f"cannot write reports under {root}: {exc.strerror}") from exc
     raise HarnessError("could not create a report directory")
 
 
@@ -111,10 +121,7 @@ def _run_one(stack: Any, sc: Scenario, *, seed: int, report_dir: Path, reruns: i
 
 def _slice_main(argv: Sequence[str]) -> int:
     """Entry point of one parallel slice (``python -m qualify.session``)."""
-    def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
+    interrupt.install()
     spec = json.loads(argv[0])
     report_dir = Path(spec["report_dir"])
     scenarios = resolve(spec["ids"], seed=spec["seed"],
@@ -171,6 +178,8 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
     A full run must strike every declared crash point, or the verdict is ``fail`` with
     "uncovered crash point". Scenarios that need to restart PostgreSQL or Temporal are
     refused (listed, not run) on a stack the harness did not boot."""
+    if opts.stack_kind not in STACK_KINDS:
+        raise UsageError(f"unknown stack {opts.stack_kind!r}: {', '.join(STACK_KINDS)}")
     seed = opts.seed if opts.seed is not None else secrets.randbits(32)
     on_event("seed", seed)
     scenarios = resolve(opts.scenario_ids, seed=seed, random_n=opts.random_n,
@@ -195,6 +204,7 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
             stack_doc = {k: v for k, v in asdict(info).items() if k not in ("pg_dsn",)}
             on_event("stack", info)
             for sc in scenarios:
+                interrupt.check()
                 if sc.needs_platform and not stack.controls_platform:
                     refused.append(sc.id)
                     on_event("refused", sc)
@@ -210,7 +220,9 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
         except HarnessError as exc:
             crashed = str(exc)
         finally:
-            stack.stop()
+            with interrupt.deferred():
+                stack.stop()
+    interrupt.check()
     summary = build_summary(scenarios=docs, seed=seed, duration_s=time.monotonic() - t0,
                             stack=stack_doc, provenance=prov, report_dir=report_dir,
                             crash_catalog=list(crash_point_catalog()))

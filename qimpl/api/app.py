@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Request, Response
+from fastapi import Depends, FastAPI, Header, Path, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from psycopg_pool import AsyncConnectionPool
@@ -43,13 +43,14 @@ from qimpl.api.models import (
     ResumeRequest,
     RunView,
 )
+from qimpl.api.validation import VALIDATION_CODES
 from qimpl.crashpoints import declare
 from qimpl.db import runs as repo
 from qimpl.dispatch import dispatch
 from qimpl.errors import DispatchUnknown
 from qimpl.legacy import answer_inline, run_inline
 from qimpl.lifecycle import RunState, workflow_id
-from qimpl.logs import setup_logging
+from qimpl.logs import setup_logging, temporal_runtime
 from qimpl.provider import Provider, load_provider
 from qimpl.settings import Settings, get_settings
 
@@ -61,6 +62,9 @@ AFTER_ACCEPT = declare("api.after_acceptance_commit", "the run is committed `acc
 AFTER_DISPATCH = declare("api.after_dispatch", "Temporal accepted the workflow, `queued` not yet committed")
 
 CREATE_ROUTE = "POST /v1/agents/{agent_id}/runs"
+#: Agent ids and idempotency keys are printable identifiers (no control characters).
+AgentId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")]
+IdempotencyKey = Annotated[str | None, Header(max_length=255, pattern=r"^[\x21-\x7e]+$")]
 RESUME_ROUTE = "POST /v1/agents/{agent_id}/runs/{run_id}/resume"
 
 #: Why a run in this state cannot be resumed (R-RESUME-2).
@@ -70,15 +74,30 @@ _NOT_RESUMABLE = {
     "cancelled": "run_terminal",
 }
 
-_ERRORS = {
-    400: {"model": ErrorBody, "description": "idempotency_key_required"},
-    401: {"model": ErrorBody, "description": "unauthenticated"},
-    404: {"model": ErrorBody, "description": "run_not_found"},
-    409: {"model": ErrorBody, "description": "idempotency_key_in_flight"},
-    422: {"model": ErrorBody, "description": "invalid_request, idempotency_key_reused"},
-    502: {"model": ErrorBody, "description": "answer_failed"},
-    503: {"model": ErrorBody, "description": "durable_dispatch_unknown (with the receipt)"},
-}
+def _errors(**by_status: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` listing every error code a route can return, by status."""
+    return {int(k.removeprefix("s")): {"model": ErrorBody, "description": "codes: " + v}
+            for k, v in by_status.items()}
+
+
+_VALIDATION = ", ".join(VALIDATION_CODES)
+_AUTH = "unauthenticated"
+_NOT_FOUND = "run_not_found"
+CREATE_ERRORS = _errors(
+    s400="idempotency_key_required", s401=_AUTH, s409="idempotency_key_in_flight",
+    s422=f"{_VALIDATION}, idempotency_key_reused",
+    s503="durable_dispatch_unknown (the body carries the receipt; retryable: false)")
+READ_ERRORS = _errors(s401=_AUTH, s404=_NOT_FOUND, s422=_VALIDATION)
+CANCEL_ERRORS = READ_ERRORS
+RESUME_ERRORS = _errors(
+    s400="idempotency_key_required", s401=_AUTH, s404=_NOT_FOUND,
+    s409="run_active, run_terminal, run_not_resumable, run_resume_conflict",
+    s422=f"{_VALIDATION}, idempotency_key_reused",
+    s503="durable_dispatch_unknown (the body carries the receipt)")
+ANSWER_ERRORS = _errors(s401=_AUTH, s422=_VALIDATION, s502="answer_failed")
+LEGACY_ERRORS = _errors(s401=_AUTH, s404=_NOT_FOUND,
+                        s409="durable_lifecycle_conflict (lifecycle_version 2 runs)",
+                        s501="legacy_control_unavailable (lifecycle_version 1 runs)")
 
 
 class Services:
@@ -122,7 +141,8 @@ class Services:
             if self._client is None:
                 self._client = await asyncio.wait_for(
                     Client.connect(self.settings.temporal_address,
-                                   namespace=self.settings.temporal_namespace),
+                                   namespace=self.settings.temporal_namespace,
+                                   runtime=temporal_runtime()),
                     timeout=self.settings.dispatch_timeout_s,
                 )
             return self._client
@@ -224,6 +244,28 @@ async def _create_legacy(svc: Services, agent_id: str, body: CreateRunRequest, p
     return JSONResponse(receipt.model_dump(mode="json"), 202)
 
 
+async def _replayable(conn: Any, record: dict[str, Any] | None, fingerprint: str,
+                      settings: Settings) -> dict[str, Any]:
+    """The run to replay for an existing key, or the error the IETF draft prescribes:
+    422 for another body, 409 (with Retry-After) while the first request is in flight.
+    A first request that died unanswered stops counting as in flight after the dispatch
+    timeout, and its run is then replayed (and dispatched)."""
+    if record is None:
+        raise ApiError(409, "idempotency_key_in_flight", "retry shortly", retry_after=1)
+    if record["fingerprint"] != fingerprint:
+        raise ApiError(422, "idempotency_key_reused",
+                       "this Idempotency-Key was used with a different request")
+    in_flight_s = settings.dispatch_timeout_s + 1
+    if record["completed_at"] is None and record["age_s"] < in_flight_s:
+        raise ApiError(409, "idempotency_key_in_flight", "the first request with this key is "
+                       "still being answered; retry shortly",
+                       retry_after=max(1, int(in_flight_s - record["age_s"]) + 1))
+    row = await repo.get_run(conn, str(record["run_id"]))
+    if row is None:
+        raise ApiError(404, "run_not_found", "no such run")
+    return dict(row)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the application; settings default to the environment's."""
     settings = settings or get_settings()
@@ -240,7 +282,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="qimpl durable agent runs", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
 
-    @app.post("/v1/answer", response_model=AnswerOut, responses=_ERRORS)
+    @app.post("/v1/answer", response_model=AnswerOut, responses=ANSWER_ERRORS)
     async def answer(
         body: AnswerIn,
         request: Request,
@@ -276,6 +318,48 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise ApiError(502, "answer_failed", "the provider could not answer") from None
         return JSONResponse(AnswerOut(**out).model_dump())
 
+    async def _legacy_control(request: Request, agent_id: str, run_id: uuid.UUID,
+                              principal: Principal, control: str) -> Response:
+        async with _services(request).pool.connection() as conn:
+            row = await _owned_run(conn, agent_id, run_id, principal)
+        if row["lifecycle_version"] == 2:
+            raise ApiError(409, "durable_lifecycle_conflict",
+                           f"{control} is a legacy control; durable (lifecycle 2) runs use cancel and resume")
+        raise ApiError(501, "legacy_control_unavailable", f"{control} is not served by this deployment")
+
+    def _legacy_handler(control: str, with_checkpoint: bool) -> Any:
+        if with_checkpoint:
+            async def on_checkpoint(
+                agent_id: AgentId, run_id: uuid.UUID, checkpoint_id: str, request: Request,
+                principal: Annotated[Principal, Depends(_principal)],
+            ) -> Response:
+                return await _legacy_control(request, agent_id, run_id, principal, control)
+
+            return on_checkpoint
+
+        async def on_run(
+            agent_id: AgentId, run_id: uuid.UUID, request: Request,
+            principal: Annotated[Principal, Depends(_principal)],
+        ) -> Response:
+            return await _legacy_control(request, agent_id, run_id, principal, control)
+
+        return on_run
+
+    for path, control in (
+        ("checkpoints/{checkpoint_id}/rollback", "checkpoint rollback"),
+        ("checkpoints/{checkpoint_id}/resume", "checkpoint resume"),
+        ("checkpoints/{checkpoint_id}/branch", "checkpoint branch"),
+        ("checkpoints", "manual checkpoint insertion"),
+        ("pause", "pause"),
+        ("handoff", "handoff"),
+    ):
+        app.add_api_route(
+            f"/v1/agents/{{agent_id}}/runs/{{run_id}}/{path}",
+            _legacy_handler(control, "{checkpoint_id}" in path), methods=["POST"],
+            responses=LEGACY_ERRORS, status_code=409, name=f"legacy {control}",
+            summary=f"Legacy {control}",
+            description="R-LEGACY-1: 409 `durable_lifecycle_conflict` for lifecycle 2 runs.")
+
     @app.get("/metrics", include_in_schema=False)
     async def metrics_endpoint(request: Request) -> Response:
         """Prometheus metrics (R-OPS-6); gauges are recomputed from the database per scrape,
@@ -295,14 +379,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"status": "ok"}
 
     @app.post(
-        "/v1/agents/{agent_id}/runs", status_code=202, response_model=Receipt, responses=_ERRORS
+        "/v1/agents/{agent_id}/runs", status_code=202, response_model=Receipt, responses=CREATE_ERRORS
     )
     async def create_run(
-        agent_id: str,
+        agent_id: AgentId,
         body: CreateRunRequest,
         request: Request,
         principal: Annotated[Principal, Depends(_principal)],
-        idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> Response:
         """Create a durable run (R-CREATE-1..5). 202 with the receipt once Temporal confirmed
         the start; 503 ``durable_dispatch_unknown`` with the receipt when it could not."""
@@ -326,16 +410,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             replayed = row is None
             if row is None:
                 record = await repo.lookup_idempotency(conn, **scope)
-                if record is None:
-                    raise ApiError(409, "idempotency_key_in_flight", "retry shortly")
-                if record["fingerprint"] != fingerprint:
-                    raise ApiError(422, "idempotency_key_reused",
-                                   "this Idempotency-Key was used with a different request")
-                row = await repo.get_run(conn, str(record["run_id"]))
-                assert row is not None
+                row = await _replayable(conn, record, fingerprint, svc.settings)
         if not replayed:
             AFTER_ACCEPT.reach(run_id=run_id)
-        return await _answer(svc, row, replayed=replayed)
+        response = await _answer(svc, row, replayed=replayed)
+        if not replayed:
+            async with svc.pool.connection() as conn:
+                await repo.complete_idempotency(conn, **scope)
+        return response
 
     async def _owned_run(conn: Any, agent_id: str, run_id: uuid.UUID, principal: Principal) -> dict[str, Any]:
         row = await repo.get_run(conn, str(run_id), tenant_id=principal.tenant_id)
@@ -343,9 +425,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise ApiError(404, "run_not_found", "no such run")
         return row
 
-    @app.get("/v1/agents/{agent_id}/runs/{run_id}", response_model=RunView, responses=_ERRORS)
+    @app.get("/v1/agents/{agent_id}/runs/{run_id}", response_model=RunView, responses=READ_ERRORS)
     async def read_run(
-        agent_id: str,
+        agent_id: AgentId,
         run_id: uuid.UUID,
         request: Request,
         principal: Annotated[Principal, Depends(_principal)],
@@ -355,14 +437,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return _view(await _owned_run(conn, agent_id, run_id, principal))
 
     @app.post("/v1/agents/{agent_id}/runs/{run_id}/resume", status_code=202, response_model=Receipt,
-              responses=_ERRORS)
+              responses=RESUME_ERRORS)
     async def resume_run(
-        agent_id: str,
+        agent_id: AgentId,
         run_id: uuid.UUID,
         request: Request,
         principal: Annotated[Principal, Depends(_principal)],
         body: ResumeRequest | None = None,
-        idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> Response:
         """Resume (R-RESUME-1/2): ``awaiting_input`` + ``additional_prompt`` dispatches the
         next generation (same ``run_id`` and ``deadline_at``); ``accepted`` with an empty body
@@ -380,10 +462,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             row = await _owned_run(conn, agent_id, run_id, principal)
             record = await repo.lookup_idempotency(conn, **scope)
             if record is not None:
-                if record["fingerprint"] != fingerprint:
-                    raise ApiError(422, "idempotency_key_reused",
-                                   "this Idempotency-Key was used with a different request")
-                return await _answer(svc, row, replayed=True)
+                replay = await _replayable(conn, record, fingerprint, svc.settings)
+                return await _answer(svc, replay, replayed=True)
             state = row["state"]
             if state == RunState.ACCEPTED:
                 if body.additional_prompt is not None:
@@ -400,12 +480,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 additional_prompt=body.additional_prompt, fingerprint=fingerprint, **scope)
             if resumed is None:
                 raise ApiError(409, "run_resume_conflict", "another resume of this run won")
-        return await _answer(svc, resumed, replayed=False)
+        response = await _answer(svc, resumed, replayed=False)
+        async with svc.pool.connection() as conn:
+            await repo.complete_idempotency(conn, **scope)
+        return response
 
     @app.post("/v1/agents/{agent_id}/runs/{run_id}/cancel", response_model=CancelAnswer,
-              responses=_ERRORS)
+              responses=CANCEL_ERRORS)
     async def cancel_run(
-        agent_id: str,
+        agent_id: AgentId,
         run_id: uuid.UUID,
         request: Request,
         principal: Annotated[Principal, Depends(_principal)],

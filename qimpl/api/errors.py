@@ -9,6 +9,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from qimpl.api.validation import code_for
+
 __all__ = ["ApiError", "install_error_handlers"]
 
 
@@ -28,17 +30,21 @@ def _body(code: str, message: str, **extra: Any) -> dict[str, Any]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(_body(exc.code, exc.message, **exc.extra), status_code=exc.status)
+        extra = dict(exc.extra)
+        retry_after = extra.pop("retry_after", None)
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+        return JSONResponse(_body(exc.code, exc.message, **extra), status_code=exc.status,
+                            headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [
-            {"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg", ""), "type": e.get("type", "")}
+            {"loc": [str(p) for p in e.get("loc", ())], "code": code_for(e), "msg": e.get("msg", "")}
             for e in exc.errors()
         ]
+        first = errors[0]["code"] if errors else "invalid_request"
         return JSONResponse(
-            _body("invalid_request", "the request does not match the schema", errors=errors),
-            status_code=422,
+            _body(first, "the request does not match the schema", errors=errors), status_code=422,
         )
 
     @app.exception_handler(StarletteHTTPException)

@@ -13,6 +13,8 @@ __all__ = ["AnswerIn", "AnswerOut", "CancelAnswer", "CreateRunRequest", "ErrorBo
            "ResumeRequest", "RunView"]
 
 MAX_PROMPT_CHARS = 32_000
+#: Text PostgreSQL can store: no NUL character (R-CREATE-1 rejects it with a 422).
+_NO_NUL = r"^[^\x00]*$"
 
 
 class CreateRunRequest(BaseModel):
@@ -20,7 +22,7 @@ class CreateRunRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS, pattern=_NO_NUL)
     mode: Literal["ask"] = "ask"
     durable_temporal: bool = False
     response_mode: Literal["receipt"] = "receipt"
@@ -33,7 +35,8 @@ class ResumeRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    additional_prompt: str | None = Field(default=None, min_length=1, max_length=MAX_PROMPT_CHARS)
+    additional_prompt: str | None = Field(default=None, min_length=1, max_length=MAX_PROMPT_CHARS,
+                                          pattern=_NO_NUL)
 
 
 class AnswerIn(BaseModel):
@@ -41,7 +44,7 @@ class AnswerIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS, pattern=_NO_NUL)
 
 
 class AnswerOut(BaseModel):

@@ -25,6 +25,7 @@ __all__ = [
     "cancel",
     "claim_for_attempt",
     "commit_checkpoint",
+    "complete_idempotency",
     "confirm_dispatch",
     "end_unowned",
     "finish",
@@ -34,6 +35,7 @@ __all__ = [
     "latest_checkpoint",
     "lookup_idempotency",
     "outcome",
+    "prune_idempotency",
     "record_provider_failure",
     "resume",
     "resume_or_none",
@@ -69,11 +71,33 @@ async def lookup_idempotency(
 ) -> Row | None:
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(
-            "SELECT * FROM idempotency_records WHERE tenant_id = %s AND principal_id = %s"
+            "SELECT *, extract(epoch FROM clock_timestamp() - created_at)::float8 AS age_s"
+            " FROM idempotency_records WHERE tenant_id = %s AND principal_id = %s"
             " AND route = %s AND key = %s",
             (tenant_id, principal_id, route, key),
         )
         return await cur.fetchone()
+
+
+async def complete_idempotency(conn: AConn, *, tenant_id: str, principal_id: str, route: str,
+                               key: str) -> None:
+    """Mark the first request with this key answered: later ones replay, never 409."""
+    await conn.execute(
+        "UPDATE idempotency_records SET completed_at = clock_timestamp() WHERE tenant_id = %s"
+        " AND principal_id = %s AND route = %s AND key = %s AND completed_at IS NULL",
+        (tenant_id, principal_id, route, key),
+    )
+
+
+async def prune_idempotency(conn: AConn, tenant_id: str, *, retention_s: int, limit: int = 1000) -> int:
+    """Delete up to ``limit`` of the tenant's idempotency records older than the retention."""
+    cur = await conn.execute(
+        "DELETE FROM idempotency_records WHERE ctid IN (SELECT ctid FROM idempotency_records"
+        " WHERE tenant_id = %s AND created_at < clock_timestamp() - make_interval(secs => %s)"
+        " LIMIT %s)",
+        (tenant_id, retention_s, limit),
+    )
+    return cur.rowcount
 
 
 async def insert_run(

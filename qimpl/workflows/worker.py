@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -25,7 +26,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from qimpl import metrics
-from qimpl.logs import setup_logging
+from qimpl.logs import setup_logging, temporal_runtime
 from qimpl.provider import load_provider
 from qimpl.reconciler import sweep_tenant
 from qimpl.settings import Settings, get_settings
@@ -120,7 +121,8 @@ async def check_session_pooling(settings: Settings) -> None:
 
 async def run(settings: Settings) -> None:
     await check_session_pooling(settings)
-    client = await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace)
+    client = await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace,
+                                  runtime=temporal_runtime())
     worker = build_worker(client, settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -139,8 +141,24 @@ async def run(settings: Settings) -> None:
 
 
 def main() -> None:
+    """Run until SIGTERM/SIGINT. Exits with ``os._exit`` after the graceful shutdown: the
+    Temporal core's threads must not run into the interpreter's finalisation (seen as
+    "Fatal Python error: PyGILState_Release" on exit)."""
     setup_logging()
-    asyncio.run(run(get_settings()))
+    code = 0
+    try:
+        asyncio.run(run(get_settings()))
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+            code = 1
+        else:
+            code = int(exc.code or 0)
+    finally:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from qimpl.lifecycle import workflow_id
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
@@ -13,7 +15,8 @@ AFTER_DISPATCH = "api.after_dispatch"
 
 def _lost_response(ctx: ScenarioContext, point: str) -> None:
     ctx.processes.worker()
-    doomed = ctx.processes.api("api-1", QIMPL_CRASH_POINTS=f"{point}:kill")
+    fast = {"QIMPL_DISPATCH_TIMEOUT_S": "2"}  # an unanswered key stops being "in flight" sooner
+    doomed = ctx.processes.api("api-1", QIMPL_CRASH_POINTS=f"{point}:kill", **fast)
     key = f"lost-response-{ctx.rng.randrange(10**9)}"
     prompt = make_prompt(steps=2, answer="once")
     first = ctx.create_run(doomed, prompt=prompt, key=key)
@@ -25,8 +28,16 @@ def _lost_response(ctx: ScenarioContext, point: str) -> None:
     if not evidence:
         raise HarnessError(f"api-1 died without striking {point}")
     ctx.nemesis.crash_point(doomed, evidence[-1])
-    api = ctx.processes.api("api-2")
+    api = ctx.processes.api("api-2", **fast)
     retry = ctx.create_run(api, prompt=prompt, key=key)
+    deadline = time.monotonic() + 20
+    while retry is not None and retry.status_code == 409 and time.monotonic() < deadline:
+        # The first request never answered: the key is "in flight" until its lease ends.
+        ctx.expect("while the first request may still be in flight: 409 with Retry-After",
+                   retry.json().get("code") == "idempotency_key_in_flight"
+                   and "retry-after" in retry.headers, retry.text[:200], "R-CREATE-2")
+        time.sleep(min(float(retry.headers.get("retry-after", "1")), 2.0))
+        retry = ctx.create_run(api, prompt=prompt, key=key)
     if retry is None:
         raise HarnessError("the retry's outcome is unknown")
     ctx.expect("the retry with the same key gets 202 and Idempotent-Replayed",
@@ -41,7 +52,8 @@ def _lost_response(ctx: ScenarioContext, point: str) -> None:
     ctx.expect("exactly one run", runs == 1, f"{runs} runs", "R-CREATE-2")
     result = ctx.workflow_result(workflow_id(run_id, 1))
     ctx.expect("exactly one workflow: generation 1 completed, no other generation",
-               result.get("state") == "completed" and run["generation"] == 1, str(result), "R-CREATE-5")
+               result.get("state") == "completed" and run["generation"] == 1,
+               f"workflow g1: {result.get('state')}; run generation {run['generation']}", "R-CREATE-5")
 
 
 @scenario(

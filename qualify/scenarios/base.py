@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from qualify import interrupt
 from qualify.checkers import Check
 from qualify.errors import HarnessError
 from qualify.faults import Nemesis
@@ -139,9 +140,21 @@ class ScenarioContext:
                 self.history.record("client", op="read", phase="ok", run_id=run_id,
                                     state=doc["state"], row_version=doc["row_version"])
                 return doc
+            interrupt.check()
             if time.monotonic() > deadline:
                 self.history.record("client", op="read", phase="info", run_id=run_id, state=doc["state"])
                 raise HarnessError(f"run {run_id} still {doc['state']} after {timeout_s} s")
+            time.sleep(0.05)
+
+    def wait_state(self, api: ManagedProcess, run_id: str, state: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Poll the run until it is in ``state``; HarnessError on timeout or another terminal state."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            doc = self.read_run(api, run_id)
+            if doc["state"] == state:
+                return doc
+            if doc["state"] in TERMINAL or time.monotonic() > deadline:
+                raise HarnessError(f"run {run_id} is {doc['state']}, waited for {state}")
             time.sleep(0.05)
 
     # -- synthetic provider barriers ------------------------------------------------
@@ -150,6 +163,7 @@ class ScenarioContext:
         path = self.control / f"barrier.{name}.reached"
         deadline = time.monotonic() + timeout_s
         while not path.exists():
+            interrupt.check()
             if time.monotonic() > deadline:
                 raise HarnessError(f"barrier {name} not reached in {timeout_s} s")
             time.sleep(0.01)

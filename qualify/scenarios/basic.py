@@ -56,7 +56,7 @@ def worker_killed_mid_activity(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
     worker = ctx.processes.worker("worker-1")
     k = ctx.rng.randint(1, STEPS - 2)  # after checkpoint k, before step k+1 completes
-    ctx.figures["k"] = k
+    ctx.figures["last_checkpoint_before_kill"] = k
     resp = ctx.create_run(api, prompt=make_prompt(
         steps=STEPS, answer="survived", barrier={"step": k + 1, "name": "strike"}))
     if resp is None or resp.status_code != 202:
@@ -76,7 +76,8 @@ def worker_killed_mid_activity(ctx: ScenarioContext) -> None:
                json.dumps(run["result_json"]), "R-READ-2")
     calls = _provider_calls(ctx, run_id)
     repeated = {s: n for s, n in calls.items() if s <= k and n != 1}
-    ctx.expect(f"provider not asked again for any step <= k={k}", not repeated,
+    ctx.expect(f"provider not asked again for any step <= {k} (killed at the barrier of step {k + 1})",
+               not repeated,
                f"calls per step: {dict(sorted(calls.items()))}", "R-EXEC-4")
     ctx.expect("every step asked at least once", set(calls) == set(range(1, STEPS + 1)),
                f"steps asked: {sorted(calls)}", "R-EXEC-3")

@@ -32,9 +32,11 @@ def postgres_restart_mid_run(ctx: ScenarioContext) -> None:
     ctx.release_barrier("pg")
     run = ctx.wait_terminal(api, run_id, timeout_s=60)
     ctx.expect("run completed", run["state"] == "completed", run["state"], "R-EXEC-4")
-    later = ctx.sql("SELECT min(attempt) FROM run_checkpoints WHERE run_id = %s AND step >= 3", run_id)
+    later = ctx.sql("SELECT min(attempt) FROM run_checkpoints WHERE run_id = %s AND step >= 3", run_id)[0][0]
     ctx.expect("steps after the restart were committed by a new attempt",
-               later[0][0] is not None and later[0][0] > held["attempt"], str(later), "R-EXEC-7")
+               later is not None and later > held["attempt"],
+               f"attempt {held['attempt']} held the barrier; steps >= 3 committed by attempt {later}",
+               "R-EXEC-7")
     steps = sorted({c["step"] for c in provider_calls(ctx, run_id)})
     ctx.expect("every step asked", steps == list(range(1, STEPS + 1)), str(steps))
 

@@ -100,7 +100,9 @@ def _paused_owner(ctx: ScenarioContext, *, resume: bool) -> None:
     # 0.5-2 s) and at most 1 s of backoff; then one more attempt wins.
     bound = 3 * (h + 3)
     ctx.expect(f"a new attempt took over within {bound:.0f} s",
-               takeover is not None and takeover <= bound, f"{takeover} s (H = {h} s)", "R-EXEC-2")
+               takeover is not None and takeover <= bound,
+               f"took over after {takeover} s; bound 3 x (H + 3 s) = {bound:.0f} s with heartbeat "
+               f"timeout H = {h} s", "R-EXEC-2")
     ctx.release_barrier("pause")
     # Keep the owner stopped for twice the heartbeat timeout in all.
     while time.time() < stopped_at + 2 * h:
@@ -160,9 +162,12 @@ def lock_session_killed(ctx: ScenarioContext) -> None:
     ctx.release_barrier("lock")
     run = ctx.wait_terminal(api, run_id, timeout_s=60)
     ctx.expect("run completed", run["state"] == "completed", run["state"])
-    attempts = ctx.sql("SELECT DISTINCT attempt FROM run_checkpoints WHERE run_id = %s AND step >= 3", run_id)
+    attempts = sorted(a[0] for a in ctx.sql(
+        "SELECT DISTINCT attempt FROM run_checkpoints WHERE run_id = %s AND step >= 3", run_id))
     ctx.expect("steps from 3 on were committed by a later attempt (the old owner was fenced)",
-               all(a[0] > held["attempt"] for a in attempts), str(attempts), "R-EXEC-7")
+               bool(attempts) and all(a > held["attempt"] for a in attempts),
+               f"attempt {held['attempt']} held the barrier; steps >= 3 committed by attempts {attempts}",
+               "R-EXEC-7")
     ctx.expect("the worker survived (only its session was killed)", worker.alive, worker.name)
 
 
@@ -207,7 +212,7 @@ def terminal_redelivery(ctx: ScenarioContext) -> None:
     result = ctx.workflow_result(workflow_id(run_id, 1))
     ctx.expect("the workflow returned the saved outcome",
                result.get("state") == "completed" and result.get("result") == {"answer": "saved"},
-               json.dumps(result)[:300], "R-EXEC-5")
+               f"state {result.get('state')}, result {json.dumps(result.get('result'))}", "R-EXEC-5")
     after = len(provider_calls(ctx, run_id))
     ctx.expect("provider calls unchanged by the redelivery", after == before == 3,
                f"{before} -> {after}", "R-EXEC-5")

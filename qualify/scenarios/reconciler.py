@@ -73,7 +73,8 @@ def reconciler_dispatches_orphan(ctx: ScenarioContext) -> None:
                f"{len(sweeps)} sweeps, dispatched {[s[3] for s in sweeps]}", "R-OPS-3")
     result = ctx.workflow_result(workflow_id(run_id, 1))
     ctx.expect("exactly one workflow, generation 1", result.get("state") == "completed"
-               and run["generation"] == 1, str(result), "R-CREATE-5")
+               and run["generation"] == 1,
+               f"workflow g1: {result.get('state')}; run generation {run['generation']}", "R-CREATE-5")
 
 
 @scenario(

@@ -4,6 +4,7 @@ dev server, in a private temporary directory on a tmpfs, on free ports (R-Q-1)."
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import tempfile
 import time
@@ -13,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import psycopg
 
+from qualify import interrupt
 from qualify.errors import HarnessError
 from qualify.stack.postgres import SHM, PostgresServer, embedded_bin_dir, system_bin_dir
 from qualify.stack.temporal import TemporalServer
@@ -32,6 +35,17 @@ class StackInfo:
     boot_s: float
     pg_dsn: str
     temporal_address: str
+
+
+def _sweep_stale_stacks() -> None:
+    """Remove stack directories whose owning harness process is gone (a ``kill -9``)."""
+    for root in SHM.glob("qualify-stack-*"):
+        try:
+            pid = int((root / "owner.pid").read_text())
+        except (OSError, ValueError):
+            continue  # being created, or not ours to judge
+        if not psutil.pid_exists(pid):
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _schema_key() -> str:
@@ -67,8 +81,10 @@ class EmbeddedStack:
             raise HarnessError(f"unknown stack kind {kind!r}")
         self.kind = kind
         self.keep_dir = keep_dir
+        _sweep_stale_stacks()
         self.root = Path(tempfile.mkdtemp(dir=SHM, prefix="qualify-stack-"))
         self.root.chmod(0o755)
+        (self.root / "owner.pid").write_text(str(os.getpid()))
         self.logs_dir = self.root / "logs"
         bin_dir = embedded_bin_dir() if kind == "embedded" else system_bin_dir()
         self.postgres = PostgresServer(bin_dir=bin_dir, workdir=self.root / "pg", logs_dir=self.logs_dir)
@@ -80,7 +96,9 @@ class EmbeddedStack:
         t0 = time.monotonic()
         try:
             self.temporal.spawn()  # boots while PostgreSQL is prepared
+            interrupt.check()
             golden = self.postgres.prepare_golden(_schema_key(), _build_template)
+            interrupt.check()
             self.postgres.use_golden(golden)
             self.postgres.start()
             try:
@@ -111,10 +129,12 @@ class EmbeddedStack:
         return self.postgres.dsn(name)
 
     def stop(self) -> None:
-        self.temporal.stop()
-        self.postgres.stop()
-        if not self.keep_dir:
-            shutil.rmtree(self.root, ignore_errors=True)
+        """Stop both servers and remove the directory; a second Ctrl-C cannot cut it short."""
+        with interrupt.deferred():
+            self.temporal.stop()
+            self.postgres.stop()
+            if not self.keep_dir:
+                shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> EmbeddedStack:
         self.start()

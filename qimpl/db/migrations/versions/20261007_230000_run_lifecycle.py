@@ -116,8 +116,11 @@ CREATE TABLE idempotency_records (
     fingerprint  text NOT NULL,
     run_id       uuid NOT NULL REFERENCES runs (run_id),
     created_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- NULL while the first request with this key is still being answered (R-CREATE-2)
+    completed_at timestamptz,
     PRIMARY KEY (tenant_id, principal_id, route, key)
 );
+CREATE INDEX idempotency_records_age ON idempotency_records (tenant_id, created_at);
 
 CREATE TABLE run_transitions (
     id              bigserial PRIMARY KEY,

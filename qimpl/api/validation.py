@@ -1,0 +1,53 @@
+"""Machine-readable codes for request validation errors (R-CREATE-1).
+
+Pure: maps pydantic's error list to one error code per problem. The first problem's
+code is the response's ``code``; every problem is listed in ``errors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["VALIDATION_CODES", "code_for"]
+
+#: Every code a 422 validation error can carry.
+VALIDATION_CODES = (
+    "malformed_body", "unknown_field", "prompt_required", "prompt_empty", "prompt_too_long",
+    "prompt_invalid", "mode_unsupported", "response_mode_unsupported", "deadline_out_of_range",
+    "deadline_invalid", "durable_temporal_invalid", "additional_prompt_empty",
+    "additional_prompt_too_long", "invalid_parameter", "invalid_request",
+)
+
+
+def code_for(error: Mapping[str, Any]) -> str:
+    """The code of one pydantic error (``{"loc", "type", ...}``)."""
+    loc: Sequence[Any] = error.get("loc", ())
+    kind = str(error.get("type", ""))
+    if kind in ("json_invalid", "model_attributes_type", "dict_type") or (
+            kind == "missing" and tuple(loc) == ("body",)):
+        return "malformed_body"
+    if kind == "extra_forbidden":
+        return "unknown_field"
+    field = str(loc[-1]) if loc else ""
+    if loc and loc[0] in ("path", "query", "header"):
+        return "invalid_parameter"
+    if field in ("prompt", "additional_prompt"):
+        if kind == "missing":
+            return f"{field}_required"
+        if kind == "string_too_short":
+            return f"{field}_empty"
+        if kind == "string_too_long":
+            return f"{field}_too_long"
+        if kind == "string_pattern_mismatch":
+            return "prompt_invalid"
+        return "prompt_invalid" if field == "prompt" else "invalid_request"
+    if field == "mode":
+        return "mode_unsupported"
+    if field == "response_mode":
+        return "response_mode_unsupported"
+    if field == "deadline_seconds":
+        return "deadline_out_of_range" if kind in ("greater_than_equal", "less_than_equal") else "deadline_invalid"
+    if field == "durable_temporal":
+        return "durable_temporal_invalid"
+    return "invalid_request"

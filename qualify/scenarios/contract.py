@@ -1,0 +1,159 @@
+"""The API contract under concurrency: one key across two APIs, racing resumes, legacy
+controls, rejected requests that write nothing (R-CREATE-1..2, R-RESUME-1..2, R-LEGACY-1)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from qimpl.lifecycle import workflow_id
+from qualify.fakes.synthetic import make_prompt
+from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
+from qualify.scenarios.lifecycle import accepted
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+@scenario(
+    "same-key-twenty-requests",
+    title="Twenty concurrent creates with one Idempotency-Key across two API processes: one "
+          "run, one workflow, no 5xx; the replays return the original receipt",
+    requirements=("R-CREATE-2", "R-CREATE-5"),
+)
+def same_key_twenty_requests(ctx: ScenarioContext) -> None:
+    apis = [ctx.processes.api("api-1"), ctx.processes.api("api-2")]
+    ctx.processes.worker()
+    body = {"prompt": make_prompt(steps=2, answer="once"), "durable_temporal": True}
+
+    def post(i: int) -> httpx.Response:
+        return httpx.post(f"{apis[i % 2].base_url}/v1/agents/agent-1/runs", json=body, timeout=30,
+                          headers={**AUTH, "Idempotency-Key": "the-one-key"})
+
+    ctx.history.record("client", op="create x20", phase="invoke", key="the-one-key")
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        answers = list(pool.map(post, range(20)))
+    codes = Counter(r.status_code for r in answers)
+    ctx.history.record("client", op="create x20", phase="ok", statuses=dict(codes))
+    ctx.expect("no 5xx among 20 concurrent requests", not any(c >= 500 for c in codes),
+               str(dict(codes)), "R-CREATE-2")
+    run_ids = {r.json()["run_id"] for r in answers if r.status_code == 202}
+    ctx.expect("every 202 names the same run", len(run_ids) == 1, str(run_ids), "R-CREATE-2")
+    others = {r.json().get("code") for r in answers if r.status_code != 202}
+    ctx.expect("the others are 409 idempotency_key_in_flight", others <= {"idempotency_key_in_flight"},
+               str(others), "R-CREATE-2")
+    runs = ctx.sql("SELECT count(*) FROM runs")[0][0]
+    ctx.expect("exactly one run committed", runs == 1, f"{runs} runs", "R-CREATE-2")
+    (run_id,) = run_ids
+    ctx.wait_terminal(apis[0], run_id)
+    replay = post(0)
+    ctx.expect("a later replay returns the original receipt with Idempotent-Replayed",
+               replay.status_code == 202 and replay.json()["run_id"] == run_id
+               and replay.headers.get("idempotent-replayed") == "true", replay.text[:200], "R-CREATE-2")
+    other = httpx.post(f"{apis[1].base_url}/v1/agents/agent-1/runs", timeout=10,
+                       json={**body, "prompt": "another body"}, headers={**AUTH, "Idempotency-Key": "the-one-key"})
+    ctx.expect("the same key with another body is 422 idempotency_key_reused",
+               other.status_code == 422 and other.json().get("code") == "idempotency_key_reused",
+               other.text[:200], "R-CREATE-2")
+    ctx.expect("one workflow", ctx.workflow_result(workflow_id(run_id, 1)).get("state") == "completed",
+               "g1 completed", "R-CREATE-5")
+
+
+@scenario(
+    "concurrent-resumes",
+    title="Ten concurrent resumes of one awaiting_input run: one 202, nine 409, one new "
+          "generation and workflow, deadline unchanged; the winner's key replays its receipt",
+    requirements=("R-RESUME-1", "R-RESUME-2", "R-READ-2"),
+)
+def concurrent_resumes(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    ctx.processes.worker()
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=3, answer="resumed",
+                                                   park={"step": 1, "kind": "input"}))
+    parked = ctx.wait_state(api, run_id, "awaiting_input")
+    ctx.expect("pending_input has a kind", (parked["result_json"] or {}).get("pending_input", {}).get("kind")
+               == "input", str(parked["result_json"]), "R-READ-2")
+
+    def resume(i: int) -> httpx.Response:
+        return httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", timeout=30,
+                          json={"additional_prompt": f"input {i}"},
+                          headers={**AUTH, "Idempotency-Key": f"resume-{i}"})
+
+    with ThreadPoolExecutor(max_workers=10) as pool:
+        answers = list(pool.map(resume, range(10)))
+    codes = Counter(r.status_code for r in answers)
+    ctx.history.record("client", op="resume x10", phase="ok", statuses=dict(codes))
+    ctx.expect("exactly one 202 and nine 409", codes == Counter({202: 1, 409: 9}), str(dict(codes)),
+               "R-RESUME-1")
+    wins = [i for i, r in enumerate(answers) if r.status_code == 202]
+    run = ctx.wait_terminal(api, run_id)
+    ctx.expect("one new generation, completed", run["generation"] == 2 and run["state"] == "completed",
+               f"g{run['generation']} {run['state']}", "R-RESUME-1")
+    ctx.expect("deadline_at unchanged by the resume", run["deadline_at"] == parked["deadline_at"],
+               f"{parked['deadline_at']} -> {run['deadline_at']}", "R-RESUME-1")
+    if wins:
+        again = resume(wins[0])
+        first = answers[wins[0]].json()
+        ctx.expect("replaying the winner's key returns the same receipt",
+                   again.status_code == 202 and again.json()["run_id"] == first["run_id"]
+                   and again.json()["deadline_at"] == first["deadline_at"]
+                   and again.headers.get("idempotent-replayed") == "true", again.text[:200], "R-RESUME-1")
+    terminal = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", timeout=10,
+                          json={"additional_prompt": "more"}, headers={**AUTH, "Idempotency-Key": "late"})
+    ctx.expect("a terminal run answers 409 run_terminal",
+               terminal.status_code == 409 and terminal.json().get("code") == "run_terminal",
+               terminal.text[:200], "R-RESUME-2")
+    ctx.expect("one workflow per generation", ctx.workflow_result(workflow_id(run_id, 2)).get("state")
+               == "completed", "g2 completed", "R-RESUME-1")
+
+
+@scenario(
+    "contract-probes",
+    title="Rejected requests write nothing and carry a code; legacy controls answer 409 "
+          "durable_lifecycle_conflict for durable runs; cancel answers true/false as specified",
+    requirements=("R-CREATE-1", "R-CREATE-2", "R-LEGACY-1", "R-CANCEL-1", "R-AUTH-1"),
+)
+def contract_probes(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    ctx.processes.worker()
+    url = f"{api.base_url}/v1/agents/agent-1/runs"
+    bad = {
+        "prompt_empty": {"prompt": "", "durable_temporal": True},
+        "deadline_out_of_range": {"prompt": "x", "durable_temporal": True, "deadline_seconds": 0},
+        "mode_unsupported": {"prompt": "x", "durable_temporal": True, "mode": "chat"},
+        "unknown_field": {"prompt": "x", "durable_temporal": True, "extra": 1},
+    }
+    for code, body in bad.items():
+        resp = httpx.post(url, json=body, headers={**AUTH, "Idempotency-Key": f"bad-{code}"}, timeout=10)
+        ctx.expect(f"422 {code}", resp.status_code == 422 and resp.json().get("code") == code,
+                   resp.text[:160], "R-CREATE-1")
+    garbage = httpx.post(url, content=b"{not json", timeout=10,
+                         headers={**AUTH, "Idempotency-Key": "bad-json", "Content-Type": "application/json"})
+    ctx.expect("422 malformed_body", garbage.status_code == 422 and garbage.json().get("code") == "malformed_body",
+               garbage.text[:160], "R-CREATE-1")
+    nokey = httpx.post(url, json={"prompt": "x", "durable_temporal": True}, headers=AUTH, timeout=10)
+    ctx.expect("400 idempotency_key_required", nokey.status_code == 400
+               and nokey.json().get("code") == "idempotency_key_required", nokey.text[:160], "R-CREATE-2")
+    written = ctx.sql("SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM idempotency_records)")[0]
+    ctx.expect("rejected requests wrote nothing", written == (0, 0), str(written), "R-CREATE-1")
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=2, answer="done"))
+    for path in ("pause", "handoff", "checkpoints", "checkpoints/1/rollback", "checkpoints/1/branch",
+                 "checkpoints/1/resume"):
+        resp = httpx.post(f"{url}/{run_id}/{path}", headers=AUTH, timeout=10)
+        ctx.expect(f"legacy {path}: 409 durable_lifecycle_conflict", resp.status_code == 409
+                   and resp.json().get("code") == "durable_lifecycle_conflict", resp.text[:160], "R-LEGACY-1")
+    ctx.wait_terminal(api, run_id)
+    late = ctx.cancel_run(api, run_id)
+    ctx.expect("cancel of a completed run: cancelled false", late["cancelled"] is False, str(late), "R-CANCEL-1")
+    other = httpx.get(f"{url}/{run_id}", headers={"Authorization": "Bearer nobody"}, timeout=10)
+    ctx.expect("an unknown key is 401 unauthenticated", other.status_code == 401
+               and other.json().get("code") == "unauthenticated", other.text[:160], "R-AUTH-1")
+    missing = httpx.get(f"{url}/00000000-0000-0000-0000-000000000000", headers=AUTH, timeout=10)
+    ctx.expect("an unknown run is 404 run_not_found", missing.status_code == 404
+               and missing.json().get("code") == "run_not_found", missing.text[:160], "R-AUTH-1")
+    twice = [ctx.cancel_run(api, accepted(ctx, api, prompt=make_prompt(steps=50, delay_ms=100)))
+             for _ in range(1)]
+    again = ctx.cancel_run(api, ctx.sql("SELECT run_id::text FROM runs WHERE state = 'cancelled'")[0][0])
+    ctx.expect("cancel twice: true both times", twice[0]["cancelled"] is True and again["cancelled"] is True,
+               f"{twice[0]} {again}", "R-CANCEL-1")

@@ -1,0 +1,35 @@
+import pytest
+from pydantic import ValidationError
+
+from qimpl.api.models import CreateRunRequest
+from qimpl.api.validation import VALIDATION_CODES, code_for
+
+
+def _code(body: dict) -> str:  # type: ignore[type-arg]
+    with pytest.raises(ValidationError) as err:
+        CreateRunRequest.model_validate(body)
+    return code_for({**err.value.errors()[0], "loc": ("body", *err.value.errors()[0]["loc"])})
+
+
+@pytest.mark.req("R-CREATE-1")
+@pytest.mark.parametrize(("body", "code"), [
+    ({}, "prompt_required"),
+    ({"prompt": ""}, "prompt_empty"),
+    ({"prompt": "x" * 32001}, "prompt_too_long"),
+    ({"prompt": 5}, "prompt_invalid"),
+    ({"prompt": "x", "mode": "chat"}, "mode_unsupported"),
+    ({"prompt": "x", "response_mode": "stream"}, "response_mode_unsupported"),
+    ({"prompt": "x", "deadline_seconds": 0}, "deadline_out_of_range"),
+    ({"prompt": "x", "deadline_seconds": 86401}, "deadline_out_of_range"),
+    ({"prompt": "x", "deadline_seconds": "soon"}, "deadline_invalid"),
+    ({"prompt": "x", "durable_temporal": "maybe"}, "durable_temporal_invalid"),
+    ({"prompt": "x", "surprise": 1}, "unknown_field"),
+])
+def test_each_bad_field_has_its_code(body: dict, code: str) -> None:  # type: ignore[type-arg]
+    assert _code(body) == code
+    assert code in VALIDATION_CODES
+
+
+def test_a_body_that_is_not_an_object() -> None:
+    assert code_for({"loc": ("body",), "type": "missing"}) == "malformed_body"
+    assert code_for({"loc": ("body", 0), "type": "json_invalid"}) == "malformed_body"
