@@ -55,6 +55,20 @@ class ScenarioResult:
     crash_point_evidence: list[dict[str, Any]] = field(default_factory=list)
 
 
+#: What a qimpl process must never print: a trace (R-EXEC-6, R-READ-3) or a crash on exit.
+LOG_RED_FLAGS = ("Traceback (most recent call last)", "Fatal Python error")
+
+
+def clean_logs(logs_dir: Path) -> Check:
+    """No process log carries a stack trace or a fatal interpreter error."""
+    bad = []
+    for path in sorted(logs_dir.glob("*.log")):
+        text = path.read_text(errors="replace")
+        bad += [f"{path.name}: {flag}" for flag in LOG_RED_FLAGS if flag in text]
+    return Check("no stack trace or fatal error in any process log", not bad, "; ".join(bad),
+                 ("R-EXEC-6", "R-READ-3"))
+
+
 def judge(checks: list[Check], faults: list[dict[str, Any]], *, expected_faults: int,
           error: Verdict | None = None) -> Verdict:
     """Pure verdict of one scenario (see ``qualify.verdict`` for the order): a failed
@@ -120,6 +134,7 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
     # The checkers run even when the scenario broke off: a violation in what was recorded
     # is a ``fail`` (which outranks ``crashed``), whatever stopped the scenario.
     checks = ctx.checks + (run_checks(events, GENERIC_CHECKERS) if collected else [])
+    checks.append(clean_logs(out_dir / "logs"))
     struck = sorted({e["point"] for e in events if e["type"] == "crash_point"})
     verdict = judge(checks, nemesis.recorded, expected_faults=len(scenario.faults), error=error_verdict)
     return ScenarioResult(

@@ -17,6 +17,7 @@ import sys
 import psycopg
 from temporalio.client import Client
 
+from qimpl.logs import temporal_runtime
 from qimpl.reconciler import SWEEP_LIMIT, sweep_tenant
 from qimpl.settings import get_settings
 
@@ -35,7 +36,8 @@ async def _run(tenants: list[str], limit: int) -> int:
     try:
         try:
             client = await asyncio.wait_for(
-                Client.connect(settings.temporal_address, namespace=settings.temporal_namespace),
+                Client.connect(settings.temporal_address, namespace=settings.temporal_namespace,
+                               runtime=temporal_runtime()),
                 timeout=settings.dispatch_timeout_s)
         except Exception as exc:  # noqa: BLE001 - reported as a clear message and exit code
             print(f"agent_runs: cannot reach Temporal at {settings.temporal_address}: "
@@ -61,4 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no interpreter finalisation under the Temporal core's threads
