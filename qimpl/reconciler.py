@@ -156,6 +156,8 @@ async def sweep_tenant(
     database errors outside a single candidate (connection lost)."""
     res = SweepResult(tenant=tenant, reconciler=reconciler)
     started = datetime.now(UTC)
+    # The sweep sees and changes this tenant's rows only (row-level security, R-AUTH-4).
+    await conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
     t0 = time.monotonic()
     expired = await _expire(conn, res, limit)
     await _confirm(conn, client, settings, res, limit - res.candidates, grace_s)

@@ -32,7 +32,9 @@ class Settings(BaseSettings):
     provider_max_failures: int = 5
     #: Seconds the API waits for Temporal to confirm a start before answering 503 (R-CREATE-5).
     dispatch_timeout_s: float = 5.0
-    #: JSON object ``{api_key: {"tenant": ..., "principal": ...}}`` (development auth seam).
+    #: ``db``: API keys hashed in PostgreSQL (production); ``static``: ``api_keys`` below.
+    auth: str = "db"
+    #: JSON object ``{api_key: {"tenant": ..., "principal": ...}}`` (``auth=static`` only).
     api_keys: dict[str, dict[str, str]] = Field(
         default_factory=lambda: {"dev-key": {"tenant": "t-dev", "principal": "p-dev"}}
     )

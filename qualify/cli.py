@@ -233,19 +233,20 @@ def list_(
 
 
 def main() -> None:
-    """Console entry point: usage errors exit 64 (click's default 2 means "crashed" here)."""
-    import click
-
+    """Console entry point: usage errors exit 64 (the CLI library's default 2 is "crashed"
+    here). Typer vendors its own click, so its exception classes are taken from typer."""
+    usage_error = typer.BadParameter.__mro__[1]  # typer's UsageError
     try:
-        app(standalone_mode=False)
-    except click.exceptions.Exit as done:
+        # Without standalone mode a typer.Exit's code is *returned*, not raised.
+        code = app(standalone_mode=False)
+    except typer.Exit as done:
         sys.exit(done.exit_code)
-    except click.UsageError as exc:
-        exc.show()
+    except usage_error as exc:
+        exc.show()  # type: ignore[attr-defined]
         sys.exit(EXIT_USAGE)
-    except (KeyboardInterrupt, click.Abort):
+    except (KeyboardInterrupt, typer.Abort):
         sys.exit(130)
-
+    sys.exit(code if isinstance(code, int) else 0)
 
 if __name__ == "__main__":
     main()

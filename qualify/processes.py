@@ -40,10 +40,17 @@ class Deployment:
     heartbeat_timeout_s: float = 1.0
     extra_env: dict[str, str] = field(default_factory=dict)
 
-    def env(self, **overrides: str) -> dict[str, str]:
+    def app_dsn(self, role: str) -> str:
+        """The DSN of a restricted application role (R-AUTH-4)."""
+        from qualify.stack._embedded import with_user
+
+        return with_user(self.dsn, role)
+
+    def env(self, role: str = "qimpl_worker", **overrides: str) -> dict[str, str]:
+        """The environment of a qimpl process connecting as ``role``."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("QIMPL_", "AGENT_", "DURABLE_"))}
         env.update(
-            QIMPL_DATABASE_URL=self.dsn,
+            QIMPL_DATABASE_URL=self.app_dsn(role),
             QIMPL_TEMPORAL_ADDRESS=self.temporal_address,
             QIMPL_TEMPORAL_NAMESPACE=self.namespace,
             QIMPL_TASK_QUEUE=self.task_queue,
@@ -149,7 +156,7 @@ class Processes:
         port = free_port()
         proc = ManagedProcess(
             name=name, kind="api", port=port, log_path=self._log(name),
-            env=self.deployment.env(**env),
+            env=self.deployment.env("qimpl_api", **env),
             argv=[sys.executable, "-m", "uvicorn", "--factory", "qimpl.api.app:create_app",
                   "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
                   "--no-access-log"],
@@ -159,7 +166,8 @@ class Processes:
 
     def worker(self, name: str = "worker-1", **env: str) -> ManagedProcess:
         proc = ManagedProcess(
-            name=name, kind="worker", log_path=self._log(name), env=self.deployment.env(**env),
+            name=name, kind="worker", log_path=self._log(name),
+            env=self.deployment.env("qimpl_worker", **env),
             argv=[sys.executable, "-m", "qimpl.workflows.worker"],
         )
         self.all[name] = proc

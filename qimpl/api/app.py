@@ -31,7 +31,7 @@ from sse_starlette.sse import EventSourceResponse
 from temporalio.client import Client
 
 from qimpl import metrics
-from qimpl.api.auth import Authenticator, Principal, StaticKeyAuthenticator
+from qimpl.api.auth import Authenticator, DbKeyAuthenticator, Principal, StaticKeyAuthenticator
 from qimpl.api.errors import ApiError, install_error_handlers
 from qimpl.api.models import (
     AnswerIn,
@@ -100,6 +100,11 @@ LEGACY_ERRORS = _errors(s401=_AUTH, s404=_NOT_FOUND,
                         s501="legacy_control_unavailable (lifecycle_version 1 runs)")
 
 
+async def _forget_tenant(conn: Any) -> None:
+    """Pool reset: a connection never carries one request's tenant into the next."""
+    await conn.execute("SELECT set_config('qimpl.tenant', '', false)")
+
+
 class Services:
     """Process-wide resources, created in the lifespan."""
 
@@ -111,8 +116,11 @@ class Services:
             # A connection that died while idle (server restart) is replaced on checkout
             # instead of failing the request.
             check=AsyncConnectionPool.check_connection,
+            reset=_forget_tenant,
         )
-        self.authenticator: Authenticator = StaticKeyAuthenticator(settings.api_keys)
+        self.authenticator: Authenticator = (
+            StaticKeyAuthenticator(settings.api_keys) if settings.auth == "static"
+            else DbKeyAuthenticator(self.pool))
         self._client: Client | None = None
         self._client_lock = asyncio.Lock()
         self._provider: Provider | None = None
@@ -131,8 +139,17 @@ class Services:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def run_legacy(self, run_id: str) -> None:
+    @asynccontextmanager
+    async def tenant(self, tenant_id: str) -> AsyncIterator[Any]:
+        """A pooled connection inside a transaction scoped to ``tenant_id``: row-level
+        security shows and accepts only that tenant's rows (R-AUTH-4)."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute("SELECT set_config('qimpl.tenant', %s, true)", (tenant_id,))
+            yield conn
+
+    async def run_legacy(self, run_id: str, tenant_id: str) -> None:
         async with self.pool.connection() as conn:
+            await conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant_id,))
             await run_inline(conn, self.provider, run_id)
 
     async def temporal(self) -> Client:
@@ -199,7 +216,7 @@ async def _confirm(services: Services, row: dict[str, Any]) -> dict[str, Any]:
     client = await services.temporal()
     await dispatch(client, row, services.settings)
     AFTER_DISPATCH.reach(run_id=row["run_id"])
-    async with services.pool.connection() as conn:
+    async with services.tenant(row["tenant_id"]) as conn:
         confirmed = await repo.confirm_dispatch(conn, str(row["run_id"]))
         if confirmed is None:  # a worker already moved it on: dispatch is evidently confirmed
             confirmed = await repo.get_run(conn, str(row["run_id"]))
@@ -228,20 +245,35 @@ async def _create_legacy(svc: Services, agent_id: str, body: CreateRunRequest, p
                          key: str | None) -> Response:
     """R-CREATE-6: the legacy inline path, executed in this process (no restart promise)."""
     run_id = str(uuid.uuid4())
-    async with svc.pool.connection() as conn:
+    grant = await _workspace_grant(svc, principal, body.workspace_id, "workspace_access_denied")
+    async with svc.tenant(principal.tenant_id) as conn:
         row = await repo.insert_run_or_none(
             conn, run_id=run_id, tenant_id=principal.tenant_id, principal_id=principal.principal_id,
             agent_id=agent_id, prompt=body.prompt, request=body.model_dump(),
             stream_key=secrets.token_urlsafe(24), deadline_s=body.deadline_seconds, workflow_id=None,
             route=CREATE_ROUTE, idempotency_key=key, fingerprint=_fingerprint(agent_id, body),
-            lifecycle_version=1)
+            lifecycle_version=1, workspace_id=body.workspace_id, grant_token=grant)
         if row is None:
             raise ApiError(409, "idempotency_key_in_flight", "this key is already in use")
-    svc.spawn(svc.run_legacy(run_id))
+    svc.spawn(svc.run_legacy(run_id, principal.tenant_id))
     receipt = Receipt(agent_id=agent_id, run_id=run_id, stream_key=row["stream_key"],
                       state=RunState.QUEUED, lifecycle_version=1, durability="legacy",
                       deadline_at=row["deadline_at"])
     return JSONResponse(receipt.model_dump(mode="json"), 202)
+
+
+async def _workspace_grant(svc: Services, principal: Principal, workspace_id: str, code: str) -> str:
+    """The principal's live grant for ``workspace_id``; 403 ``code`` without one (R-AUTH-2).
+    The grant never leaves the server (R-READ-3)."""
+    async with svc.tenant(principal.tenant_id) as conn:
+        cur = await conn.execute(
+            "SELECT grant_token FROM workspace_grants WHERE tenant_id = %s AND principal_id = %s"
+            " AND workspace_id = %s AND revoked_at IS NULL",
+            (principal.tenant_id, principal.principal_id, workspace_id))
+        row = await cur.fetchone()
+    if row is None:
+        raise ApiError(403, code, "no access to this workspace")
+    return str(row[0])
 
 
 async def _replayable(conn: Any, record: dict[str, Any] | None, fingerprint: str,
@@ -320,7 +352,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     async def _legacy_control(request: Request, agent_id: str, run_id: uuid.UUID,
                               principal: Principal, control: str) -> Response:
-        async with _services(request).pool.connection() as conn:
+        async with _services(request).tenant(principal.tenant_id) as conn:
             row = await _owned_run(conn, agent_id, run_id, principal)
         if row["lifecycle_version"] == 2:
             raise ApiError(409, "durable_lifecycle_conflict",
@@ -366,7 +398,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         worker availability from Temporal's view of the task queue (best effort)."""
         svc = _services(request)
         async with svc.pool.connection() as conn:
-            await metrics.refresh_from_db(conn)
+            await metrics.refresh_from_db(conn)  # through a SECURITY DEFINER aggregate
         try:
             client = await svc.temporal()
             await asyncio.wait_for(metrics.refresh_pollers(client, svc.settings), timeout=2)
@@ -399,13 +431,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         scope = {"tenant_id": principal.tenant_id, "principal_id": principal.principal_id,
                  "route": CREATE_ROUTE, "key": idempotency_key}
         run_id = str(uuid.uuid4())
-        async with svc.pool.connection() as conn:
+        grant = await _workspace_grant(svc, principal, body.workspace_id, "workspace_access_denied")
+        async with svc.tenant(principal.tenant_id) as conn:
             row = await repo.insert_run_or_none(
                 conn, run_id=run_id, tenant_id=principal.tenant_id,
                 principal_id=principal.principal_id, agent_id=agent_id, prompt=body.prompt,
                 request=body.model_dump(), stream_key=secrets.token_urlsafe(24),
                 deadline_s=body.deadline_seconds, workflow_id=workflow_id(run_id, 1),
                 route=CREATE_ROUTE, idempotency_key=idempotency_key, fingerprint=fingerprint,
+                workspace_id=body.workspace_id, grant_token=grant,
             )
             replayed = row is None
             if row is None:
@@ -415,7 +449,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             AFTER_ACCEPT.reach(run_id=run_id)
         response = await _answer(svc, row, replayed=replayed)
         if not replayed:
-            async with svc.pool.connection() as conn:
+            async with svc.tenant(principal.tenant_id) as conn:
                 await repo.complete_idempotency(conn, **scope)
         return response
 
@@ -433,7 +467,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         principal: Annotated[Principal, Depends(_principal)],
     ) -> RunView:
         """Read a run (R-READ-1); another principal or tenant gets 404 (R-AUTH-1)."""
-        async with _services(request).pool.connection() as conn:
+        async with _services(request).tenant(principal.tenant_id) as conn:
             return _view(await _owned_run(conn, agent_id, run_id, principal))
 
     @app.post("/v1/agents/{agent_id}/runs/{run_id}/resume", status_code=202, response_model=Receipt,
@@ -458,30 +492,40 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             {"run_id": str(run_id), **body.model_dump()}, sort_keys=True).encode()).hexdigest()
         scope = {"tenant_id": principal.tenant_id, "principal_id": principal.principal_id,
                  "route": RESUME_ROUTE, "key": idempotency_key}
-        async with svc.pool.connection() as conn:
+        async with svc.tenant(principal.tenant_id) as conn:
             row = await _owned_run(conn, agent_id, run_id, principal)
+        if row["state"] == RunState.AWAITING_INPUT:
+            # R-AUTH-2: access to the run's workspace is checked again at every resume.
+            await _workspace_grant(svc, principal, row["workspace_id"], "workspace_access_revoked")
+        resumed: dict[str, Any] | None = None
+        async with svc.tenant(principal.tenant_id) as conn:
             record = await repo.lookup_idempotency(conn, **scope)
-            if record is not None:
-                replay = await _replayable(conn, record, fingerprint, svc.settings)
-                return await _answer(svc, replay, replayed=True)
+            replay = await _replayable(conn, record, fingerprint, svc.settings) if record else None
             state = row["state"]
-            if state == RunState.ACCEPTED:
+            if replay is not None:
+                pass
+            elif state == RunState.ACCEPTED:
                 if body.additional_prompt is not None:
                     raise ApiError(409, "run_not_resumable",
                                    "an accepted run takes no input; resume with an empty body")
-                return await _answer(svc, row, replayed=False)
-            if state != RunState.AWAITING_INPUT:
+            elif state != RunState.AWAITING_INPUT:
                 raise ApiError(409, _NOT_RESUMABLE.get(state, "run_not_resumable"),
                                f"a run in state {state} cannot be resumed")
-            if body.additional_prompt is None:
+            elif body.additional_prompt is None:
                 raise ApiError(409, "run_not_resumable", "a waiting run needs additional_prompt")
-            resumed = await repo.resume_or_none(
-                conn, str(run_id), expected_row_version=row["row_version"],
-                additional_prompt=body.additional_prompt, fingerprint=fingerprint, **scope)
-            if resumed is None:
-                raise ApiError(409, "run_resume_conflict", "another resume of this run won")
+            else:
+                resumed = await repo.resume_or_none(
+                    conn, str(run_id), expected_row_version=row["row_version"],
+                    additional_prompt=body.additional_prompt, fingerprint=fingerprint, **scope)
+                if resumed is None:
+                    raise ApiError(409, "run_resume_conflict", "another resume of this run won")
+        # Dispatch outside the transaction: nothing is held open across a network call.
+        if replay is not None:
+            return await _answer(svc, replay, replayed=True)
+        if resumed is None:  # an accepted run: retry the dispatch of its generation
+            return await _answer(svc, row, replayed=False)
         response = await _answer(svc, resumed, replayed=False)
-        async with svc.pool.connection() as conn:
+        async with svc.tenant(principal.tenant_id) as conn:
             await repo.complete_idempotency(conn, **scope)
         return response
 
@@ -497,7 +541,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ``cancelled`` is true also when already cancelled, false for completed, failed
         and expired runs."""
         svc = _services(request)
-        async with svc.pool.connection() as conn:
+        async with svc.tenant(principal.tenant_id) as conn:
             await _owned_run(conn, agent_id, run_id, principal)
             cancelled, row = await repo.cancel(conn, str(run_id))
         if cancelled and row["dispatch_confirmed_at"] is not None:

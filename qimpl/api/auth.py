@@ -11,8 +11,9 @@ import hmac
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Authenticator", "Principal", "StaticKeyAuthenticator"]
+__all__ = ["Authenticator", "DbKeyAuthenticator", "Principal", "StaticKeyAuthenticator"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,22 @@ class Authenticator(ABC):
     @abstractmethod
     async def authenticate(self, api_key: str) -> Principal | None:
         """The principal for ``api_key``, or None when it is unknown."""
+
+
+class DbKeyAuthenticator(Authenticator):
+    """API keys stored hashed in PostgreSQL, looked up through the SECURITY DEFINER
+    function ``qimpl_authenticate`` (the app role cannot read the key table)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    async def authenticate(self, api_key: str) -> Principal | None:
+        digest = hashlib.sha256(api_key.encode()).hexdigest()
+        async with self.pool.connection() as conn:
+            cur = await conn.execute("SELECT tenant_id, principal_id FROM qimpl_authenticate(%s)",
+                                     (digest,))
+            row = await cur.fetchone()
+        return Principal(row[0], row[1]) if row else None
 
 
 class StaticKeyAuthenticator(Authenticator):

@@ -27,6 +27,9 @@ class CreateRunRequest(BaseModel):
     durable_temporal: bool = False
     response_mode: Literal["receipt"] = "receipt"
     deadline_seconds: int = Field(default=DEFAULT_DEADLINE_S, ge=MIN_DEADLINE_S, le=MAX_DEADLINE_S)
+    #: The workspace whose data sources the run may read; the principal needs a grant (R-AUTH-2).
+    workspace_id: str = Field(default="default", min_length=1, max_length=128,
+                              pattern=r"^[A-Za-z0-9._:-]+$")
 
 
 class ResumeRequest(BaseModel):

@@ -116,6 +116,8 @@ async def insert_run(
     idempotency_key: str | None,
     fingerprint: str,
     lifecycle_version: int = 2,
+    workspace_id: str = "default",
+    grant_token: str | None = None,
 ) -> Row | None:
     """Commit the run as ``accepted`` with its idempotency record and dispatch identity in
     one transaction (R-CREATE-4). Returns the row, or None when the key already exists
@@ -125,11 +127,12 @@ async def insert_run(
             """
             INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,
                               request_json, stream_key, workflow_id, accepted_at, deadline_at,
-                              lifecycle_version, durability)
+                              lifecycle_version, durability, workspace_id, grant_token)
             SELECT %(run_id)s, %(tenant)s, %(principal)s, %(agent)s, 'accepted', %(prompt)s,
                    %(request)s, %(stream_key)s, %(workflow_id)s, t.now,
                    t.now + make_interval(secs => %(deadline_s)s), %(lifecycle)s,
-                   CASE WHEN %(lifecycle)s = 2 THEN 'temporal' ELSE 'legacy' END
+                   CASE WHEN %(lifecycle)s = 2 THEN 'temporal' ELSE 'legacy' END,
+                   %(workspace)s, %(grant)s
             FROM (SELECT clock_timestamp() AS now) t
             WHERE NOT EXISTS (SELECT 1 FROM idempotency_records
                               WHERE tenant_id = %(tenant)s AND principal_id = %(principal)s
@@ -141,6 +144,7 @@ async def insert_run(
                 "agent": agent_id, "prompt": prompt, "request": Jsonb(dict(request)),
                 "stream_key": stream_key, "workflow_id": workflow_id, "deadline_s": deadline_s,
                 "route": route, "key": idempotency_key, "lifecycle": lifecycle_version,
+                "workspace": workspace_id, "grant": grant_token,
             },
         )
         row = await cur.fetchone()

@@ -69,13 +69,13 @@ class AgentActivities:
         try:
             async with OwnershipLease(
                 self.dsn, inp.run_id, lease_s=inp.heartbeat_timeout_s,
-                application_name=f"qimpl-owner:{inp.run_id}",
+                application_name=f"qimpl-owner:{inp.run_id}", tenant_id=inp.tenant_id,
             ) as lease, self._heartbeating(lease):
                 return await self._loop(lease, inp, info.attempt)
         except LockNotAcquired as exc:
             raise ApplicationError(str(exc), type="LockNotAcquired") from None
         except (LostOwnership, psycopg.OperationalError) as exc:
-            saved = await self._saved_outcome_if_terminal(inp.run_id)
+            saved = await self._saved_outcome_if_terminal(inp.run_id, inp.tenant_id)
             if saved is not None:
                 return saved
             log.warning("lost ownership of run %s: %s", inp.run_id, type(exc).__name__)
@@ -184,9 +184,16 @@ class AgentActivities:
         )
         return repo.outcome(row)
 
-    async def _saved_outcome_if_terminal(self, run_id: str) -> dict[str, Any] | None:
+    async def _connect(self, tenant_id: str) -> psycopg.AsyncConnection[Any]:
+        """A short-lived connection scoped to ``tenant_id`` (row-level security)."""
+        conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True,
+                                                     application_name="qimpl-worker")
+        await conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant_id,))
+        return conn
+
+    async def _saved_outcome_if_terminal(self, run_id: str, tenant_id: str) -> dict[str, Any] | None:
         try:
-            async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            async with await self._connect(tenant_id) as conn:
                 row = await repo.get_run(conn, run_id)
         except psycopg.Error:
             return None
@@ -198,6 +205,10 @@ class AgentActivities:
     async def run_agent_v1(self, run_id: str) -> dict[str, Any]:
         """Version-1 activity: the legacy inline loop, no lease and no checkpoints."""
         async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            cur = await conn.execute("SELECT qimpl_tenant_of_run(%s)", (run_id,))
+            found = await cur.fetchone()
+            await conn.execute("SELECT set_config('qimpl.tenant', %s, false)",
+                               (found[0] if found and found[0] else "",))
             state = await run_inline(conn, self.provider, run_id)
         return {"run_id": run_id, "state": str(state)}
 
@@ -209,7 +220,7 @@ class AgentActivities:
         target = RunState(inp.state)
         message = (_SAFE_MESSAGES.get(inp.error_code)
                    or "the agent could not complete after repeated attempts")
-        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+        async with await self._connect(inp.tenant_id) as conn:
             row = await repo.end_unowned(conn, inp.run_id, generation=inp.generation, state=target,
                                          error_code=inp.error_code, error_message=message)
             if row is None:

@@ -52,7 +52,7 @@ class AgentRunWorkflowV2:
             failed: dict[str, Any] = await workflow.execute_activity(
                 "fail_run_v2",
                 FailInput(run_id=inp.run_id, generation=inp.generation, error_code=code,
-                          state="expired" if overdue else "failed"),
+                          state="expired" if overdue else "failed", tenant_id=inp.tenant_id),
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=2)),
             )

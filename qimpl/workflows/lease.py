@@ -44,9 +44,11 @@ class OwnershipLease:
     Raises LockNotAcquired when another session holds the run's lock.
     """
 
-    def __init__(self, dsn: str, run_id: str, *, lease_s: float, application_name: str) -> None:
+    def __init__(self, dsn: str, run_id: str, *, lease_s: float, application_name: str,
+                 tenant_id: str) -> None:
         self.dsn = dsn
         self.run_id = run_id
+        self.tenant_id = tenant_id
         self.lease_s = lease_s
         self.application_name = application_name
         self._conn: psycopg.AsyncConnection[Any] | None = None
@@ -69,6 +71,9 @@ class OwnershipLease:
             options=f"-c idle_session_timeout={int(self.lease_s * 1000)}",
         )
         try:
+            # The lease session is the run's only writer: scope it to the run's tenant, so
+            # row-level security admits its writes and nothing else (R-AUTH-4).
+            await conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (self.tenant_id,))
             cur = await conn.execute(f"SELECT pg_try_advisory_lock({lock_key_sql})", (self.run_id,))
             row = await cur.fetchone()
             if not (row and row[0]):

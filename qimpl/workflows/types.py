@@ -27,3 +27,4 @@ class FailInput:
     generation: int
     error_code: str
     state: str = "failed"
+    tenant_id: str = ""

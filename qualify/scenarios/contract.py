@@ -157,3 +157,81 @@ def contract_probes(ctx: ScenarioContext) -> None:
     again = ctx.cancel_run(api, ctx.sql("SELECT run_id::text FROM runs WHERE state = 'cancelled'")[0][0])
     ctx.expect("cancel twice: true both times", twice[0]["cancelled"] is True and again["cancelled"] is True,
                f"{twice[0]} {again}", "R-CANCEL-1")
+
+
+def canary_for(seed: int) -> str:
+    """The authorisation grant planted by ``tenant-isolation``: recognisable, derived from the
+    seed so that a test can scan a report for it without the report containing it."""
+    return f"CANARY-GRANT-{seed:x}-do-not-leak"
+
+
+@scenario(
+    "tenant-isolation",
+    title="Another tenant or principal gets 404 on every run route; a workspace without a grant "
+          "is 403; a revoked grant blocks resume (403) until restored; a planted grant never "
+          "appears in any response or log",
+    requirements=("R-AUTH-1", "R-AUTH-2", "R-READ-3", "R-AUTH-4"),
+)
+def tenant_isolation(ctx: ScenarioContext) -> None:
+    import psycopg
+
+    from qimpl.db import admin
+
+    seed = int(ctx.history.events[0].get("seed", 0)) if ctx.history.events else 0
+    canary = canary_for(seed)
+    with psycopg.connect(ctx.deployment.dsn, autocommit=True) as conn:  # as an operator
+        admin.grant_workspace(conn, tenant_id="t-dev", principal_id="p-dev", workspace_id="default",
+                              grant_token=canary)
+    api = ctx.processes.api()
+    worker = ctx.processes.worker()
+    bodies: list[str] = []
+
+    def call(method: str, path: str, key: str, **kw: object) -> httpx.Response:
+        resp = httpx.request(method, f"{api.base_url}{path}", timeout=15,
+                             headers={"Authorization": f"Bearer {key}", "Idempotency-Key": f"k-{len(bodies)}"},
+                             **kw)  # type: ignore[arg-type]
+        bodies.append(resp.text + " " + " ".join(f"{k}:{v}" for k, v in resp.headers.items()))
+        return resp
+
+    created = call("POST", "/v1/agents/agent-1/runs", "dev-key",
+                   json={"prompt": make_prompt(steps=2, park={"step": 1, "kind": "input"}),
+                         "durable_temporal": True})
+    run_id = created.json()["run_id"]
+    ctx.history.record("client", op="create", phase="ok", run_id=run_id)
+    ctx.wait_state(api, run_id, "awaiting_input")
+    base = f"/v1/agents/agent-1/runs/{run_id}"
+    routes = [("GET", base, {}), ("POST", f"{base}/cancel", {}),
+              ("POST", f"{base}/resume", {"json": {"additional_prompt": "x"}}),
+              ("POST", f"{base}/pause", {}), ("POST", f"{base}/checkpoints/1/rollback", {})]
+    for key in ("other-key", "peer-key"):
+        for method, path, kw in routes:
+            resp = call(method, path, key, **kw)
+            ctx.expect(f"{key}: {method} {path.removeprefix(base) or '/'} is 404 run_not_found",
+                       resp.status_code == 404 and resp.json().get("code") == "run_not_found",
+                       f"{resp.status_code} {resp.text[:100]}", "R-AUTH-1")
+    denied = call("POST", "/v1/agents/agent-1/runs", "dev-key",
+                  json={"prompt": "x", "durable_temporal": True, "workspace_id": "secret"})
+    ctx.expect("a workspace without a grant is 403 workspace_access_denied",
+               denied.status_code == 403 and denied.json().get("code") == "workspace_access_denied",
+               denied.text[:120], "R-AUTH-2")
+    with psycopg.connect(ctx.deployment.dsn, autocommit=True) as conn:
+        admin.revoke_workspace(conn, tenant_id="t-dev", principal_id="p-dev", workspace_id="default")
+    revoked = call("POST", f"{base}/resume", "dev-key", json={"additional_prompt": "go on"})
+    ctx.expect("resume after the grant was revoked is 403 workspace_access_revoked",
+               revoked.status_code == 403 and revoked.json().get("code") == "workspace_access_revoked",
+               revoked.text[:120], "R-AUTH-2")
+    with psycopg.connect(ctx.deployment.dsn, autocommit=True) as conn:
+        admin.grant_workspace(conn, tenant_id="t-dev", principal_id="p-dev", workspace_id="default",
+                              grant_token=canary)
+    resumed = call("POST", f"{base}/resume", "dev-key", json={"additional_prompt": "go on"})
+    ctx.expect("with the grant restored the resume is accepted", resumed.status_code == 202,
+               resumed.text[:120], "R-AUTH-2")
+    run = ctx.wait_terminal(api, run_id)
+    ctx.expect("run completed", run["state"] == "completed", run["state"])
+    bodies.append(str(run))
+    worker.stop()
+    api.stop()
+    leaks = [b[:80] for b in bodies if canary in b]
+    leaks += [p.name for p in (ctx.deployment.logs_dir.glob("*.log")) if canary in p.read_text(errors="replace")]
+    ctx.expect("the planted grant appears in no response and no process log", not leaks,
+               f"{len(bodies)} responses and every log scanned; leaks: {leaks}", "R-READ-3")

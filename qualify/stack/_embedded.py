@@ -22,7 +22,8 @@ from qualify.errors import HarnessError
 from qualify.stack.postgres import SHM, PostgresServer, embedded_bin_dir, system_bin_dir
 from qualify.stack.temporal import TemporalServer
 
-__all__ = ["TEMPLATE_DB", "EmbeddedStack", "StackInfo", "make_stack", "open_stack"]
+__all__ = ["API_ROLE", "CREDENTIALS", "TEMPLATE_DB", "WORKER_ROLE", "EmbeddedStack", "StackInfo",
+           "make_stack", "open_stack", "with_user"]
 
 TEMPLATE_DB = "qimpl_template"
 
@@ -51,20 +52,57 @@ def _sweep_stale_stacks() -> None:
 def _schema_key() -> str:
     import qimpl.db.migrate as migrate
 
-    h = hashlib.sha256()
+    h = hashlib.sha256(repr((API_ROLE, WORKER_ROLE, CREDENTIALS)).encode())
     for path in sorted((Path(migrate.__file__).parent / "migrations").rglob("*.py")):
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()
 
 
+#: Login roles of the harness's processes: restricted, members of qimpl_app (R-AUTH-4).
+API_ROLE = "qimpl_api"
+WORKER_ROLE = "qimpl_worker"
+
+#: Credentials provisioned in every scenario database, as an operator would:
+#: (api key, tenant, principal, workspace grant token).
+CREDENTIALS = (
+    ("dev-key", "t-dev", "p-dev", "grant-dev"),
+    ("peer-key", "t-dev", "p-peer", "grant-peer"),
+    ("other-key", "t-other", "p-other", "grant-other"),
+)
+
+
+def with_user(dsn: str, user: str) -> str:
+    """``dsn`` with its user replaced (trust authentication on the harness's servers)."""
+    scheme, rest = dsn.split("://", 1)
+    return f"{scheme}://{user}@{rest.split('@', 1)[-1]}"
+
+
+def _provision(db_dsn: str) -> None:
+    from qimpl.db import admin
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        for role in (API_ROLE, WORKER_ROLE):
+            conn.execute(
+                "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '" + role + "')"
+                " THEN CREATE ROLE " + role + " LOGIN NOSUPERUSER NOBYPASSRLS IN ROLE qimpl_app;"
+                " END IF; END $$")
+        for key, tenant, principal, grant in CREDENTIALS:
+            admin.create_api_key(conn, key=key, tenant_id=tenant, principal_id=principal)
+            admin.grant_workspace(conn, tenant_id=tenant, principal_id=principal,
+                                  workspace_id="default", grant_token=grant)
+
+
 def _build_template(dsn: str, name: str = TEMPLATE_DB) -> None:
-    """Create database ``name`` on ``dsn``'s server, migrate it to head, make it a template."""
+    """Create database ``name`` on ``dsn``'s server, migrate it to head, provision the
+    harness's roles and credentials, and make it a template."""
     from qimpl.db.migrate import upgrade
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    upgrade(dsn.rsplit("/", 1)[0] + f"/{name}")
+    db_dsn = dsn.rsplit("/", 1)[0] + f"/{name}"
+    upgrade(db_dsn)
+    _provision(db_dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'ALTER DATABASE "{name}" WITH is_template true allow_connections false')
 

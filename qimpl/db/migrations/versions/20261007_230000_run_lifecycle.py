@@ -78,6 +78,10 @@ ALTER TABLE runs
     ADD COLUMN provider_failures     integer NOT NULL DEFAULT 0,
     ADD COLUMN error_code            text,
     ADD COLUMN usage                 jsonb NOT NULL DEFAULT '{{}}'::jsonb;
+ALTER TABLE runs
+    ADD COLUMN workspace_id          text NOT NULL DEFAULT 'default',
+    -- the authorisation grant the run acts under; never projected (R-READ-3)
+    ADD COLUMN grant_token           text;
 UPDATE runs SET stream_key = md5(random()::text || run_id::text),
                 deadline_at = accepted_at + interval '1 hour',
                 completed_at = CASE WHEN state IN ('completed', 'failed', 'cancelled')
@@ -104,6 +108,8 @@ CREATE TABLE run_checkpoints (
     state_json  jsonb NOT NULL,
     answer      text,
     pending     jsonb,
+    -- the database role that committed it: workers commit under their restricted role
+    committed_by text NOT NULL DEFAULT current_user,
     created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (run_id, step)
 );
@@ -125,6 +131,7 @@ CREATE INDEX idempotency_records_age ON idempotency_records (tenant_id, created_
 CREATE TABLE run_transitions (
     id              bigserial PRIMARY KEY,
     run_id          uuid NOT NULL,
+    tenant_id       text NOT NULL,
     row_version     bigint NOT NULL,
     old_state       varchar(32),
     new_state       varchar(32) NOT NULL,
@@ -192,9 +199,9 @@ CREATE TRIGGER runs_forbid_delete BEFORE DELETE ON runs
 
 CREATE FUNCTION runs_record_transition() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO run_transitions (run_id, row_version, old_state, new_state, generation,
+    INSERT INTO run_transitions (run_id, tenant_id, row_version, old_state, new_state, generation,
                                  owner_attempt, checkpoint_step)
-    VALUES (NEW.run_id, NEW.row_version,
+    VALUES (NEW.run_id, NEW.tenant_id, NEW.row_version,
             CASE WHEN TG_OP = 'UPDATE' THEN OLD.state END,
             NEW.state, NEW.generation, NEW.owner_attempt, NEW.checkpoint_step);
     RETURN NULL;
@@ -243,10 +250,113 @@ CREATE INDEX runs_tenant ON runs (tenant_id);
 """
 
 
+# Authentication and tenant isolation (R-AUTH-1..4). API keys are stored hashed; the
+# application reaches them only through a SECURITY DEFINER function. Row-level security
+# keys every run table on the transaction's (or session's) `qimpl.tenant` setting; the
+# application role `qimpl_app` is neither superuser nor BYPASSRLS. Login roles
+# (qimpl_api, qimpl_worker, ...) are the deployment's: `CREATE ROLE qimpl_api LOGIN IN ROLE
+# qimpl_app`.
+SECURITY_SQL = """
+CREATE TABLE api_keys (
+    key_hash     text PRIMARY KEY,
+    tenant_id    text NOT NULL,
+    principal_id text NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+    revoked_at   timestamptz
+);
+CREATE TABLE workspace_grants (
+    tenant_id    text NOT NULL,
+    principal_id text NOT NULL,
+    workspace_id text NOT NULL,
+    grant_token  text NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+    revoked_at   timestamptz,
+    PRIMARY KEY (tenant_id, principal_id, workspace_id)
+);
+
+CREATE FUNCTION qimpl_authenticate(p_key_hash text)
+RETURNS TABLE (tenant_id text, principal_id text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public AS $$
+    SELECT k.tenant_id, k.principal_id FROM api_keys k
+    WHERE k.key_hash = p_key_hash AND k.revoked_at IS NULL
+$$;
+
+-- Cross-tenant aggregates for operators' metrics (R-OPS-6): counts and ages only.
+CREATE FUNCTION qimpl_run_stats()
+RETURNS TABLE (tenant_id text, state varchar, runs bigint, oldest_s float8)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public AS $$
+    SELECT r.tenant_id, r.state, count(*),
+           extract(epoch FROM clock_timestamp() - min(r.accepted_at))::float8
+    FROM runs r GROUP BY r.tenant_id, r.state
+$$;
+
+-- The tenant of a run, for version-1 activities whose input is a bare run id.
+CREATE FUNCTION qimpl_tenant_of_run(p_run_id uuid) RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public AS $$
+    SELECT r.tenant_id FROM runs r WHERE r.run_id = p_run_id
+$$;
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'qimpl_app') THEN
+        CREATE ROLE qimpl_app NOLOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE;
+    END IF;
+END $$;
+
+GRANT SELECT, INSERT, UPDATE ON runs, run_checkpoints, run_transitions, reconciler_sweeps
+    TO qimpl_app;
+GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records TO qimpl_app;
+GRANT SELECT ON run_allowed_transitions, workspace_grants TO qimpl_app;
+GRANT USAGE ON SEQUENCE run_transitions_id_seq, reconciler_sweeps_id_seq TO qimpl_app;
+REVOKE ALL ON FUNCTION qimpl_authenticate(text), qimpl_run_stats(), qimpl_tenant_of_run(uuid)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION qimpl_authenticate(text), qimpl_run_stats(), qimpl_tenant_of_run(uuid)
+    TO qimpl_app;
+
+ALTER TABLE runs ENABLE ROW LEVEL SECURITY;
+ALTER TABLE run_transitions ENABLE ROW LEVEL SECURITY;
+ALTER TABLE idempotency_records ENABLE ROW LEVEL SECURITY;
+ALTER TABLE reconciler_sweeps ENABLE ROW LEVEL SECURITY;
+ALTER TABLE workspace_grants ENABLE ROW LEVEL SECURITY;
+ALTER TABLE run_checkpoints ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON runs
+    USING (tenant_id = current_setting('qimpl.tenant', true))
+    WITH CHECK (tenant_id = current_setting('qimpl.tenant', true));
+CREATE POLICY tenant_isolation ON run_transitions
+    USING (tenant_id = current_setting('qimpl.tenant', true))
+    WITH CHECK (tenant_id = current_setting('qimpl.tenant', true));
+CREATE POLICY tenant_isolation ON idempotency_records
+    USING (tenant_id = current_setting('qimpl.tenant', true))
+    WITH CHECK (tenant_id = current_setting('qimpl.tenant', true));
+CREATE POLICY tenant_isolation ON reconciler_sweeps
+    USING (tenant_id = current_setting('qimpl.tenant', true))
+    WITH CHECK (tenant_id = current_setting('qimpl.tenant', true));
+CREATE POLICY tenant_isolation ON workspace_grants
+    USING (tenant_id = current_setting('qimpl.tenant', true));
+-- A checkpoint belongs to the tenant of its run (the subquery is itself filtered).
+CREATE POLICY tenant_isolation ON run_checkpoints
+    USING (EXISTS (SELECT 1 FROM runs r WHERE r.run_id = run_checkpoints.run_id))
+    WITH CHECK (EXISTS (SELECT 1 FROM runs r WHERE r.run_id = run_checkpoints.run_id));
+"""
+
+SECURITY_DOWN_SQL = """
+DROP FUNCTION qimpl_authenticate(text);
+DROP FUNCTION qimpl_run_stats();
+DROP FUNCTION qimpl_tenant_of_run(uuid);
+DROP TABLE workspace_grants;
+DROP TABLE api_keys;
+DROP POLICY tenant_isolation ON runs;
+ALTER TABLE runs DISABLE ROW LEVEL SECURITY;
+REVOKE ALL ON runs FROM qimpl_app;
+ALTER TABLE runs DROP COLUMN workspace_id, DROP COLUMN grant_token;
+"""
+
+
 def upgrade() -> None:
     op.execute(UPGRADE_SQL)
     values = ", ".join(f"('{a}', '{b}')" for a, b in ALLOWED + LEGACY_ALLOWED)
     op.execute(f"INSERT INTO run_allowed_transitions (from_state, to_state) VALUES {values}")
+    op.execute(SECURITY_SQL)
 
 
 def downgrade() -> None:
@@ -264,4 +374,5 @@ def downgrade() -> None:
         END $$;
         """
     )
+    op.execute(SECURITY_DOWN_SQL)
     op.execute(DOWNGRADE_SQL)

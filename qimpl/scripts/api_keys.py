@@ -1,0 +1,59 @@
+"""Operator tool for credentials: ``python -m qimpl.scripts.api_keys COMMAND ...``
+
+    create --tenant T --principal P [--key K]     print a new API key (stored hashed)
+    grant  --tenant T --principal P --workspace W --grant-token G
+    revoke --tenant T --principal P --workspace W
+
+Uses ``QIMPL_ADMIN_DATABASE_URL`` (the schema owner), else ``QIMPL_DATABASE_URL``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+
+import psycopg
+
+from qimpl.db import admin
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m qimpl.scripts.api_keys")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("create", "grant", "revoke"):
+        p = sub.add_parser(name)
+        p.add_argument("--tenant", required=True)
+        p.add_argument("--principal", required=True)
+        if name == "create":
+            p.add_argument("--key", help="use this key instead of a random one (tests only)")
+        else:
+            p.add_argument("--workspace", required=True)
+        if name == "grant":
+            p.add_argument("--grant-token", required=True)
+    args = parser.parse_args(argv)
+    dsn = os.environ.get("QIMPL_ADMIN_DATABASE_URL") or os.environ.get("QIMPL_DATABASE_URL", "")
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+            if args.command == "create":
+                key = args.key or secrets.token_urlsafe(32)
+                admin.create_api_key(conn, key=key, tenant_id=args.tenant, principal_id=args.principal)
+                print(key)
+            elif args.command == "grant":
+                admin.grant_workspace(conn, tenant_id=args.tenant, principal_id=args.principal,
+                                      workspace_id=args.workspace, grant_token=args.grant_token)
+            else:
+                n = admin.revoke_workspace(conn, tenant_id=args.tenant, principal_id=args.principal,
+                                           workspace_id=args.workspace)
+                print(f"revoked {n}")
+    except psycopg.Error as exc:
+        print(f"api_keys: database error: {type(exc).__name__}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
