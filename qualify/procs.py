@@ -21,7 +21,7 @@ import psutil
 
 from qualify.errors import HarnessError
 
-__all__ = ["free_port", "kill_tree", "spawn", "wait_until"]
+__all__ = ["Restartable", "free_port", "kill_tree", "spawn", "wait_until"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -143,3 +143,27 @@ def wait_until(
         if time.monotonic() > deadline:
             raise HarnessError(f"{what}: not ready after {timeout_s:.1f} s")
         time.sleep(interval_s)
+
+
+class Restartable:
+    """A server with ``start``, ``stop`` and ``proc``: ``restart`` stops and starts it on the
+    same ports and data, and returns (old pid, new pid)."""
+
+    proc: subprocess.Popen[bytes] | None
+    restarts: int
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def restart(self) -> tuple[int, int]:
+        if self.proc is None:
+            raise HarnessError("restart of a server that is not running")
+        old = self.proc.pid
+        self.stop()
+        self.start()
+        self.restarts += 1
+        assert self.proc is not None
+        return old, self.proc.pid

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from qimpl.errors import LostOwnership
@@ -265,6 +265,26 @@ _FENCE = (
 _BEFORE_DEADLINE = " AND deadline_at > clock_timestamp()"
 
 
+async def _fenced_update(conn: AConn, sql: str, params: Mapping[str, Any], *, what: str,
+                         then: Any = None, dict_rows: bool = False) -> Any:
+    """One owner UPDATE ... RETURNING in its own transaction (``then(cur, row)`` may add
+    statements to it). Returns the row; raises LostOwnership when the fence matched no row
+    or the transition guard refused the write (R-EXEC-7)."""
+    try:
+        async with conn.transaction(), conn.cursor(row_factory=dict_row if dict_rows else tuple_row) as cur:
+            await cur.execute(sql, params)
+            got = await cur.fetchone()
+            if got is not None and then is not None:
+                await then(cur, got)
+    except psycopg.Error as exc:
+        if _is_guard(exc) or exc.sqlstate == "23505":
+            raise LostOwnership(f"{what} rejected: {exc.sqlstate}") from exc
+        raise
+    if got is None:
+        raise LostOwnership(f"{what} fenced")
+    return got
+
+
 async def commit_checkpoint(
     conn: AConn,
     run_id: str,
@@ -285,28 +305,22 @@ async def commit_checkpoint(
         "run_id": run_id, "expected": expected_row_version, "generation": generation,
         "attempt": attempt, "step": step, "usage": Jsonb(dict(usage)),
     }
-    try:
-        async with conn.transaction(), conn.cursor() as cur:
-            await cur.execute(
-                "UPDATE runs SET row_version = row_version + 1, checkpoint_step = %(step)s,"
-                f" usage = %(usage)s {_FENCE}{_BEFORE_DEADLINE} RETURNING row_version",
-                params,
-            )
-            got = await cur.fetchone()
-            if got is None:
-                raise LostOwnership(f"checkpoint {step} of run {run_id} fenced")
-            new_version = int(got[0])
-            await cur.execute(
-                "INSERT INTO run_checkpoints (run_id, step, generation, attempt, row_version,"
-                " state_json, answer, pending) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                (run_id, step, generation, attempt, new_version, Jsonb(dict(state)), answer,
-                 Jsonb(dict(pending)) if pending is not None else None),
-            )
-            return new_version
-    except psycopg.Error as exc:
-        if _is_guard(exc) or exc.sqlstate == "23505":
-            raise LostOwnership(f"checkpoint {step} of run {run_id} rejected: {exc.sqlstate}") from exc
-        raise
+
+    async def insert_checkpoint(cur: Any, got: Any) -> None:
+        await cur.execute(
+            "INSERT INTO run_checkpoints (run_id, step, generation, attempt, row_version,"
+            " state_json, answer, pending) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            (run_id, step, generation, attempt, int(got[0]), Jsonb(dict(state)), answer,
+             Jsonb(dict(pending)) if pending is not None else None),
+        )
+
+    got = await _fenced_update(
+        conn,
+        "UPDATE runs SET row_version = row_version + 1, checkpoint_step = %(step)s,"
+        f" usage = %(usage)s {_FENCE}{_BEFORE_DEADLINE} RETURNING row_version",
+        params, what=f"checkpoint {step} of run {run_id}", then=insert_checkpoint,
+    )
+    return int(got[0])
 
 
 async def record_provider_failure(
@@ -316,21 +330,13 @@ async def record_provider_failure(
     Raises LostOwnership when fenced."""
     params = {"run_id": run_id, "expected": expected_row_version, "generation": generation,
               "attempt": attempt}
-    try:
-        async with conn.transaction(), conn.cursor() as cur:
-            await cur.execute(
-                "UPDATE runs SET row_version = row_version + 1,"
-                f" provider_failures = provider_failures + 1 {_FENCE}"
-                " RETURNING row_version, provider_failures",
-                params,
-            )
-            got = await cur.fetchone()
-    except psycopg.Error as exc:
-        if _is_guard(exc):
-            raise LostOwnership(f"failure count of run {run_id} rejected: {exc.sqlstate}") from exc
-        raise
-    if got is None:
-        raise LostOwnership(f"failure count of run {run_id} fenced")
+    got = await _fenced_update(
+        conn,
+        "UPDATE runs SET row_version = row_version + 1,"
+        f" provider_failures = provider_failures + 1 {_FENCE}"
+        " RETURNING row_version, provider_failures",
+        params, what=f"failure count of run {run_id}",
+    )
     return int(got[0]), int(got[1])
 
 
@@ -356,26 +362,18 @@ async def finish(
         "code": error_code, "message": error_message,
         "usage": Jsonb(dict(usage)) if usage is not None else None,
     }
-    try:
-        async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(
-                "UPDATE runs SET state = %(state)s::varchar, row_version = row_version + 1,"
-                " result_json = coalesce(%(result)s, result_json), error_code = %(code)s,"
-                " error_message = %(message)s, usage = coalesce(%(usage)s, usage),"
-                f" completed_at = CASE WHEN %(state)s::varchar IN {_TERMINAL_SQL}"
-                " THEN clock_timestamp() END"
-                f" {_FENCE}"
-                + ("" if state in (RunState.EXPIRED, RunState.FAILED) else _BEFORE_DEADLINE)
-                + " RETURNING *",
-                params,
-            )
-            row = await cur.fetchone()
-    except psycopg.Error as exc:
-        if _is_guard(exc):
-            raise LostOwnership(f"final commit of run {run_id} rejected: {exc.sqlstate}") from exc
-        raise
-    if row is None:
-        raise LostOwnership(f"final commit of run {run_id} fenced")
+    row: Row = await _fenced_update(
+        conn,
+        "UPDATE runs SET state = %(state)s::varchar, row_version = row_version + 1,"
+        " result_json = coalesce(%(result)s, result_json), error_code = %(code)s,"
+        " error_message = %(message)s, usage = coalesce(%(usage)s, usage),"
+        f" completed_at = CASE WHEN %(state)s::varchar IN {_TERMINAL_SQL}"
+        " THEN clock_timestamp() END"
+        f" {_FENCE}"
+        + ("" if state in (RunState.EXPIRED, RunState.FAILED) else _BEFORE_DEADLINE)
+        + " RETURNING *",
+        params, what=f"final commit of run {run_id}", dict_rows=True,
+    )
     return row
 
 

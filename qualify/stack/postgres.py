@@ -22,7 +22,7 @@ from pathlib import Path
 import psycopg
 
 from qualify.errors import HarnessError
-from qualify.procs import free_port, kill_tree, spawn, wait_until
+from qualify.procs import Restartable, free_port, kill_tree, spawn, wait_until
 
 __all__ = ["PostgresServer", "embedded_bin_dir", "system_bin_dir"]
 
@@ -119,7 +119,7 @@ def _usable_install(bin_dir: Path, user: str | None) -> Path:
     return copied_bin
 
 
-class PostgresServer:
+class PostgresServer(Restartable):
     """One PostgreSQL server in ``workdir``; ``start``/``stop``/``kill``/``restart``.
 
     ``prepare_golden(key, build)`` runs ``build(dsn)`` once per key on a scratch server
@@ -250,12 +250,3 @@ class PostgresServer:
         self.proc = None
         return pid
 
-    def restart(self) -> tuple[int, int]:
-        """Immediate-mode restart on the same port; returns (old pid, new pid)."""
-        assert self.proc is not None
-        old = self.proc.pid
-        self.stop()
-        self.start()
-        self.restarts += 1
-        assert self.proc is not None
-        return old, self.proc.pid

@@ -16,7 +16,7 @@ import sysconfig
 from pathlib import Path
 
 from qualify.errors import HarnessError
-from qualify.procs import free_port, kill_tree, spawn, wait_until
+from qualify.procs import Restartable, free_port, kill_tree, spawn, wait_until
 
 __all__ = ["TemporalServer", "temporal_binary"]
 
@@ -37,7 +37,7 @@ def temporal_binary() -> Path:
     return Path(found)
 
 
-class TemporalServer:
+class TemporalServer(Restartable):
     def __init__(self, *, workdir: Path, logs_dir: Path) -> None:
         self.binary = temporal_binary()
         self.workdir = workdir
@@ -95,15 +95,6 @@ class TemporalServer:
             kill_tree(self.proc, first=signal.SIGTERM, grace_s=5)
             self.proc = None
 
-    def restart(self) -> tuple[int, int]:
-        """Stop and start on the same ports and database file; returns (old pid, new pid)."""
-        assert self.proc is not None
-        old = self.proc.pid
-        self.stop()
-        self.start()
-        self.restarts += 1
-        assert self.proc is not None
-        return old, self.proc.pid
 
 
 async def _describe_default(address: str) -> bool:
