@@ -19,5 +19,6 @@ def qualify(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
-    session.install("ruff")
+    session.install("-e", ".[dev]")
     session.run("ruff", "check", "qimpl", "qualify", "tests", "bench")
+    session.run("mypy", "qimpl", "qualify")

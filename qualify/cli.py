@@ -235,7 +235,7 @@ def list_(
 def main() -> None:
     """Console entry point: usage errors exit 64 (the CLI library's default 2 is "crashed"
     here). Typer vendors its own click, so its exception classes are taken from typer."""
-    usage_error = typer.BadParameter.__mro__[1]  # typer's UsageError
+    usage_error: type[Exception] = typer.BadParameter.__mro__[1]  # typer's UsageError
     try:
         # Without standalone mode a typer.Exit's code is *returned*, not raised.
         code = app(standalone_mode=False)

@@ -34,7 +34,7 @@ def utc_stamp(now: datetime | None = None) -> str:
 
 def provenance() -> dict[str, Any]:
     sha, dirty = git_sha()
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in _PACKAGES:
         try:
             versions[name] = metadata.version(name)

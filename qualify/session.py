@@ -153,16 +153,16 @@ def _run_parallel(opts: SessionOptions, seed: int, scenarios: list[Scenario], re
                 "report_dir": str(report_dir), "out": str(report_dir / f".slice-{i}.json")}
         log = report_dir / f"slice-{i}.log"
         procs.append((spawn([sys.executable, "-m", "qualify.session", json.dumps(spec)], log_path=log,
-                            death_signal=signal.SIGTERM), spec, log))
+                            death_signal=signal.SIGTERM), str(spec["out"]), log))
         on_event("slice", {"index": i, "scenarios": [sc.id for sc in part]})
     docs: list[dict[str, Any]] = []
     stack_doc: dict[str, Any] = {"kind": opts.stack_kind}
     try:
-        for proc, spec, log in procs:
+        for proc, out, log in procs:
             proc.wait()
-            if proc.returncode != 0 or not Path(spec["out"]).exists():
+            if proc.returncode != 0 or not Path(out).exists():
                 raise HarnessError(f"parallel slice failed (exit {proc.returncode}); see {log}")
-            part = json.loads(Path(spec["out"]).read_text())
+            part = json.loads(Path(out).read_text())
             docs += part["scenarios"]
             stack_doc = {**part["stack"], "slices": opts.parallel}
     finally:

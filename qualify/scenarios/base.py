@@ -126,7 +126,9 @@ class ScenarioContext:
                 time.sleep(0.1)
                 continue
             break
-        if resp is None or resp.status_code != 200:
+        if resp is None:
+            raise HarnessError(f"read of run {run_id}: the API did not answer")
+        if resp.status_code != 200:
             raise HarnessError(f"read of run {run_id} answered {resp.status_code}: {resp.text[:200]}")
         return _json(resp)
 

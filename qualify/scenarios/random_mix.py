@@ -63,10 +63,10 @@ def run_schedule(ctx: ScenarioContext, schedule: Schedule) -> None:
         _strike(ctx, fault, run_ids[fault.run], workers, held)
         ctx.release_barrier(f"f{fault.run}")
     for i, run_id in enumerate(run_ids):
-        run = ctx.wait_terminal(api, run_id, timeout_s=90)
+        final = ctx.wait_terminal(api, run_id, timeout_s=90)
         ctx.expect(f"run {i} completed with its answer",
-                   run["state"] == "completed" and run["result_json"] == {"answer": f"r{i}"},
-                   f"{run['state']} {run['result_json']}", "R-EXEC-4")
+                   final["state"] == "completed" and final["result_json"] == {"answer": f"r{i}"},
+                   f"{final['state']} {final['result_json']}", "R-EXEC-4")
 
 
 def schedule_scenario(schedule: Schedule, scenario_id: str = "schedule") -> Scenario:

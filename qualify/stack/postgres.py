@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -161,7 +162,7 @@ class PostgresServer(Restartable):
     def _initdb(self, datadir: Path) -> None:
         datadir.mkdir(parents=True, mode=0o700)
         self._chown(datadir.parent)
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if self.user is not None:
             kwargs = {"user": self.user, "group": self.user, "extra_groups": []}
         res = subprocess.run(
