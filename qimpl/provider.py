@@ -31,6 +31,9 @@ class StepContext:
     state: Mapping[str, Any]
     #: Inputs given by resumes, oldest first (R-RESUME-1).
     inputs: tuple[str, ...] = ()
+    #: Approval decisions so far, oldest first: ``{approval_id, approved, tool, arguments,
+    #: action_version}`` (R-APPROVAL-1).
+    decisions: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

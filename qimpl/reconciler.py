@@ -8,7 +8,8 @@ that any number of reconcilers can sweep at once without touching the same run:
    and counted and the sweep goes on); then tell Temporal, best effort, by cancelling the
    run's current workflow.
 2. **Prune idempotency keys** older than their retention (24 h by default).
-3. **Confirm dispatch** of ``accepted`` runs older than ``grace_s``: start the same
+3. **Confirm dispatch** of ``accepted`` runs (and ``queued`` ones whose new generation
+   was never started, after an approval) older than ``grace_s``: start the same
    workflow id with duplicates rejected ("already started" counts as confirmed), then
    ``accepted -> queued``. The first unknown outcome stops dispatching for this sweep
    (Temporal is probably down), so no run is held locked for long.
@@ -99,7 +100,8 @@ async def _confirm(conn: psycopg.AsyncConnection[Any], client: Client | None, se
         return
     async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(
-            "SELECT * FROM runs WHERE tenant_id = %s AND state = 'accepted' AND lifecycle_version = 2"
+            "SELECT * FROM runs WHERE tenant_id = %s AND state IN ('accepted', 'queued')"
+            " AND lifecycle_version = 2"
             " AND dispatch_confirmed_at IS NULL AND deadline_at > clock_timestamp()"
             " AND accepted_at < clock_timestamp() - make_interval(secs => %s)"
             " ORDER BY accepted_at LIMIT %s FOR UPDATE SKIP LOCKED",
@@ -120,12 +122,15 @@ async def _confirm(conn: psycopg.AsyncConnection[Any], client: Client | None, se
                             extra={"run_id": str(row["run_id"])})
                 client = None  # Temporal is probably down: do not hold the rest locked
                 continue
-            async with conn.transaction():
-                await cur.execute(
-                    "UPDATE runs SET state = 'queued', row_version = row_version + 1,"
-                    " dispatch_confirmed_at = clock_timestamp() WHERE run_id = %s",
-                    (row["run_id"],),
-                )
+            if row["state"] == "accepted":
+                async with conn.transaction():
+                    await cur.execute(
+                        "UPDATE runs SET state = 'queued', row_version = row_version + 1,"
+                        " dispatch_confirmed_at = clock_timestamp() WHERE run_id = %s",
+                        (row["run_id"],),
+                    )
+            # A `queued` run (a new generation after an approval) keeps its state: the
+            # worker that claims it records the confirmation.
             res.dispatched += 1
             metrics.DISPATCH_CONFIRMED.labels(res.tenant).inc()
 

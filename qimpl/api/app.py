@@ -36,6 +36,8 @@ from qimpl.api.errors import ApiError, install_error_handlers
 from qimpl.api.models import (
     AnswerIn,
     AnswerOut,
+    ApprovalAnswer,
+    ApprovalDecision,
     CancelAnswer,
     CreateRunRequest,
     ErrorBody,
@@ -95,6 +97,10 @@ RESUME_ERRORS = _errors(
     s422=f"{_VALIDATION}, idempotency_key_reused",
     s503="durable_dispatch_unknown (the body carries the receipt)")
 ANSWER_ERRORS = _errors(s401=_AUTH, s422=_VALIDATION, s502="answer_failed")
+APPROVAL_ERRORS = _errors(
+    s401=_AUTH, s404=f"{_NOT_FOUND}, approval_not_found",
+    s409="action_version_mismatch, approval_conflict, approval_not_pending, run_terminal",
+    s422=_VALIDATION)
 LEGACY_ERRORS = _errors(s401=_AUTH, s404=_NOT_FOUND,
                         s409="durable_lifecycle_conflict (lifecycle_version 2 runs)",
                         s501="legacy_control_unavailable (lifecycle_version 1 runs)")
@@ -528,6 +534,42 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         async with svc.tenant(principal.tenant_id) as conn:
             await repo.complete_idempotency(conn, **scope)
         return response
+
+    @app.post("/v1/agents/{agent_id}/runs/{run_id}/tool-approval/{approval_id}",
+              response_model=ApprovalAnswer, responses=APPROVAL_ERRORS)
+    async def decide_approval(
+        agent_id: AgentId,
+        run_id: uuid.UUID,
+        approval_id: Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9-]+$")],
+        body: ApprovalDecision,
+        request: Request,
+        principal: Annotated[Principal, Depends(_principal)],
+    ) -> ApprovalAnswer:
+        """Decide the run's pending approval (R-APPROVAL-1) with its exact ``action_version``:
+        a stale or unknown version is 409 ``action_version_mismatch`` and runs nothing; the
+        same decision again is idempotent; the opposite one is 409 ``approval_conflict``;
+        another principal gets 404; a cancelled or finished run, 409 ``run_terminal``. An
+        accepted decision queues the run's next generation and dispatches it."""
+        svc = _services(request)
+        async with svc.tenant(principal.tenant_id) as conn:
+            await _owned_run(conn, agent_id, run_id, principal)
+            outcome, row = await repo.decide_approval(
+                conn, str(run_id), approval_id=approval_id, action_version=body.action_version,
+                approved=body.approved, tenant_id=principal.tenant_id,
+                principal_id=principal.principal_id)
+        if outcome == "approval_not_found":
+            raise ApiError(404, outcome, "no such approval on this run")
+        if outcome not in ("decided", "repeated"):
+            raise ApiError(409, outcome, f"the decision cannot be taken: {outcome}")
+        if outcome == "decided":
+            try:
+                await dispatch(await svc.temporal(), row, svc.settings)
+            except (DispatchUnknown, TimeoutError, OSError, RuntimeError) as exc:
+                # The run is queued in its new generation; the reconciler dispatches it.
+                log.warning("dispatch after approval unknown for %s: %s", run_id, type(exc).__name__,
+                            extra={"run_id": str(run_id)})
+        return ApprovalAnswer(approval_id=approval_id, approved=body.approved, state=row["state"],
+                              generation=row["generation"])
 
     @app.post("/v1/agents/{agent_id}/runs/{run_id}/cancel", response_model=CancelAnswer,
               responses=CANCEL_ERRORS)

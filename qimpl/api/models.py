@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from qimpl.lifecycle import DEFAULT_DEADLINE_S, MAX_DEADLINE_S, MIN_DEADLINE_S
 
-__all__ = ["AnswerIn", "AnswerOut", "CancelAnswer", "CreateRunRequest", "ErrorBody", "Receipt",
+__all__ = ["AnswerIn", "AnswerOut", "ApprovalAnswer", "ApprovalDecision", "CancelAnswer", "CreateRunRequest", "ErrorBody", "Receipt",
            "ResumeRequest", "RunView"]
 
 MAX_PROMPT_CHARS = 32_000
@@ -40,6 +40,22 @@ class ResumeRequest(BaseModel):
 
     additional_prompt: str | None = Field(default=None, min_length=1, max_length=MAX_PROMPT_CHARS,
                                           pattern=_NO_NUL)
+
+
+class ApprovalDecision(BaseModel):
+    """R-APPROVAL-1: the decision, bound to the exact ``action_version`` it was taken on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    approved: bool
+    action_version: str = Field(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")
+
+
+class ApprovalAnswer(BaseModel):
+    approval_id: str
+    approved: bool
+    state: str
+    generation: int
 
 
 class AnswerIn(BaseModel):

@@ -16,7 +16,7 @@ VALIDATION_CODES = (
     "malformed_body", "unknown_field", "prompt_required", "prompt_empty", "prompt_too_long",
     "prompt_invalid", "mode_unsupported", "response_mode_unsupported", "deadline_out_of_range",
     "deadline_invalid", "durable_temporal_invalid", "additional_prompt_empty",
-    "additional_prompt_too_long", "workspace_id_invalid", "invalid_parameter", "invalid_request",
+    "additional_prompt_too_long", "workspace_id_invalid", "action_version_invalid", "approved_invalid", "invalid_parameter", "invalid_request",
 )
 
 
@@ -48,6 +48,10 @@ def code_for(error: Mapping[str, Any]) -> str:
         return "response_mode_unsupported"
     if field == "deadline_seconds":
         return "deadline_out_of_range" if kind in ("greater_than_equal", "less_than_equal") else "deadline_invalid"
+    if field == "action_version":
+        return "action_version_invalid"
+    if field == "approved":
+        return "approved_invalid"
     if field == "workspace_id":
         return "workspace_id_invalid"
     if field == "durable_temporal":

@@ -27,6 +27,7 @@ __all__ = [
     "commit_checkpoint",
     "complete_idempotency",
     "confirm_dispatch",
+    "decide_approval",
     "end_unowned",
     "finish",
     "get_run",
@@ -237,7 +238,8 @@ async def claim_for_attempt(conn: AConn, run_id: str, *, generation: int, attemp
             """
             UPDATE runs SET state = 'running', row_version = row_version + 1,
                             owner_attempt = %s,
-                            started_at = coalesce(started_at, clock_timestamp())
+                            started_at = coalesce(started_at, clock_timestamp()),
+                            dispatch_confirmed_at = coalesce(dispatch_confirmed_at, clock_timestamp())
             WHERE run_id = %s RETURNING *
             """,
             (attempt, run_id),
@@ -465,6 +467,57 @@ async def resume_or_none(conn: AConn, run_id: str, **kwargs: Any) -> Row | None:
         return await resume(conn, run_id, **kwargs)
     except _KeyTaken:
         return None
+
+
+async def decide_approval(conn: AConn, run_id: str, *, approval_id: str, action_version: str,
+                          approved: bool, tenant_id: str, principal_id: str) -> tuple[str, Row]:
+    """Decide a pending approval (R-APPROVAL-1) in the caller's transaction. Returns
+    (outcome, row): ``decided`` (now ``queued`` in the next generation, to be dispatched),
+    ``repeated`` (the same decision again: nothing changes), or an error code:
+    ``approval_conflict`` (the opposite decision), ``action_version_mismatch`` (stale or
+    unknown version: nothing runs), ``approval_not_found``, ``run_terminal``,
+    ``approval_not_pending``."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute("SELECT * FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
+        row = await cur.fetchone()
+        if row is None:
+            raise LookupError(run_id)
+        await cur.execute("SELECT * FROM approval_decisions WHERE run_id = %s AND approval_id = %s",
+                          (run_id, approval_id))
+        earlier = await cur.fetchone()
+        if earlier is not None:
+            same = earlier["approved"] == approved and earlier["action_version"] == action_version
+            return ("repeated" if same else "approval_conflict"), row
+        if RunState(row["state"]) in TERMINAL:
+            return "run_terminal", row
+        pending = (row["result_json"] or {}).get("pending_approval") if row["state"] == RunState.AWAITING_APPROVAL else None
+        if pending is None:
+            return "approval_not_pending", row
+        if pending.get("approval_id") != approval_id:
+            return "approval_not_found", row
+        if pending.get("action_version") != action_version:
+            return "action_version_mismatch", row
+        await cur.execute(
+            "INSERT INTO approval_decisions (run_id, approval_id, tenant_id, principal_id,"
+            " action_version, approved) VALUES (%s, %s, %s, %s, %s, %s)",
+            (run_id, approval_id, tenant_id, principal_id, action_version, approved))
+        decision = {"approval_id": approval_id, "approved": approved, "tool": pending.get("tool"),
+                    "arguments": pending.get("arguments"), "action_version": action_version}
+        await cur.execute(
+            """
+            UPDATE runs SET state = 'queued', row_version = row_version + 1,
+                   generation = generation + 1, owner_attempt = NULL, dispatch_confirmed_at = NULL,
+                   workflow_id = 'agent-run-' || run_id::text || '-g' || (generation + 1),
+                   result_json = jsonb_build_object('last_decision', %s::jsonb),
+                   request_json = jsonb_set(request_json, '{decisions}',
+                       coalesce(request_json -> 'decisions', '[]'::jsonb) || %s::jsonb)
+            WHERE run_id = %s RETURNING *
+            """,
+            (Jsonb(decision), Jsonb([decision]), run_id),
+        )
+        updated = await cur.fetchone()
+        assert updated is not None
+        return "decided", updated
 
 
 def outcome(row: Row) -> dict[str, Any]:

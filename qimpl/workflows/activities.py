@@ -19,6 +19,7 @@ import psycopg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from qimpl.approvals import approval_request
 from qimpl.crashpoints import declare
 from qimpl.db import runs as repo
 from qimpl.errors import LockNotAcquired, LostOwnership
@@ -117,6 +118,7 @@ class AgentActivities:
         pending: dict[str, Any] | None = (
             checkpoint["pending"] if checkpoint and checkpoint["generation"] == inp.generation else None)
         inputs = tuple(str(i) for i in (row["request_json"] or {}).get("inputs", []))
+        decisions = tuple((row["request_json"] or {}).get("decisions", []))
         version = int(row["row_version"])
         usage: dict[str, Any] = dict(row["usage"] or {})
         deadline = datetime.fromisoformat(inp.deadline_at)
@@ -129,7 +131,7 @@ class AgentActivities:
                 result = await asyncio.wait_for(self.provider.step(
                     StepContext(run_id=inp.run_id, tenant_id=inp.tenant_id, generation=inp.generation,
                                 attempt=attempt, step=step, prompt=row["prompt"], state=state,
-                                inputs=inputs)
+                                inputs=inputs, decisions=decisions)
                 ), timeout=left)
             except TimeoutError:
                 return await self._expire(conn, inp, version, attempt)
@@ -151,6 +153,8 @@ class AgentActivities:
                 return await self._expire(conn, inp, version, attempt)
             state, answer = dict(result.state), result.answer
             pending = dict(result.pending) if result.pending is not None else None
+            if pending is not None and pending.get("kind") == "approval":
+                pending = approval_request(inp.run_id, inp.generation, step, pending)
             usage = _merge_usage(usage, dict(result.usage))
             BEFORE_CHECKPOINT.reach(run_id=inp.run_id, step=step, attempt=attempt)
             version = await repo.commit_checkpoint(

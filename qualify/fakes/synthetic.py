@@ -49,7 +49,8 @@ class Script:
         self.barrier: Mapping[str, Any] | None = doc.get("barrier")
         self.fail: Any = doc.get("fail")
         #: ``{"step": n, "kind": "input" | "approval"}``: park the run at step n of
-        #: generation 1 (a resumed generation goes on to the answer).
+        #: generation 1. After a resume the run goes on to the answer; after an approval
+        #: decision it runs the tool (approved) or re-plans and asks again (denied).
         self.park: Mapping[str, Any] | None = doc.get("park")
 
     @classmethod
@@ -117,15 +118,39 @@ class SyntheticProvider(Provider):
         usage = {"provider_calls": 1, "input_tokens": 10, "output_tokens": 5}
         if script.park and int(script.park["step"]) == ctx.step and ctx.generation == 1:
             kind = str(script.park.get("kind", "input"))
-            pending: dict[str, Any] = {"kind": kind}
             if kind == "approval":
-                pending.update(approval_id=f"ap-{ctx.run_id[:8]}-{ctx.step}",
-                               action_version=f"v{ctx.step}", tool="send_email",
-                               arguments={"to": "ops@example.invalid"})
-            return StepResult(state={"trail": trail}, usage=usage, pending=pending)
+                return StepResult(state={"trail": trail}, usage=usage,
+                                  pending=self._approval_request(0))
+            return StepResult(state={"trail": trail}, usage=usage, pending={"kind": kind})
+        if ctx.decisions:
+            return self._after_decision(ctx, script, trail, usage)
         done = ctx.step >= script.steps
-        return StepResult(
-            state={"trail": trail},
-            answer=script.answer if done else None,
-            usage={"provider_calls": 1, "input_tokens": 10, "output_tokens": 5},
-        )
+        return StepResult(state={"trail": trail}, answer=script.answer if done else None, usage=usage)
+
+    @staticmethod
+    def _approval_request(revision: int) -> dict[str, Any]:
+        """Revision 0 is the first plan; each denial re-plans with other arguments."""
+        arguments: dict[str, Any] = {"to": "ops@example.invalid"}
+        if revision:
+            arguments["revision"] = revision
+        return {"kind": "approval", "tool": "send_email", "arguments": arguments,
+                "plan": f"plan-{revision}"}
+
+    def _after_decision(self, ctx: StepContext, script: Script, trail: list[int],
+                        usage: dict[str, int]) -> StepResult:
+        """Approved: run the tool (recorded in ``side_effects.jsonl``) and answer. Denied:
+        re-plan and ask again, at most twice; then give up."""
+        last = ctx.decisions[-1]
+        if last.get("approved"):
+            line = json.dumps({"run_id": ctx.run_id, "approval_id": last.get("approval_id"),
+                               "tool": last.get("tool"), "arguments": last.get("arguments"),
+                               "pid": os.getpid(), "t": time.time()})
+            with open(self.control / "side_effects.jsonl", "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+            return StepResult(state={"trail": trail}, usage=usage,
+                              answer=f"{script.answer} (tool ran: {last.get('tool')})")
+        denials = sum(1 for d in ctx.decisions if not d.get("approved"))
+        if denials <= 2:
+            return StepResult(state={"trail": trail}, usage=usage,
+                              pending=self._approval_request(denials))
+        return StepResult(state={"trail": trail}, usage=usage, answer="denied: nothing ran")

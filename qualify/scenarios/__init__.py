@@ -2,6 +2,7 @@
 
 from qualify.scenarios import (  # noqa: F401  (registers)
     api,
+    approvals,
     basic,
     contract,
     infra,

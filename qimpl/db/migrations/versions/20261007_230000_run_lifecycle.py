@@ -142,6 +142,19 @@ CREATE TABLE run_transitions (
 );
 CREATE INDEX run_transitions_run ON run_transitions (run_id, id);
 
+-- Decisions on pending tool approvals (R-APPROVAL-1), bound to the tenant, principal,
+-- run and action version that raised them. One decision per approval: never changed.
+CREATE TABLE approval_decisions (
+    run_id         uuid NOT NULL REFERENCES runs (run_id),
+    approval_id    text NOT NULL,
+    tenant_id      text NOT NULL,
+    principal_id   text NOT NULL,
+    action_version text NOT NULL,
+    approved       boolean NOT NULL,
+    decided_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (run_id, approval_id)
+);
+
 -- One row per reconciler sweep of one tenant (R-OPS-3): operators' audit trail and the
 -- qualification harness's evidence that no sweep took more than its limit.
 CREATE TABLE reconciler_sweeps (
@@ -218,6 +231,7 @@ DROP TRIGGER runs_record_transition ON runs;
 DROP FUNCTION runs_transition_guard();
 DROP FUNCTION runs_forbid_delete();
 DROP FUNCTION runs_record_transition();
+DROP TABLE approval_decisions;
 DROP TABLE reconciler_sweeps;
 DROP TABLE run_transitions;
 DROP TABLE idempotency_records;
@@ -306,6 +320,7 @@ END $$;
 GRANT SELECT, INSERT, UPDATE ON runs, run_checkpoints, run_transitions, reconciler_sweeps
     TO qimpl_app;
 GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records TO qimpl_app;
+GRANT SELECT, INSERT ON approval_decisions TO qimpl_app;
 GRANT SELECT ON run_allowed_transitions, workspace_grants TO qimpl_app;
 GRANT USAGE ON SEQUENCE run_transitions_id_seq, reconciler_sweeps_id_seq TO qimpl_app;
 REVOKE ALL ON FUNCTION qimpl_authenticate(text), qimpl_run_stats(), qimpl_tenant_of_run(uuid)
@@ -319,6 +334,10 @@ ALTER TABLE idempotency_records ENABLE ROW LEVEL SECURITY;
 ALTER TABLE reconciler_sweeps ENABLE ROW LEVEL SECURITY;
 ALTER TABLE workspace_grants ENABLE ROW LEVEL SECURITY;
 ALTER TABLE run_checkpoints ENABLE ROW LEVEL SECURITY;
+ALTER TABLE approval_decisions ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON approval_decisions
+    USING (tenant_id = current_setting('qimpl.tenant', true))
+    WITH CHECK (tenant_id = current_setting('qimpl.tenant', true));
 CREATE POLICY tenant_isolation ON runs
     USING (tenant_id = current_setting('qimpl.tenant', true))
     WITH CHECK (tenant_id = current_setting('qimpl.tenant', true));
