@@ -27,6 +27,7 @@ __all__ = [
     "run_checks",
     "slot_holders",
     "slot_limit_respected",
+    "stream_events_consistent",
 ]
 
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
@@ -185,6 +186,33 @@ def deadline_respected(history: Sequence[Event]) -> Check:
     return Check(name, not bad, "; ".join(bad[:5]), ("R-EXEC-8",))
 
 
+def stream_events_consistent(history: Sequence[Event]) -> Check:
+    """Events delivered to stream clients (R-EVENT-2/3), per run: ids strictly increasing
+    (no duplicate across reconnects), each one a transition the database recorded, and —
+    for a stream read to its end — every transition delivered and the last event
+    ``terminal`` with the run's final state."""
+    name = "stream events complete, ordered and ending in the run's terminal state"
+    finals = {str(e["run_id"]): e["state"] for e in _of(history, "run")}
+    journal: dict[str, list[int]] = defaultdict(list)
+    for t in _of(history, "transition"):
+        journal[str(t["run_id"])].append(int(t["id"]))
+    bad = []
+    for run, evs in _by_run(_of(history, "stream_event")).items():
+        ids = [int(e["event_id"]) for e in sorted(evs, key=lambda e: e["t"])]
+        if any(b <= a for a, b in itertools.pairwise(ids)):
+            bad.append(f"{run}: ids not strictly increasing {ids}")
+        unknown = set(ids) - set(journal.get(run, []))
+        if unknown:
+            bad.append(f"{run}: events the journal never recorded {sorted(unknown)}")
+        last = max(evs, key=lambda e: int(e["event_id"]))
+        if last["event"] == "terminal":
+            if ids != sorted(journal.get(run, [])):
+                bad.append(f"{run}: stream incomplete: got {ids}, journal {sorted(journal.get(run, []))}")
+            if last["state"] != finals.get(run):
+                bad.append(f"{run}: terminal event {last['state']} but run is {finals.get(run)}")
+    return Check(name, not bad, "; ".join(bad), ("R-EVENT-2", "R-EVENT-3"))
+
+
 SLOT_STATES = frozenset({"running", "awaiting_approval"})
 
 
@@ -225,6 +253,7 @@ GENERIC_CHECKERS: tuple[Callable[[Sequence[Event]], Check], ...] = (
     checkpoints_one_per_step,
     no_write_by_a_superseded_attempt,
     deadline_respected,
+    stream_events_consistent,
 )
 
 

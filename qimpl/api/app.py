@@ -33,6 +33,7 @@ from temporalio.client import Client
 from qimpl import metrics
 from qimpl.api.auth import Authenticator, DbKeyAuthenticator, Principal, StaticKeyAuthenticator
 from qimpl.api.errors import ApiError, install_error_handlers
+from qimpl.api.events import stream_events
 from qimpl.api.models import (
     AnswerIn,
     AnswerOut,
@@ -97,6 +98,7 @@ RESUME_ERRORS = _errors(
     s422=f"{_VALIDATION}, idempotency_key_reused",
     s503="durable_dispatch_unknown (the body carries the receipt)")
 ANSWER_ERRORS = _errors(s401=_AUTH, s422=_VALIDATION, s502="answer_failed")
+EVENTS_ERRORS = _errors(s401="stream_key_required", s404=_NOT_FOUND, s422=_VALIDATION)
 APPROVAL_ERRORS = _errors(
     s401=_AUTH, s404=f"{_NOT_FOUND}, approval_not_found",
     s409="action_version_mismatch, approval_conflict, approval_not_pending, run_terminal",
@@ -534,6 +536,35 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         async with svc.tenant(principal.tenant_id) as conn:
             await repo.complete_idempotency(conn, **scope)
         return response
+
+    @app.get("/v1/agents/{agent_id}/runs/{run_id}/events", responses=EVENTS_ERRORS,
+             response_class=EventSourceResponse)
+    async def run_events(
+        agent_id: AgentId,
+        run_id: uuid.UUID,
+        request: Request,
+        x_stream_key: Annotated[str | None, Header(max_length=128)] = None,
+        last_event_id: Annotated[str | None, Header(max_length=32, pattern=r"^[0-9]+$")] = None,
+    ) -> Response:
+        """The run's events as SSE for the holder of its stream key (``X-Stream-Key``):
+        another run's key, or another tenant's, is 404 ``run_not_found`` (R-AUTH-3).
+        ``Last-Event-ID`` resumes after that event; the stream ends with a ``terminal``
+        event matching the run record (R-EVENT-2, R-EVENT-3)."""
+        svc = _services(request)
+        if not x_stream_key:
+            raise ApiError(401, "stream_key_required", "send the run's stream key in X-Stream-Key")
+        async with svc.pool.connection() as conn:
+            cur = await conn.execute("SELECT qimpl_stream_tenant(%s, %s)", (str(run_id), x_stream_key))
+            found = await cur.fetchone()
+        tenant_id = found[0] if found else None
+        if tenant_id is None:
+            raise ApiError(404, "run_not_found", "no such run")
+        async with svc.tenant(tenant_id) as conn:
+            row = await repo.get_run(conn, str(run_id), tenant_id=tenant_id)
+        if row is None or row["agent_id"] != agent_id:
+            raise ApiError(404, "run_not_found", "no such run")
+        return EventSourceResponse(stream_events(lambda: svc.tenant(tenant_id), str(run_id),
+                                                 int(last_event_id or 0)))
 
     @app.post("/v1/agents/{agent_id}/runs/{run_id}/tool-approval/{approval_id}",
               response_model=ApprovalAnswer, responses=APPROVAL_ERRORS)

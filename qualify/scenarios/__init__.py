@@ -5,6 +5,7 @@ from qualify.scenarios import (  # noqa: F401  (registers)
     approvals,
     basic,
     contract,
+    events,
     infra,
     legacy,
     lifecycle,

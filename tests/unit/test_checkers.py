@@ -106,6 +106,24 @@ def test_catches_a_zombie_write_after_takeover() -> None:
     assert result.ok is False and "attempt 1" in result.detail
 
 
+def se(event_id: int, event: str, state: str, t: float) -> dict[str, Any]:
+    return {"type": "stream_event", "run_id": R, "event_id": event_id, "event": event,
+            "state": state, "t": t}
+
+
+@pytest.mark.req("R-EVENT-3")
+def test_stream_checker() -> None:
+    full = [se(i, "state", "x", 10 + i) for i in range(1, 8)] + [se(8, "terminal", "completed", 20)]
+    assert ck.stream_events_consistent(merge(good(), full)).ok is True
+    assert ck.stream_events_consistent(merge(good(), full[:3])).ok is True  # a partial read proves nothing wrong
+    gap = [e for e in full if e["event_id"] != 5]
+    assert ck.stream_events_consistent(merge(good(), gap)).ok is False
+    dup = [*full[:3], se(3, "state", "x", 13.5), *full[3:]]
+    assert ck.stream_events_consistent(merge(good(), dup)).ok is False
+    wrong_end = [*full[:-1], se(8, "terminal", "cancelled", 20)]
+    assert ck.stream_events_consistent(merge(good(), wrong_end)).ok is False
+
+
 @pytest.mark.req("R-EXEC-9")
 def test_slot_holders_counts_overlap_in_commit_order() -> None:
     def t(i: int, run: str, new: str) -> dict[str, Any]:

@@ -304,6 +304,12 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public AS $$
     FROM runs r GROUP BY r.tenant_id, r.state
 $$;
 
+-- The tenant of a run whose stream key the caller holds (R-AUTH-3): NULL for any other key.
+CREATE FUNCTION qimpl_stream_tenant(p_run_id uuid, p_stream_key text) RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public AS $$
+    SELECT r.tenant_id FROM runs r WHERE r.run_id = p_run_id AND r.stream_key = p_stream_key
+$$;
+
 -- The tenant of a run, for version-1 activities whose input is a bare run id.
 CREATE FUNCTION qimpl_tenant_of_run(p_run_id uuid) RETURNS text
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public AS $$
@@ -323,10 +329,10 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records TO qimpl_app;
 GRANT SELECT, INSERT ON approval_decisions TO qimpl_app;
 GRANT SELECT ON run_allowed_transitions, workspace_grants TO qimpl_app;
 GRANT USAGE ON SEQUENCE run_transitions_id_seq, reconciler_sweeps_id_seq TO qimpl_app;
-REVOKE ALL ON FUNCTION qimpl_authenticate(text), qimpl_run_stats(), qimpl_tenant_of_run(uuid)
-    FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION qimpl_authenticate(text), qimpl_run_stats(), qimpl_tenant_of_run(uuid)
-    TO qimpl_app;
+REVOKE ALL ON FUNCTION qimpl_authenticate(text), qimpl_run_stats(), qimpl_tenant_of_run(uuid),
+    qimpl_stream_tenant(uuid, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION qimpl_authenticate(text), qimpl_run_stats(), qimpl_tenant_of_run(uuid),
+    qimpl_stream_tenant(uuid, text) TO qimpl_app;
 
 ALTER TABLE runs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE run_transitions ENABLE ROW LEVEL SECURITY;
@@ -362,6 +368,7 @@ SECURITY_DOWN_SQL = """
 DROP FUNCTION qimpl_authenticate(text);
 DROP FUNCTION qimpl_run_stats();
 DROP FUNCTION qimpl_tenant_of_run(uuid);
+DROP FUNCTION qimpl_stream_tenant(uuid, text);
 DROP TABLE workspace_grants;
 DROP TABLE api_keys;
 DROP POLICY tenant_isolation ON runs;
