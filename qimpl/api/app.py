@@ -103,7 +103,7 @@ APPROVAL_ERRORS = _errors(
     s401=_AUTH, s404=f"{_NOT_FOUND}, approval_not_found",
     s409="action_version_mismatch, approval_conflict, approval_not_pending, run_terminal",
     s422=_VALIDATION)
-LEGACY_ERRORS = _errors(s401=_AUTH, s404=_NOT_FOUND,
+LEGACY_ERRORS = _errors(s401=_AUTH, s404=_NOT_FOUND, s422=_VALIDATION,
                         s409="durable_lifecycle_conflict (lifecycle_version 2 runs)",
                         s501="legacy_control_unavailable (lifecycle_version 1 runs)")
 

@@ -23,7 +23,7 @@ def _provider_calls(ctx: ScenarioContext, run_id: str) -> Counter[int]:
     "happy-path",
     title="A durable run completes with the scripted answer",
     requirements=("R-CREATE-3", "R-CREATE-4", "R-CREATE-5", "R-READ-1", "R-EXEC-1", "R-EXEC-2",
-                  "R-EXEC-3", "R-Q-3"),
+                  "R-EXEC-3", "R-Q-3", "R-AUTH-4"),
 )
 def happy_path(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
@@ -41,6 +41,9 @@ def happy_path(ctx: ScenarioContext) -> None:
     ctx.expect("run completed", run["state"] == "completed", run["state"], "R-EXEC-1")
     ctx.expect("result_json holds the scripted answer", run["result_json"] == {"answer": answer},
                json.dumps(run["result_json"]), "R-READ-2")
+    roles = ctx.sql("SELECT DISTINCT committed_by FROM run_checkpoints")
+    ctx.expect("the worker committed its checkpoints under its restricted role",
+               roles == [("qimpl_worker",)], str(roles), "R-AUTH-4")
     calls = _provider_calls(ctx, receipt["run_id"])
     ctx.expect("each step asked of the provider once", calls == Counter(range(1, STEPS + 1)),
                dict(sorted(calls.items())).__repr__(), "R-EXEC-3")

@@ -112,7 +112,7 @@ def concurrent_resumes(ctx: ScenarioContext) -> None:
     "contract-probes",
     title="Rejected requests write nothing and carry a code; legacy controls answer 409 "
           "durable_lifecycle_conflict for durable runs; cancel answers true/false as specified",
-    requirements=("R-CREATE-1", "R-CREATE-2", "R-LEGACY-1", "R-CANCEL-1", "R-AUTH-1"),
+    requirements=("R-CREATE-1", "R-CREATE-2", "R-LEGACY-1", "R-CANCEL-1", "R-AUTH-1", "R-RESUME-2"),
 )
 def contract_probes(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
@@ -152,8 +152,14 @@ def contract_probes(ctx: ScenarioContext) -> None:
     missing = httpx.get(f"{url}/00000000-0000-0000-0000-000000000000", headers=AUTH, timeout=10)
     ctx.expect("an unknown run is 404 run_not_found", missing.status_code == 404
                and missing.json().get("code") == "run_not_found", missing.text[:160], "R-AUTH-1")
-    twice = [ctx.cancel_run(api, accepted(ctx, api, prompt=make_prompt(steps=50, delay_ms=100)))
-             for _ in range(1)]
+    busy = accepted(ctx, api, prompt=make_prompt(steps=50, delay_ms=100))
+    ctx.wait_state(api, busy, "running")
+    active = httpx.post(f"{url}/{busy}/resume", json={"additional_prompt": "x"}, timeout=10,
+                        headers={**AUTH, "Idempotency-Key": "busy"})
+    ctx.expect("resume of a running run is 409 run_active",
+               active.status_code == 409 and active.json().get("code") == "run_active",
+               active.text[:160], "R-RESUME-2")
+    twice = [ctx.cancel_run(api, busy)]
     again = ctx.cancel_run(api, ctx.sql("SELECT run_id::text FROM runs WHERE state = 'cancelled'")[0][0])
     ctx.expect("cancel twice: true both times", twice[0]["cancelled"] is True and again["cancelled"] is True,
                f"{twice[0]} {again}", "R-CANCEL-1")
@@ -229,9 +235,13 @@ def tenant_isolation(ctx: ScenarioContext) -> None:
     run = ctx.wait_terminal(api, run_id)
     ctx.expect("run completed", run["state"] == "completed", run["state"])
     bodies.append(str(run))
+    with httpx.stream("GET", f"{api.base_url}{base}/events", timeout=30,
+                      headers={"X-Stream-Key": created.json()["stream_key"]}) as events:
+        bodies.append("".join(events.iter_text()))
     worker.stop()
     api.stop()
     leaks = [b[:80] for b in bodies if canary in b]
     leaks += [p.name for p in (ctx.deployment.logs_dir.glob("*.log")) if canary in p.read_text(errors="replace")]
-    ctx.expect("the planted grant appears in no response and no process log", not leaks,
-               f"{len(bodies)} responses and every log scanned; leaks: {leaks}", "R-READ-3")
+    ctx.expect("the planted grant appears in no response, event and no process log", not leaks,
+               f"{len(bodies)} responses (with the event stream) and every log scanned; leaks: {leaks}",
+               "R-READ-3")
