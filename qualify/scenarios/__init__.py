@@ -10,6 +10,7 @@ from qualify.scenarios import (  # noqa: F401  (registers)
     legacy,
     lifecycle,
     reconciler,
+    schema,
 )
 from qualify.scenarios.base import REGISTRY, Scenario, ScenarioContext, scenario
 

@@ -3,7 +3,7 @@
     python tests/data/record_v1_history.py
 
 Boots the embedded stack, runs one legacy run through ``AgentRunWorkflow`` (v1) on a real
-worker, and writes its history to ``tests/data/agent_run_v1_history.json``.
+worker, and writes its history to ``qualify/data/agent_run_v1_history.json``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from temporalio.client import Client
 from qualify.processes import Deployment, Processes
 from qualify.stack import EmbeddedStack
 
-OUT = Path(__file__).with_name("agent_run_v1_history.json")
+OUT = Path(__file__).resolve().parents[2] / "qualify" / "data" / "agent_run_v1_history.json"
 
 
 async def record(dsn: str, address: str, queue: str, run_id: str) -> str:

@@ -13,7 +13,7 @@ from temporalio.worker import Replayer
 
 from qimpl.workflows.worker import WORKFLOWS
 
-HISTORY = Path(__file__).parents[1] / "data" / "agent_run_v1_history.json"
+HISTORY = Path(__file__).parents[2] / "qualify" / "data" / "agent_run_v1_history.json"
 
 
 @pytest.mark.req("R-EXEC-10")
