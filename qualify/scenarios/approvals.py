@@ -115,8 +115,9 @@ def approval_races(ctx: ScenarioContext) -> None:
         ctx.expect("approved: the tool ran exactly once", len(_side_effects(ctx, run_id)) == 1,
                    str(len(_side_effects(ctx, run_id))), "R-APPROVAL-1")
     else:
-        ctx.wait_state(api, run_id, "awaiting_approval")
+        ctx.wait_state(api, run_id, "awaiting_approval")  # re-planned, asking again
         ctx.expect("denied: nothing ran", not _side_effects(ctx, run_id), "", "R-APPROVAL-1")
+        ctx.cancel_run(api, run_id)  # every run the scenario starts ends
     parked = accepted(ctx, api, prompt=make_prompt(steps=3, park={"step": 1, "kind": "approval"}))
     late = _pending(ctx, api, parked)
     ctx.cancel_run(api, parked)
