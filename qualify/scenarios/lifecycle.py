@@ -277,3 +277,41 @@ def cancel_vs_completion(ctx: ScenarioContext) -> None:
     ctx.figures.update({f"random_{k}": v for k, v in outcomes.items()})
     ctx.expect("random interleavings: answer and row agree", not disagreements,
                "; ".join(disagreements) or dict(outcomes).__repr__(), "R-CANCEL-1")
+
+
+@scenario(
+    "cancel-reaches-running-activity",
+    title="Cancel a run mid-activity: the owner stops calling the provider and gives up its "
+          "lock session and tenant slot promptly",
+    requirements=("R-Q34-1", "R-CANCEL-1", "R-EXEC-9"),
+)
+def cancel_reaches_running_activity(ctx: ScenarioContext) -> None:
+    limit = {"AGENT_CONCURRENCY_LIMIT": "1"}
+    api = ctx.processes.api()
+    ctx.processes.worker(**limit)
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=200, delay_ms=100))
+    deadline = time.monotonic() + 30
+    while len(provider_calls(ctx, run_id)) < 3:
+        if time.monotonic() > deadline:
+            raise HarnessError("the run never got going")
+        time.sleep(0.02)
+    answer = ctx.cancel_run(api, run_id)
+    cancelled_at = time.time()
+    ctx.expect("cancel answered true", answer["cancelled"] is True, str(answer), "R-CANCEL-1")
+    owner = f"qimpl-owner:{run_id}"
+    stop_by = time.monotonic() + 15
+    while ctx.sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", owner)[0][0]:
+        if time.monotonic() > stop_by:
+            break
+        time.sleep(0.05)
+    released = time.time() - cancelled_at
+    ctx.figures["lock_released_after_cancel_s"] = round(released, 3)
+    ctx.expect("the owner's lock session is gone within 5 s of the cancel", released <= 5,
+               f"{released:.2f} s", "R-Q34-1")
+    late = [c for c in provider_calls(ctx, run_id) if c["t"] > cancelled_at + 0.5]
+    ctx.expect("no provider call later than 0.5 s after the cancel", not late,
+               f"{len(late)} late calls", "R-Q34-1")
+    nxt = accepted(ctx, api, prompt=make_prompt(steps=2, answer="next"))
+    run = ctx.wait_terminal(api, nxt, timeout_s=30)
+    ctx.expect("the single tenant slot was released: the next run completed", run["state"] == "completed",
+               run["state"], "R-EXEC-9", "R-Q34-1")
