@@ -21,6 +21,7 @@ import secrets
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Path, Request, Response
@@ -215,8 +216,18 @@ def _view(row: dict[str, Any]) -> RunView:
         deadline_at=row["deadline_at"], accepted_at=row["accepted_at"],
         started_at=row["started_at"], completed_at=row["completed_at"],
         result_json=row["result_json"], error_code=row["error_code"],
-        error_message=row["error_message"], usage=row["usage"] or {},
+        error_message=row["error_message"], usage=_usage(row),
     )
+
+
+def _usage(row: dict[str, Any]) -> dict[str, Any]:
+    """Observed usage (R-Q34-2): the counters the owner committed (provider calls, tokens,
+    tool calls) and the wall time from start to end (or to now, while live)."""
+    usage = dict(row["usage"] or {})
+    if row["started_at"] is not None:
+        end = row["completed_at"] or datetime.now(UTC)
+        usage["wall_s"] = round((end - row["started_at"]).total_seconds(), 3)
+    return usage
 
 
 async def _confirm(services: Services, row: dict[str, Any]) -> dict[str, Any]:

@@ -147,7 +147,7 @@ class SyntheticProvider(Provider):
                                "pid": os.getpid(), "t": time.time()})
             with open(self.control / "side_effects.jsonl", "a", encoding="utf-8") as fh:
                 fh.write(line + "\n")
-            return StepResult(state={"trail": trail}, usage=usage,
+            return StepResult(state={"trail": trail}, usage={**usage, "tool_calls": 1},
                               answer=f"{script.answer} (tool ran: {last.get('tool')})")
         denials = sum(1 for d in ctx.decisions if not d.get("approved"))
         if denials <= 2:

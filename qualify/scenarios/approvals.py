@@ -40,7 +40,7 @@ def _pending(ctx: ScenarioContext, api: ManagedProcess, run_id: str) -> dict[str
     title="A stale action version runs nothing; the same decision twice is idempotent, the "
           "opposite one 409; a denial re-plans with a new action version; the approved tool "
           "runs exactly once",
-    requirements=("R-APPROVAL-1", "R-READ-2", "R-AUTH-1", "R-EXEC-9"),
+    requirements=("R-APPROVAL-1", "R-READ-2", "R-AUTH-1", "R-EXEC-9", "R-Q34-2"),
 )
 def approval_flow(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
@@ -78,6 +78,8 @@ def approval_flow(ctx: ScenarioContext) -> None:
     run = ctx.wait_terminal(api, run_id)
     ctx.expect("run completed", run["state"] == "completed", run["state"])
     effects = _side_effects(ctx, run_id)
+    ctx.expect("usage counts the one tool call", run["usage"].get("tool_calls") == 1, str(run["usage"]),
+               "R-Q34-2")
     ctx.expect("the approved tool ran exactly once, with the approved arguments",
                len(effects) == 1 and effects[0]["approval_id"] == second["approval_id"]
                and effects[0]["arguments"] == second["arguments"], str(effects), "R-APPROVAL-1")

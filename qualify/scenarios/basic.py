@@ -23,7 +23,7 @@ def _provider_calls(ctx: ScenarioContext, run_id: str) -> Counter[int]:
     "happy-path",
     title="A durable run completes with the scripted answer",
     requirements=("R-CREATE-3", "R-CREATE-4", "R-CREATE-5", "R-READ-1", "R-EXEC-1", "R-EXEC-2",
-                  "R-EXEC-3", "R-Q-1", "R-Q-3", "R-Q-5", "R-AUTH-4"),
+                  "R-EXEC-3", "R-Q-1", "R-Q-3", "R-Q-5", "R-AUTH-4", "R-Q34-2"),
 )
 def happy_path(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
@@ -41,6 +41,10 @@ def happy_path(ctx: ScenarioContext) -> None:
     ctx.expect("run completed", run["state"] == "completed", run["state"], "R-EXEC-1")
     ctx.expect("result_json holds the scripted answer", run["result_json"] == {"answer": answer},
                json.dumps(run["result_json"]), "R-READ-2")
+    usage = run["usage"]
+    ctx.expect("usage: provider calls and tokens per step, and wall time",
+               usage.get("provider_calls") == STEPS and usage.get("input_tokens", 0) > 0
+               and usage.get("output_tokens", 0) > 0 and usage.get("wall_s", 0) > 0, str(usage), "R-Q34-2")
     roles = ctx.sql("SELECT DISTINCT committed_by FROM run_checkpoints")
     ctx.expect("the worker committed its checkpoints under its restricted role",
                roles == [("qimpl_worker",)], str(roles), "R-AUTH-4")
