@@ -119,55 +119,40 @@ def _run_one(stack: Any, sc: Scenario, *, seed: int, report_dir: Path, reruns: i
     return scenario_doc(result, report_dir=report_dir, stack_kind=stack_kind)
 
 
-def _slice_main(argv: Sequence[str]) -> int:
-    """Entry point of one parallel slice (``python -m qualify.session``)."""
-    interrupt.install()
-    spec = json.loads(argv[0])
-    report_dir = Path(spec["report_dir"])
-    scenarios = resolve(spec["ids"], seed=spec["seed"],
-                        schedule_path=Path(spec["schedule"]) if spec.get("schedule") else None)
-    stack = make_stack(spec["stack_kind"], pg_dsn=spec["pg_dsn"], temporal_address=spec["temporal_address"])
-    docs = []
-    try:
-        info = stack.start()
-        for sc in scenarios:
-            docs.append(_run_one(stack, sc, seed=spec["seed"], report_dir=report_dir,
-                                 reruns=spec["reruns"], stack_kind=spec["stack_kind"]))
-            print(json.dumps({"done": sc.id, "status": docs[-1]["status"]}), flush=True)
-    finally:
-        stack.stop()
-    out = {"stack": {k: v for k, v in asdict(info).items() if k != "pg_dsn"}, "scenarios": docs}
-    Path(spec["out"]).write_text(json.dumps(out))
-    return 0
-
-
 def _run_parallel(opts: SessionOptions, seed: int, scenarios: list[Scenario], report_dir: Path,
                   on_event: Events) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    slices = [scenarios[i::opts.parallel] for i in range(opts.parallel)]
-    procs = []
-    for i, part in enumerate(s for s in slices if s):
-        spec = {"ids": [sc.id for sc in part if sc.schedule is None or sc.id.startswith("random-")],
-                "schedule": str(opts.schedule_path) if opts.schedule_path else None,
-                "seed": seed, "stack_kind": opts.stack_kind, "pg_dsn": opts.pg_dsn,
-                "temporal_address": opts.temporal_address, "reruns": opts.reruns,
-                "report_dir": str(report_dir), "out": str(report_dir / f".slice-{i}.json")}
-        log = report_dir / f"slice-{i}.log"
-        procs.append((spawn([sys.executable, "-m", "qualify.session", json.dumps(spec)], log_path=log,
-                            death_signal=signal.SIGTERM), str(spec["out"]), log))
-        on_event("slice", {"index": i, "scenarios": [sc.id for sc in part]})
-    docs: list[dict[str, Any]] = []
-    stack_doc: dict[str, Any] = {"kind": opts.stack_kind}
+    """Spread the scenarios over ``opts.parallel`` pytest-xdist workers, each booting its
+    own stack (``qualify/xdist_run.py``), and merge the documents they write."""
+    import qualify.xdist_run as module
+
+    schedule_ids = [sc.id for sc in scenarios if sc.schedule is not None and not sc.id.startswith("random-")]
+    spec = {"ids": [sc.id for sc in scenarios], "seed": seed, "stack_kind": opts.stack_kind,
+            "pg_dsn": opts.pg_dsn, "temporal_address": opts.temporal_address, "reruns": opts.reruns,
+            "report_dir": str(report_dir),
+            "schedule": str(opts.schedule_path) if opts.schedule_path else None,
+            "schedule_id": schedule_ids[0] if schedule_ids else None}
+    ini = report_dir / ".pytest.ini"
+    ini.write_text("[pytest]\n")  # none of the project's options: this is not its test suite
+    on_event("slice", {"index": f"xdist x{opts.parallel}", "scenarios": spec["ids"]})
+    log = report_dir / "xdist.log"
+    proc = spawn([sys.executable, "-m", "pytest", "-q", "-c", str(ini), "--rootdir", str(report_dir),
+                  "-p", "no:cacheprovider", "-n", str(opts.parallel), "--dist", "load",
+                  module.__file__],
+                 log_path=log, env={**os.environ, "QUALIFY_XDIST_SPEC": json.dumps(spec)},
+                 death_signal=signal.SIGTERM)
     try:
-        for proc, out, log in procs:
-            proc.wait()
-            if proc.returncode != 0 or not Path(out).exists():
-                raise HarnessError(f"parallel slice failed (exit {proc.returncode}); see {log}")
-            part = json.loads(Path(out).read_text())
-            docs += part["scenarios"]
-            stack_doc = {**part["stack"], "slices": opts.parallel}
+        proc.wait()
     finally:
-        for proc, _, _ in procs:
-            kill_tree(proc, first=signal.SIGTERM, grace_s=20)
+        kill_tree(proc, first=signal.SIGTERM, grace_s=30)
+    docs = []
+    for sc in scenarios:
+        path = report_dir / ".docs" / f"{sc.id}.json"
+        if not path.exists():
+            raise HarnessError(f"parallel run produced no result for {sc.id}; see {log}")
+        docs.append(json.loads(path.read_text()))
+    stacks = sorted((report_dir / ".stacks").glob("*.json"))
+    stack_doc = {**(json.loads(stacks[0].read_text()) if stacks else {"kind": opts.stack_kind}),
+                 "parallel_stacks": len(stacks)}
     return docs, stack_doc
 
 
@@ -248,6 +233,3 @@ def _wait_for_interrupt() -> None:
         return
 
 
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(_slice_main(sys.argv[1:]))

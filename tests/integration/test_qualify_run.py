@@ -73,3 +73,12 @@ def test_interrupted_run_leaves_no_process(tmp_path: Path) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.mark.req("R-Q-7")
+def test_parallel_run_uses_one_stack_per_xdist_worker(tmp_path: Path) -> None:
+    summary, _, code = run_session(SessionOptions(
+        scenario_ids=["happy-path", "legacy-paths"], seed=5, reports_root=tmp_path, parallel=2))
+    assert code == 0, summary["scenarios"]
+    assert [s["id"] for s in summary["scenarios"]] == ["happy-path", "legacy-paths"]
+    assert summary["stack"]["parallel_stacks"] == 2
