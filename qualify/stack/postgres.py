@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,21 @@ def _binary_identity(bin_dir: Path) -> str:
     return hashlib.sha256(f"{banner}|{postgres.stat().st_size}".encode()).hexdigest()[:12]
 
 
+#: Cache entries unused for this long may be removed (never one a run could be copying).
+CACHE_IDLE_S = 24 * 3600
+CACHE_KEEP = 3
+
+
+def _prune_cache(prefix: str) -> None:
+    """Remove ``prefix*`` cache entries idle for a day, keeping the newest few: every schema
+    change makes a new golden directory, and old ones would pile up on the tmpfs."""
+    entries = sorted(_cache_root().glob(f"{prefix}*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    now = time.time()
+    for entry in entries[CACHE_KEEP:]:
+        if now - entry.stat().st_mtime > CACHE_IDLE_S:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 def _cache_root() -> Path:
     root = SHM / f"qualify-cache-{os.geteuid()}"
     root.mkdir(mode=0o755, exist_ok=True)
@@ -105,6 +121,7 @@ def _usable_install(bin_dir: Path, user: str | None) -> Path:
     target = _cache_root() / f"pginstall2-{digest}"
     copied_bin = target / package.name / install.name / "bin"
     if not (copied_bin / "postgres").exists():
+        _prune_cache("pginstall")
         tmp = Path(tempfile.mkdtemp(dir=_cache_root(), prefix=".pginstall-"))
         shutil.copytree(install, tmp / "i" / package.name / install.name, symlinks=True)
         if libs.is_dir():
@@ -117,6 +134,7 @@ def _usable_install(bin_dir: Path, user: str | None) -> Path:
         except OSError:
             pass  # a concurrent harness won the race; its copy is identical
         shutil.rmtree(tmp, ignore_errors=True)
+    os.utime(target)
     return copied_bin
 
 
@@ -178,7 +196,9 @@ class PostgresServer(Restartable):
         digest = hashlib.sha256(f"{_binary_identity(self.bin_dir)}|{key}".encode()).hexdigest()[:16]
         golden = _cache_root() / f"golden-{digest}"
         if (golden / "PG_VERSION").exists():
+            os.utime(golden)  # most recently used: kept by the pruning below
             return golden
+        _prune_cache("golden-")
         scratch = Path(tempfile.mkdtemp(dir=_cache_root(), prefix=".golden-"))
         os.chmod(scratch, 0o755)
         builder = PostgresServer(bin_dir=self.bin_dir, workdir=scratch, logs_dir=self.logs_dir)
