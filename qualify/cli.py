@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape as esc
 
 from qualify import interrupt
 from qualify.errors import HarnessError, UsageError
@@ -40,19 +41,21 @@ def _progress(kind: str, data: Any) -> None:
     elif kind == "slice":
         console.print(f"slice {data['index']}: {', '.join(data['scenarios'])}")
     elif kind == "refused":
-        console.print(f"  {data.id} [yellow]refused[/]: it restarts PostgreSQL or Temporal, "
+        console.print(f"  {esc(data.id)} [yellow]refused[/]: it restarts PostgreSQL or Temporal, "
                       "which this stack did not start")
     elif kind == "scenario_start":
         console.print(f"  {data.id} …", end="")
     elif kind == "scenario_end":
+        if data.get("prefix"):
+            console.print(f"  {esc(data['id'])} …", end="")
         v = data["status"]
         rate = f", reproduced {data['reproduction']}" if data.get("reproduction") else ""
         console.print(f" [{_STYLE.get(v, 'white')}]{v}[/] ({data['duration_s']:.1f} s{rate})")
         for c in data["checks"]:
             if c["ok"] is not True:
-                console.print(f"    [red]✗[/] {c['name']}: {c['detail']}")
+                console.print(f"    [red]✗[/] {esc(c['name'])}: {esc(c['detail'])}")
         if data["error"]:
-            console.print(f"    [magenta]{data['error'].splitlines()[-1]}[/]")
+            console.print(f"    [magenta]{esc(data['error'].splitlines()[-1])}[/]")
     elif kind == "keep":
         console.print("[yellow]--keep: the stack stays up; Ctrl-C to tear it down[/]")
         console.print(f"  psql {data['pg_dsn']}    (databases: {data['databases']})")
@@ -65,7 +68,7 @@ def _finish(summary: dict[str, Any], report_dir: Path, code: int) -> int:
     v = summary["verdict"]
     console.print(f"verdict [{_STYLE.get(v, 'white')}]{v.upper()}[/] in {summary['duration_s']:.1f} s")
     if summary.get("error"):
-        console.print(f"  [red]{summary['error']}[/]")
+        console.print(f"  [red]{esc(summary['error'])}[/]")
     for s in summary["scenarios"]:
         if s["status"] != "pass":
             console.print(f"  repro: {s['repro']}")
@@ -98,6 +101,8 @@ def run(
     interrupt.install()
     if determinism_check:
         raise typer.Exit(_determinism(seed, stack, reports_dir))
+    if parallel != "auto" and not parallel.isdigit():
+        raise typer.BadParameter("-n takes a number of workers or 'auto'")
     n = (os.cpu_count() or 1) if parallel == "auto" else int(parallel)
     opts = SessionOptions(scenario_ids=scenario or [], random_n=random_n, seed=seed, stack_kind=stack,
                           pg_dsn=pg_dsn, temporal_address=temporal_address, reports_root=reports_dir,
@@ -112,10 +117,10 @@ def _guarded(body: Any) -> int:
         console.print("[yellow]interrupted: every process was stopped[/]")
         return 130
     except UsageError as exc:
-        console.print(f"[red]usage:[/] {exc}")
+        console.print(f"[red]usage:[/] {esc(str(exc))}")
         return EXIT_USAGE
     except HarnessError as exc:
-        console.print(f"[magenta]harness error:[/] {exc}")
+        console.print(f"[magenta]harness error:[/] {esc(str(exc))}")
         return 2
 
 

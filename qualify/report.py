@@ -177,9 +177,12 @@ def render_markdown(summary: dict[str, Any]) -> str:
         else:
             lines.append(f"| {req} | {', '.join(entry['passed']) or '-'} | {', '.join(entry['failed']) or '-'} |")
     if summary["crash_points"]:
-        lines += ["", "## Crash points", "", "| crash point | struck by |", "|---|---|"]
-        for point, by in summary["crash_points"].items():
-            lines.append(f"| {point} | {', '.join(by) or 'never struck'} |")
+        actions, matrix = crash_matrix(summary)
+        lines += ["", "## Crash points", "", "| crash point | " + " | ".join(actions) + " |",
+                  "|---|" + "---|" * len(actions)]
+        for point, by_action in matrix.items():
+            cells = [", ".join(by_action.get(a, [])) or "-" for a in actions]
+            lines.append(f"| {point} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

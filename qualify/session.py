@@ -165,6 +165,11 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
     refused (listed, not run) on a stack the harness did not boot."""
     if opts.stack_kind not in STACK_KINDS:
         raise UsageError(f"unknown stack {opts.stack_kind!r}: {', '.join(STACK_KINDS)}")
+    if opts.schedule_path is not None and not opts.schedule_path.is_file():
+        raise UsageError(f"no schedule file at {opts.schedule_path}")
+    # Built (not started) first: a wrong stack option is a usage error, before any report.
+    stack = None if opts.parallel > 1 else make_stack(
+        opts.stack_kind, pg_dsn=opts.pg_dsn, temporal_address=opts.temporal_address)
     seed = opts.seed if opts.seed is not None else secrets.randbits(32)
     on_event("seed", seed)
     scenarios = resolve(opts.scenario_ids, seed=seed, random_n=opts.random_n,
@@ -177,13 +182,14 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
     stack_doc: dict[str, Any] = {"kind": opts.stack_kind}
     crashed = ""
     refused: list[str] = []
-    if opts.parallel > 1:
+    if stack is None:
         try:
             docs, stack_doc = _run_parallel(opts, seed, scenarios, report_dir, on_event)
         except HarnessError as exc:
             crashed = str(exc)
+        for doc in docs:
+            on_event("scenario_end", {**doc, "prefix": True})
     else:
-        stack = make_stack(opts.stack_kind, pg_dsn=opts.pg_dsn, temporal_address=opts.temporal_address)
         try:
             info = stack.start()
             stack_doc = {k: v for k, v in asdict(info).items() if k not in ("pg_dsn",)}
@@ -206,7 +212,10 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
             crashed = str(exc)
         finally:
             with interrupt.deferred():
-                stack.stop()
+                try:
+                    stack.stop()
+                except HarnessError as exc:
+                    crashed = crashed or str(exc)
     interrupt.check()
     summary = build_summary(scenarios=docs, seed=seed, duration_s=time.monotonic() - t0,
                             stack=stack_doc, provenance=prov, report_dir=report_dir,

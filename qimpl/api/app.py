@@ -327,6 +327,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         setup_logging()
         await services.pool.open()
         app.state.services = services
+        async with services.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user")
+            row = await cur.fetchone()
+        if row and row[0]:
+            log.warning("the API connects as a superuser or BYPASSRLS role: row-level security "
+                        "does not apply; use a role in qimpl_app (docs/operations.md)")
         yield
         await services.pool.close()
 

@@ -111,6 +111,12 @@ async def check_session_pooling(settings: Settings) -> None:
         async with await connect() as b:
             other = await backend_pid(b)
             again = await backend_pid(a)
+    async with await connect() as c:
+        cur = await c.execute("SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user")
+        row = await cur.fetchone()
+    if row and row[0]:
+        log.warning("the worker connects as a superuser or BYPASSRLS role: row-level security "
+                    "does not apply; use a role in qimpl_app (docs/operations.md)")
     if other == first or again != first:
         raise SystemExit(
             "qimpl worker: the database connection does not keep one server session across "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import time
 import uuid
@@ -83,7 +84,9 @@ class ScenarioContext:
 
     # -- checks -----------------------------------------------------------------
     def expect(self, name: str, ok: bool, detail: str = "", *requirements: str) -> bool:
-        self.checks.append(Check(name, bool(ok), detail, tuple(requirements)))
+        """Record a scenario check; bearer secrets in ``detail`` (stream keys) are redacted
+        before anything is stored or reported."""
+        self.checks.append(Check(name, bool(ok), redact(detail), tuple(requirements)))
         return bool(ok)
 
     # -- client operations (invoke, then ok / fail / info) -----------------------
@@ -239,6 +242,14 @@ class ScenarioContext:
             return await asyncio.wait_for(client.get_workflow_handle(workflow_id).result(), timeout_s)
 
         return asyncio.run(fetch())
+
+
+_SECRET = re.compile(r"""(["']?stream_key["']?\s*[:=]\s*["']?)[A-Za-z0-9_\-]{8,}""")
+
+
+def redact(text: str) -> str:
+    """``text`` with stream keys replaced by ``<redacted>``."""
+    return _SECRET.sub(r"\1<redacted>", text)
 
 
 def _json(resp: httpx.Response) -> dict[str, Any]:

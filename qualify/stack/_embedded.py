@@ -192,7 +192,9 @@ def make_stack(kind: str = "embedded", *, pg_dsn: str = "", temporal_address: st
         return ExistingStack(pg_dsn=pg_dsn, temporal_address=temporal_address)
     if kind == "testcontainers":
         return TestcontainersStack()
-    raise HarnessError(f"unknown stack {kind!r}: embedded, system, existing or testcontainers")
+    from qualify.errors import UsageError
+
+    raise UsageError(f"unknown stack {kind!r}: embedded, system, existing or testcontainers")
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from qualify.errors import HarnessError
+from qualify.errors import HarnessError, UsageError
 from qualify.stack._embedded import TEMPLATE_DB, StackInfo, _build_template, _schema_key
 
 __all__ = ["ExistingStack", "TestcontainersStack"]
@@ -61,7 +61,7 @@ class ExistingStack(_DsnStack):
     def __init__(self, *, pg_dsn: str, temporal_address: str) -> None:
         super().__init__()
         if not pg_dsn or not temporal_address:
-            raise HarnessError("--stack existing needs --pg-dsn and --temporal-address")
+            raise UsageError("--stack existing needs --pg-dsn and --temporal-address")
         self.pg_dsn = pg_dsn
         self.temporal_address = temporal_address
 
@@ -79,11 +79,14 @@ class ExistingStack(_DsnStack):
 
     def stop(self) -> None:
         """Drop the databases this run created (never the template or anything else)."""
-        if not self._dsn:
+        if not self._dsn or not self._created:
             return
-        with psycopg.connect(self._dsn, autocommit=True) as conn:
-            for name in self._created:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        try:
+            with psycopg.connect(self._dsn, autocommit=True, connect_timeout=5) as conn:
+                for name in self._created:
+                    conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        except psycopg.Error as exc:
+            raise HarnessError(f"could not drop this run's databases: {type(exc).__name__}") from exc
         self._created.clear()
 
 

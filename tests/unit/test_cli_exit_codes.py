@@ -20,6 +20,17 @@ def test_usage_errors_exit_64() -> None:
     assert _qualify("run", "--seed", "abc").returncode == 64
     assert _qualify("run", "--seed", "-5").returncode == 64
     assert _qualify("repro").returncode == 64
+    assert _qualify("run", "-n", "abc").returncode == 64
+    assert _qualify("repro", "--schedule", "/nonexistent/repro.json").returncode == 64
+    done = _qualify("run", "-s", "happy-path", "--stack", "existing", "--reports-dir", "/tmp/qualify-x")
+    assert done.returncode == 64 and "--pg-dsn" in done.stdout
+
+
+def test_console_keeps_bracketed_text() -> None:
+    done = _qualify("run", "--stack", "testcontainers", "--reports-dir", "/tmp/qualify-x")
+    # without the extra the hint names it, and rich must not eat "[containers]" as markup;
+    # with it, the message is about the Docker daemon
+    assert "[containers]" in done.stdout or "Docker" in done.stdout, done.stdout
 
 
 def test_list_exits_0_and_help_names_the_codes() -> None:

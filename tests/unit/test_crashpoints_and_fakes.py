@@ -29,6 +29,13 @@ def test_unarmed_crash_point_is_inert() -> None:
     assert point.reached == 1
 
 
+def test_stream_keys_are_redacted_from_check_details() -> None:
+    from qualify.scenarios.base import redact
+
+    text = '{"run_id": "r", "stream_key": "9FqacdIMu9lJON6ZrXxO3mYiC1GFBpJA"}'
+    assert "9Fqac" not in redact(text) and '"stream_key": "<redacted>"' in redact(text)
+
+
 @pytest.mark.req("R-Q-3")
 def test_script_refuses_unknown_keys() -> None:
     with pytest.raises(ValueError):
