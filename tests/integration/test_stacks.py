@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from qualify.errors import HarnessError
+from qualify.errors import UsageError
 from qualify.stack import make_stack
 
 
@@ -30,7 +30,7 @@ def test_existing_stack_clones_and_drops_its_databases(stack: Any) -> None:
 
 
 def test_existing_stack_needs_both_addresses() -> None:
-    with pytest.raises(HarnessError, match="--pg-dsn and --temporal-address"):
+    with pytest.raises(UsageError, match="--pg-dsn and --temporal-address"):
         make_stack("existing", pg_dsn="", temporal_address="")
 
 
