@@ -50,6 +50,7 @@ from qimpl.api.models import (
 from qimpl.api.validation import VALIDATION_CODES
 from qimpl.crashpoints import declare
 from qimpl.db import runs as repo
+from qimpl.db.roles import warn_if_rls_bypassed
 from qimpl.dispatch import dispatch
 from qimpl.errors import DispatchUnknown
 from qimpl.legacy import answer_inline, run_inline
@@ -328,12 +329,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await services.pool.open()
         app.state.services = services
         async with services.pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user")
-            row = await cur.fetchone()
-        if row and row[0]:
-            log.warning("the API connects as a superuser or BYPASSRLS role: row-level security "
-                        "does not apply; use a role in qimpl_app (docs/operations.md)")
+            await warn_if_rls_bypassed(conn, "API", log)
         yield
         await services.pool.close()
 

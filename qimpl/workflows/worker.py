@@ -26,6 +26,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from qimpl import metrics
+from qimpl.db.roles import warn_if_rls_bypassed
 from qimpl.logs import setup_logging, temporal_runtime
 from qimpl.provider import load_provider
 from qimpl.reconciler import sweep_tenant
@@ -111,12 +112,7 @@ async def check_session_pooling(settings: Settings) -> None:
         async with await connect() as b:
             other = await backend_pid(b)
             again = await backend_pid(a)
-    async with await connect() as c:
-        cur = await c.execute("SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user")
-        row = await cur.fetchone()
-    if row and row[0]:
-        log.warning("the worker connects as a superuser or BYPASSRLS role: row-level security "
-                    "does not apply; use a role in qimpl_app (docs/operations.md)")
+        await warn_if_rls_bypassed(a, "worker", log)
     if other == first or again != first:
         raise SystemExit(
             "qimpl worker: the database connection does not keep one server session across "
