@@ -47,6 +47,12 @@ class Check:
                 "requirements": list(self.requirements)}
 
 
+def _summary(problems: Sequence[str], most: int = 5) -> str:
+    """The first few problems and how many more: details stay readable in reports."""
+    more = f" (+{len(problems) - most} more)" if len(problems) > most else ""
+    return "; ".join(problems[:most]) + more
+
+
 def _of(history: Iterable[Event], type_: str) -> list[Event]:
     return [e for e in history if e.get("type") == type_]
 
@@ -79,7 +85,7 @@ def one_terminal_state(history: Sequence[Event]) -> Check:
             bad.append(f"{run}: {len(entries)} terminal transitions")
         elif trans[run][-1]["new_state"] not in TERMINAL:
             bad.append(f"{run}: ends in {trans[run][-1]['new_state']}")
-    return Check(name, not bad, "; ".join(bad) or f"{len(accepted_runs(history))} runs",
+    return Check(name, not bad, _summary(bad) or f"{len(accepted_runs(history))} runs",
                  ("R-STATE-1",))
 
 
@@ -93,7 +99,7 @@ def row_version_strictly_increasing(history: Sequence[Event]) -> Check:
             if b != a + 1:
                 bad.append(f"{run}: {a} -> {b}")
                 break
-    return Check(name, not bad, "; ".join(bad), ("R-STATE-1", "R-EXEC-3"))
+    return Check(name, not bad, _summary(bad), ("R-STATE-1", "R-EXEC-3"))
 
 
 def no_write_after_terminal(history: Sequence[Event]) -> Check:
@@ -112,7 +118,7 @@ def no_write_after_terminal(history: Sequence[Event]) -> Check:
         late = [c for c in ckpts.get(run, []) if int(c["row_version"]) > final_version]
         if late:
             bad.append(f"{run}: checkpoint after terminal")
-    return Check(name, not bad, "; ".join(bad), ("R-STATE-1", "R-EXEC-7", "R-CANCEL-1"))
+    return Check(name, not bad, _summary(bad), ("R-STATE-1", "R-EXEC-7", "R-CANCEL-1"))
 
 
 def no_step_repeated_after_checkpoint(history: Sequence[Event]) -> Check:
@@ -127,7 +133,7 @@ def no_step_repeated_after_checkpoint(history: Sequence[Event]) -> Check:
         key = (str(call["run_id"]), int(call["step"]))
         if key in committed and call["t"] > committed[key]:
             bad.append(f"{key[0]}: step {key[1]} asked again (attempt {call.get('attempt')})")
-    return Check(name, not bad, "; ".join(bad), ("R-EXEC-4",))
+    return Check(name, not bad, _summary(bad), ("R-EXEC-4",))
 
 
 def checkpoints_one_per_step(history: Sequence[Event]) -> Check:
@@ -139,7 +145,7 @@ def checkpoints_one_per_step(history: Sequence[Event]) -> Check:
         dup = [s for s, n in Counter(steps).items() if n > 1]
         if dup or steps != list(range(1, len(steps) + 1)):
             bad.append(f"{run}: steps {steps}")
-    return Check(name, not bad, "; ".join(bad), ("R-EXEC-3",))
+    return Check(name, not bad, _summary(bad), ("R-EXEC-3",))
 
 
 def no_write_by_a_superseded_attempt(history: Sequence[Event]) -> Check:
@@ -157,7 +163,7 @@ def no_write_by_a_superseded_attempt(history: Sequence[Event]) -> Check:
             if attempt < highest.get(gen, 0):
                 bad.append(f"{run}: attempt {attempt} wrote v{e['row_version']} after attempt {highest[gen]}")
             highest[gen] = max(highest.get(gen, 0), int(attempt))
-    return Check(name, not bad, "; ".join(bad), ("R-EXEC-7",))
+    return Check(name, not bad, _summary(bad), ("R-EXEC-7",))
 
 
 #: Provider calls are stamped by the worker a few microseconds after it checked the
@@ -183,7 +189,7 @@ def deadline_respected(history: Sequence[Event]) -> Check:
         elif (e["type"] == "transition" and late > 0
               and e["new_state"] not in ("expired", "failed", "cancelled")):
             bad.append(f"{run}: {e['old_state']} -> {e['new_state']} {late:.3f} s after the deadline")
-    return Check(name, not bad, "; ".join(bad[:5]), ("R-EXEC-8",))
+    return Check(name, not bad, _summary(bad), ("R-EXEC-8",))
 
 
 def stream_events_consistent(history: Sequence[Event]) -> Check:
@@ -210,7 +216,7 @@ def stream_events_consistent(history: Sequence[Event]) -> Check:
                 bad.append(f"{run}: stream incomplete: got {ids}, journal {sorted(journal.get(run, []))}")
             if last["state"] != finals.get(run):
                 bad.append(f"{run}: terminal event {last['state']} but run is {finals.get(run)}")
-    return Check(name, not bad, "; ".join(bad), ("R-EVENT-2", "R-EVENT-3"))
+    return Check(name, not bad, _summary(bad), ("R-EVENT-2", "R-EVENT-3"))
 
 
 SLOT_STATES = frozenset({"running", "awaiting_approval"})

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-__all__ = ["check", "deferred", "install", "requested"]
+__all__ = ["check", "consume", "deferred", "install", "requested"]
 
 _requested = threading.Event()
 _deferring = 0
@@ -42,6 +42,11 @@ def check() -> None:
     """Raise KeyboardInterrupt if an interrupt arrived and was lost (not while deferred)."""
     if _requested.is_set() and _deferring == 0:
         raise KeyboardInterrupt
+
+
+def consume() -> None:
+    """Forget an interrupt that was expected and handled (``--keep``'s Ctrl-C)."""
+    _requested.clear()
 
 
 @contextmanager

@@ -235,10 +235,12 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
 
 
 def _wait_for_interrupt() -> None:
+    """``--keep``: hold the stack up until Ctrl-C, which then means "tear down and report"."""
     try:
         while True:
-            time.sleep(3600)
+            time.sleep(1)
+            interrupt.check()
     except KeyboardInterrupt:
-        return
+        interrupt.consume()
 
 
