@@ -79,6 +79,10 @@ _NOT_RESUMABLE = {
     "cancelled": "run_terminal",
 }
 
+#: What an unconfirmed start looks like: Temporal's answer unknown, or no client at all.
+DISPATCH_FAILURES = (DispatchUnknown, TimeoutError, OSError, RuntimeError)
+
+
 def _errors(**by_status: str) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` listing every error code a route can return, by status."""
     return {int(k.removeprefix("s")): {"model": ErrorBody, "description": "codes: " + v}
@@ -249,7 +253,7 @@ async def _answer(services: Services, row: dict[str, Any], *, replayed: bool) ->
     if row["state"] == RunState.ACCEPTED:
         try:
             row = await _confirm(services, row)
-        except (DispatchUnknown, TimeoutError, OSError, RuntimeError) as exc:
+        except DISPATCH_FAILURES as exc:
             log.warning("dispatch unknown for run %s: %s", row["run_id"], exc,
                         extra={"run_id": str(row["run_id"])})
             body = ErrorBody(
@@ -609,7 +613,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if outcome == "decided":
             try:
                 await dispatch(await svc.temporal(), row, svc.settings)
-            except (DispatchUnknown, TimeoutError, OSError, RuntimeError) as exc:
+            except DISPATCH_FAILURES as exc:
                 # The run is queued in its new generation; the reconciler dispatches it.
                 log.warning("dispatch after approval unknown for %s: %s", run_id, type(exc).__name__,
                             extra={"run_id": str(run_id)})

@@ -16,18 +16,9 @@ AFTER_DISPATCH = "api.after_dispatch"
 def _lost_response(ctx: ScenarioContext, point: str) -> None:
     ctx.processes.worker()
     fast = {"QIMPL_DISPATCH_TIMEOUT_S": "2"}  # an unanswered key stops being "in flight" sooner
-    doomed = ctx.processes.api("api-1", QIMPL_CRASH_POINTS=f"{point}:kill", **fast)
     key = f"lost-response-{ctx.rng.randrange(10**9)}"
     prompt = make_prompt(steps=2, answer="once")
-    first = ctx.create_run(doomed, prompt=prompt, key=key)
-    if first is not None:
-        raise HarnessError(f"the API answered {first.status_code} instead of dying at {point}")
-    evidence = ctx.crash_evidence(point, doomed.pid)
-    assert doomed.proc is not None
-    doomed.proc.wait(timeout=10)
-    if not evidence:
-        raise HarnessError(f"api-1 died without striking {point}")
-    ctx.nemesis.crash_point(doomed, evidence[-1])
+    evidence = ctx.create_on_dying_api(point, name="api-1", prompt=prompt, key=key, **fast)
     api = ctx.processes.api("api-2", **fast)
     retry = ctx.create_run(api, prompt=prompt, key=key)
     deadline = time.monotonic() + 20
@@ -45,7 +36,7 @@ def _lost_response(ctx: ScenarioContext, point: str) -> None:
                f"{retry.status_code} {dict(retry.headers).get('idempotent-replayed')}", "R-CREATE-2")
     run_id = retry.json()["run_id"]
     ctx.expect("the receipt names the run committed before the crash",
-               run_id == evidence[-1]["context"].get("run_id"), run_id, "R-CREATE-4")
+               run_id == evidence["context"].get("run_id"), run_id, "R-CREATE-4")
     run = ctx.wait_terminal(api, run_id)
     ctx.expect("run completed", run["state"] == "completed", run["state"])
     runs = ctx.sql("SELECT count(*) FROM runs")[0][0]

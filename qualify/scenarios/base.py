@@ -209,6 +209,19 @@ class ScenarioContext:
             raise HarnessError(f"{name} survived its crash point {point}") from exc
         return self.nemesis.crash_point(proc, evidence, exit_code=code)
 
+    def create_on_dying_api(self, point: str, *, name: str, prompt: str, key: str | None = None,
+                            **env: str) -> dict[str, Any]:
+        """Start API ``name`` armed to SIGKILL itself at ``point``, create a run on it (no
+        answer may come back), and record the fault. Returns the crash point's evidence,
+        whose context names the run."""
+        doomed = self.processes.api(name, QIMPL_CRASH_POINTS=f"{point}:kill", **env)
+        answered = self.create_run(doomed, prompt=prompt, key=key)
+        if answered is not None:
+            raise HarnessError(f"{name} answered {answered.status_code} instead of dying at {point}")
+        evidence = self.wait_crash_point(point, doomed)
+        self.nemesis.crash_point(doomed, evidence)
+        return evidence
+
     def release_crash_point(self, point: str) -> None:
         (self.control / f"crash.{point}.release").touch()
 

@@ -37,11 +37,8 @@ def _wait(ctx: ScenarioContext, what: str, check: Any, timeout_s: float = 30.0) 
 def _accepted_then_api_dies(ctx: ScenarioContext) -> str:
     """Create a run on an API that dies right after the acceptance commit; the client never
     retries. Returns the run id (from the crash point's evidence)."""
-    doomed = ctx.processes.api("api-doomed", QIMPL_CRASH_POINTS=f"{AFTER_ACCEPT}:kill")
-    if ctx.create_run(doomed, prompt=make_prompt(steps=2, answer="reconciled")) is not None:
-        raise HarnessError("the API answered instead of dying")
-    evidence = ctx.wait_crash_point(AFTER_ACCEPT, doomed)
-    ctx.nemesis.crash_point(doomed, evidence)
+    evidence = ctx.create_on_dying_api(AFTER_ACCEPT, name="api-doomed",
+                                       prompt=make_prompt(steps=2, answer="reconciled"))
     return str(evidence["context"]["run_id"])
 
 
