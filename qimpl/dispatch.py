@@ -1,6 +1,8 @@
 """Dispatch of one generation to Temporal (R-CREATE-5), shared by the API, resume and the
 reconciler: start ``agent-run-{run_id}-g{generation}`` with duplicate ids rejected;
-"already started" counts as confirmed; anything else is an unknown outcome."""
+"already started" counts as confirmed while that execution is open — a closed one
+(terminated, timed out, or finished without the run) is not a confirmation (R-OPS-8);
+anything else is an unknown outcome."""
 
 from __future__ import annotations
 
@@ -8,16 +10,17 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
 
 from qimpl.errors import DispatchUnknown
 from qimpl.lifecycle import workflow_id
 from qimpl.settings import Settings
 from qimpl.workflows.types import RunInput
 
-__all__ = ["dispatch", "run_input"]
+__all__ = ["dispatch", "run_input", "workflow_status"]
 
 
 def run_input(row: dict[str, Any], settings: Settings) -> RunInput:
@@ -32,7 +35,9 @@ def run_input(row: dict[str, Any], settings: Settings) -> RunInput:
 
 
 async def dispatch(client: Client, row: dict[str, Any], settings: Settings) -> str:
-    """Start the run's current generation; returns ``"started"`` or ``"already_started"``.
+    """Start the run's current generation; returns ``"started"``, ``"already_started"``
+    (its execution is open) or ``"closed"`` (its execution already closed: the generation
+    cannot run any more; the caller ends the run, R-OPS-8).
 
     Raises DispatchUnknown when Temporal's answer is unknown (timeout, connection error,
     server unavailable): the workflow may or may not exist.
@@ -52,6 +57,24 @@ async def dispatch(client: Client, row: dict[str, Any], settings: Settings) -> s
         )
         return "started"
     except WorkflowAlreadyStartedError:
-        return "already_started"
+        pass
     except Exception as exc:
         raise DispatchUnknown(f"dispatch of {wf_id} unconfirmed: {type(exc).__name__}") from exc
+    try:
+        status = await workflow_status(client, wf_id, settings.dispatch_timeout_s)
+    except Exception as exc:
+        raise DispatchUnknown(f"dispatch of {wf_id} unconfirmed: {type(exc).__name__}") from exc
+    return "already_started" if status == "open" else "closed"
+
+
+async def workflow_status(client: Client, wf_id: str, timeout_s: float) -> str:
+    """``"open"``, ``"closed"`` or ``"missing"`` (no such execution: never started, or
+    lost with a non-persistent Temporal store). Raises on any other error."""
+    try:
+        desc = await client.get_workflow_handle(wf_id).describe(
+            rpc_timeout=timedelta(seconds=timeout_s))
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return "missing"
+        raise
+    return "open" if desc.status == WorkflowExecutionStatus.RUNNING else "closed"

@@ -2,6 +2,7 @@
 
     QimplError (code)
     ├── LostOwnership          a fenced write: stale row_version/attempt or terminal run (R-EXEC-7)
+    ├── DeadlinePassed         the database refused a write: the run's deadline passed (R-EXEC-8)
     ├── LockNotAcquired        another owner holds the run's advisory lock (R-EXEC-2)
     ├── RunNotFound            run_not_found (R-AUTH-1)
     └── DispatchUnknown        durable_dispatch_unknown (R-CREATE-5)
@@ -9,7 +10,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DispatchUnknown", "LockNotAcquired", "LostOwnership", "QimplError", "RunNotFound"]
+__all__ = ["SAFE_MESSAGES", "DeadlinePassed", "DispatchUnknown", "LockNotAcquired", "LostOwnership", "QimplError", "RunNotFound"]
 
 
 class QimplError(Exception):
@@ -18,6 +19,13 @@ class QimplError(Exception):
 
 class LostOwnership(QimplError):
     code = "lost_ownership"
+
+
+class DeadlinePassed(QimplError):
+    """The transition guard refused a write because ``deadline_at`` has passed by the
+    database's clock (SQLSTATE ``QG006``): the writer expires the run instead of retrying."""
+
+    code = "deadline_exceeded"
 
 
 class LockNotAcquired(QimplError):
@@ -30,3 +38,13 @@ class RunNotFound(QimplError):
 
 class DispatchUnknown(QimplError):
     code = "durable_dispatch_unknown"
+
+
+#: The fixed ``error_message`` of each ``error_code`` a run can end with (R-EXEC-6):
+#: never an exception text, a trace, a secret or a grant.
+SAFE_MESSAGES: dict[str, str] = {
+    "agent_attempts_exhausted": "the agent could not complete after repeated attempts",
+    "agent_activity_failed": "the agent activity failed and cannot be retried",
+    "deadline_exceeded": "the run's deadline passed",
+    "workflow_vanished": "the run's workflow closed without it; it cannot continue",
+}

@@ -44,13 +44,15 @@ S = RunState
 TERMINAL: frozenset[RunState] = frozenset({S.COMPLETED, S.FAILED, S.EXPIRED, S.CANCELLED})
 
 #: The spec's state table (section 2). ``running -> running`` is a checkpoint or an
-#: ownership takeover by a retried attempt.
+#: ownership takeover by a retried attempt; ``queued -> queued`` records that a generation
+#: queued by an approval was confirmed dispatched.
 TRANSITIONS: frozenset[tuple[RunState, RunState]] = frozenset(
     {
         (S.ACCEPTED, S.QUEUED),
         (S.ACCEPTED, S.CANCELLED),
         (S.ACCEPTED, S.EXPIRED),
         (S.ACCEPTED, S.FAILED),
+        (S.QUEUED, S.QUEUED),
         (S.QUEUED, S.RUNNING),
         (S.QUEUED, S.CANCELLED),
         (S.QUEUED, S.EXPIRED),

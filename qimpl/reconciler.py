@@ -1,22 +1,32 @@
-"""The reconciler (R-OPS-3, R-OPS-4, R-EXEC-8): one sweep of one tenant.
+"""The reconciler (R-OPS-3, R-OPS-4, R-OPS-8, R-EXEC-8): one sweep of one tenant.
 
-A sweep takes at most ``limit`` candidates, claimed with ``FOR UPDATE SKIP LOCKED`` so
-that any number of reconcilers can sweep at once without touching the same run:
+A sweep looks at most ``limit`` candidates per phase and never holds a row lock across
+a call to Temporal:
 
 1. **Expire** every overdue run in a non-terminal state — including runs no worker ever
-   touched — in one transaction with a savepoint per run (an error on one run is logged
-   and counted and the sweep goes on); then tell Temporal, best effort, by cancelling the
-   run's current workflow.
+   touched — claimed with ``FOR UPDATE SKIP LOCKED`` (so any number of reconcilers can
+   sweep at once) in one transaction with a savepoint per run (an error on one run is
+   logged and counted and the sweep goes on); after the commit, tell Temporal, best
+   effort, by cancelling the run's current workflow.
 2. **Prune idempotency keys** older than their retention (24 h by default).
 3. **Confirm dispatch** of ``accepted`` runs (and ``queued`` ones whose new generation
-   was never started, after an approval) older than ``grace_s``: start the same
-   workflow id with duplicates rejected ("already started" counts as confirmed), then
-   ``accepted -> queued``. The first unknown outcome stops dispatching for this sweep
-   (Temporal is probably down), so no run is held locked for long.
+   was never confirmed, after an approval) whose current generation was handed to
+   dispatch more than ``grace_s`` ago (``dispatch_requested_at``: creation, resume or
+   approval — so the reconciler does not race the API's own dispatch): read them
+   without a lock, start the same workflow id with duplicates rejected, then confirm
+   *that generation* with a compare-and-set. "Already started" confirms only while the
+   execution is open; a closed one fails the run ``workflow_vanished``. The first
+   unknown outcome stops dispatching for this sweep (Temporal is probably down).
+4. **Vanished workflows** (R-OPS-8): ``queued`` and ``running`` runs whose dispatch was
+   confirmed more than ``grace_s`` ago are checked against Temporal, up to ``limit`` per
+   sweep, round-robin over the tenant's runs. A closed execution (terminated by an
+   operator, timed out) fails the run ``workflow_vanished``; a missing one (lost with a
+   non-persistent Temporal store) is started again under the same workflow id and
+   resumes from its last checkpoint. Either way the tenant slot is freed or used again,
+   and a ``qimpl_reconcile_warnings_total`` warning is counted.
 
-Row locks are the only claim: they end with the transaction, so a crashed reconciler
-never leaves a run claimed and forgotten. Each sweep leaves one row in
-``reconciler_sweeps``.
+Every statement waits at most ``api_lock_timeout_s`` for a row lock. Each sweep leaves
+one row in ``reconciler_sweeps``.
 """
 
 from __future__ import annotations
@@ -34,9 +44,9 @@ from temporalio.client import Client
 
 from qimpl import metrics
 from qimpl.db import runs as repo
-from qimpl.dispatch import dispatch
-from qimpl.errors import DispatchUnknown
-from qimpl.lifecycle import workflow_id
+from qimpl.dispatch import dispatch, workflow_status
+from qimpl.errors import SAFE_MESSAGES, DispatchUnknown
+from qimpl.lifecycle import RunState, workflow_id
 from qimpl.settings import Settings
 
 __all__ = ["SWEEP_LIMIT", "SweepResult", "sweep_tenant"]
@@ -57,6 +67,9 @@ class SweepResult:
     expired: int = 0
     dispatched: int = 0
     errors: int = 0
+    workflows_checked: int = 0
+    vanished: int = 0
+    redispatched: int = 0
     pruned_keys: int = 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -98,41 +111,98 @@ async def _confirm(conn: psycopg.AsyncConnection[Any], client: Client | None, se
                    res: SweepResult, limit: int, grace_s: float) -> None:
     if limit <= 0:
         return
-    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+    async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(
             "SELECT * FROM runs WHERE tenant_id = %s AND state IN ('accepted', 'queued')"
             " AND lifecycle_version = 2"
             " AND dispatch_confirmed_at IS NULL AND deadline_at > clock_timestamp()"
-            " AND accepted_at < clock_timestamp() - make_interval(secs => %s)"
-            " ORDER BY accepted_at LIMIT %s FOR UPDATE SKIP LOCKED",
+            " AND coalesce(dispatch_requested_at, accepted_at)"
+            "     < clock_timestamp() - make_interval(secs => %s)"
+            " ORDER BY coalesce(dispatch_requested_at, accepted_at) LIMIT %s",
             (res.tenant, grace_s, limit),
         )
         rows = await cur.fetchall()
-        res.candidates += len(rows)
-        for row in rows:
-            if client is None:
-                res.errors += 1
-                continue
-            try:
+    res.candidates += len(rows)
+    for row in rows:
+        if client is None:
+            res.errors += 1
+            continue
+        run_id, generation = str(row["run_id"]), int(row["generation"])
+        try:
+            started = await dispatch(client, row, settings)
+        except DispatchUnknown as exc:
+            res.errors += 1
+            metrics.RECONCILE_WARNINGS.labels(res.tenant, "dispatch_unknown").inc()
+            log.warning("dispatch of run %s still unknown: %s", run_id, exc, extra={"run_id": run_id})
+            client = None  # Temporal is probably down: try again next sweep
+            continue
+        try:
+            if started == "closed":
+                await _vanished(conn, res, run_id, generation, "closed")
+            elif await repo.confirm_dispatch(conn, run_id, generation) is not None:
+                res.dispatched += 1
+                metrics.DISPATCH_CONFIRMED.labels(res.tenant).inc()
+        except psycopg.Error as exc:
+            res.errors += 1
+            log.warning("could not confirm run %s: %s", run_id, exc.sqlstate, extra={"run_id": run_id})
+
+
+#: Per tenant, the last run id checked for a vanished workflow (round-robin cursor).
+_vanish_cursor: dict[str, str] = {}
+
+
+async def _check_workflows(conn: psycopg.AsyncConnection[Any], client: Client | None,
+                           settings: Settings, res: SweepResult, limit: int, grace_s: float) -> None:
+    if client is None or limit <= 0:
+        return
+    after = _vanish_cursor.get(res.tenant, "00000000-0000-0000-0000-000000000000")
+    cur = await conn.execute(
+        "SELECT run_id::text, generation FROM runs WHERE tenant_id = %s AND lifecycle_version = 2"
+        " AND state IN ('queued', 'running') AND deadline_at > clock_timestamp()"
+        " AND dispatch_confirmed_at < clock_timestamp() - make_interval(secs => %s)"
+        " AND run_id > %s::uuid ORDER BY run_id LIMIT %s",
+        (res.tenant, grace_s, after, limit))
+    rows = await cur.fetchall()
+    _vanish_cursor[res.tenant] = rows[-1][0] if len(rows) == limit else ""
+    for run_id, generation in rows:
+        try:
+            status = await workflow_status(client, workflow_id(run_id, int(generation)),
+                                           settings.dispatch_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - Temporal unreachable: next sweep
+            log.info("workflow of run %s not checked: %s", run_id, type(exc).__name__)
+            return
+        res.workflows_checked += 1
+        if status == "open":
+            continue
+        try:
+            if status == "missing":
+                row = await repo.get_run(conn, run_id)
+                if row is None or row["generation"] != generation or row["state"] not in ("queued", "running"):
+                    continue
                 await dispatch(client, row, settings)
-            except DispatchUnknown as exc:
-                res.errors += 1
-                metrics.RECONCILE_WARNINGS.labels(res.tenant, "dispatch_unknown").inc()
-                log.warning("dispatch of run %s still unknown: %s", row["run_id"], exc,
-                            extra={"run_id": str(row["run_id"])})
-                client = None  # Temporal is probably down: do not hold the rest locked
-                continue
-            if row["state"] == "accepted":
-                async with conn.transaction():
-                    await cur.execute(
-                        "UPDATE runs SET state = 'queued', row_version = row_version + 1,"
-                        " dispatch_confirmed_at = clock_timestamp() WHERE run_id = %s",
-                        (row["run_id"],),
-                    )
-            # A `queued` run (a new generation after an approval) keeps its state: the
-            # worker that claims it records the confirmation.
-            res.dispatched += 1
-            metrics.DISPATCH_CONFIRMED.labels(res.tenant).inc()
+                res.redispatched += 1
+                metrics.RECONCILE_WARNINGS.labels(res.tenant, "workflow_missing").inc()
+                log.warning("run %s: its workflow was missing; started again", run_id,
+                            extra={"run_id": run_id, "event": "reconciler.workflow_missing"})
+            else:
+                await _vanished(conn, res, run_id, int(generation), status)
+        except (psycopg.Error, DispatchUnknown) as exc:
+            res.errors += 1
+            log.warning("vanished workflow of run %s not handled: %s", run_id, type(exc).__name__,
+                        extra={"run_id": run_id})
+
+
+async def _vanished(conn: psycopg.AsyncConnection[Any], res: SweepResult, run_id: str,
+                    generation: int, status: str) -> None:
+    """End a live run whose current workflow closed without it (R-OPS-8)."""
+    ended = await repo.end_unowned(conn, run_id, generation=generation, state=RunState.FAILED,
+                                   error_code="workflow_vanished", error_message=SAFE_MESSAGES["workflow_vanished"])
+    if ended is None:
+        return  # it ended (or moved on) by itself meanwhile
+    res.vanished += 1
+    metrics.RECONCILE_WARNINGS.labels(res.tenant, "workflow_vanished").inc()
+    log.warning("run %s: its workflow is %s; the run failed workflow_vanished", run_id, status,
+                extra={"run_id": run_id, "event": "reconciler.workflow_vanished"})
 
 
 async def _tell_temporal(client: Client | None, expired: list[tuple[str, int]], timeout_s: float) -> None:
@@ -162,10 +232,13 @@ async def sweep_tenant(
     res = SweepResult(tenant=tenant, reconciler=reconciler)
     started = datetime.now(UTC)
     # The sweep sees and changes this tenant's rows only (row-level security, R-AUTH-4).
-    await conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
+    await conn.execute("SELECT set_config('qimpl.tenant', %s, false),"
+                       " set_config('lock_timeout', %s, false)",
+                       (tenant, f"{int(settings.api_lock_timeout_s * 1000)}ms"))
     t0 = time.monotonic()
     expired = await _expire(conn, res, limit)
     await _confirm(conn, client, settings, res, limit - res.candidates, grace_s)
+    await _check_workflows(conn, client, settings, res, limit, grace_s)
     await conn.execute(
         "INSERT INTO reconciler_sweeps (reconciler, tenant_id, started_at, candidates, expired,"
         " dispatched, errors) VALUES (%s, %s, %s, %s, %s, %s, %s)",
@@ -174,7 +247,7 @@ async def sweep_tenant(
     res.pruned_keys = await repo.prune_idempotency(conn, tenant,
                                                    retention_s=settings.idempotency_retention_s)
     await _tell_temporal(client, expired, settings.dispatch_timeout_s)
-    if res.candidates:
+    if res.candidates or res.vanished or res.redispatched:
         log.info("swept tenant %s: %s", tenant, res.as_dict(),
                  extra={"event": "reconciler.sweep", "duration_ms": round((time.monotonic() - t0) * 1000)})
     return res

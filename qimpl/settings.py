@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     )
     #: Activities one worker runs at once; each holds one lease connection (connection budget).
     max_concurrent_activities: int = 20
+    #: Longest an API or reconciler statement waits for a run's row lock (seconds); the
+    #: API then answers 503 ``run_busy``. Keep it above the heartbeat timeout (the lease):
+    #: a paused owner's locks are released within the lease (R-EXEC-11).
+    api_lock_timeout_s: float = 5.0
     #: Size of the API's connection pool (connection budget).
     api_pool_size: int = 10
     #: How long idempotency keys are remembered (R-CREATE-2); pruned by the reconciler.

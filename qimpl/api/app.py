@@ -52,7 +52,7 @@ from qimpl.crashpoints import declare
 from qimpl.db import runs as repo
 from qimpl.db.roles import warn_if_rls_bypassed
 from qimpl.dispatch import dispatch
-from qimpl.errors import DispatchUnknown
+from qimpl.errors import SAFE_MESSAGES, DeadlinePassed, DispatchUnknown
 from qimpl.legacy import answer_inline, run_inline
 from qimpl.lifecycle import RunState, workflow_id
 from qimpl.logs import setup_logging, temporal_runtime
@@ -97,18 +97,21 @@ CREATE_ERRORS = _errors(
     s422=f"{_VALIDATION}, idempotency_key_reused",
     s503="durable_dispatch_unknown (the body carries the receipt; retryable: false)")
 READ_ERRORS = _errors(s401=_AUTH, s404=_NOT_FOUND, s422=_VALIDATION)
-CANCEL_ERRORS = READ_ERRORS
+_BUSY = "run_busy (the run's row stayed locked past the lock timeout; retryable: true)"
+CANCEL_ERRORS = _errors(s401=_AUTH, s404=_NOT_FOUND, s422=_VALIDATION, s503=_BUSY)
 RESUME_ERRORS = _errors(
     s400="idempotency_key_required", s401=_AUTH, s404=_NOT_FOUND,
-    s409="run_active, run_terminal, run_not_resumable, run_resume_conflict",
+    s409="run_active, run_terminal (also when the deadline passed: the run is expired), "
+         "run_not_resumable, run_resume_conflict",
     s422=f"{_VALIDATION}, idempotency_key_reused",
-    s503="durable_dispatch_unknown (the body carries the receipt)")
+    s503=f"durable_dispatch_unknown (the body carries the receipt), {_BUSY}")
 ANSWER_ERRORS = _errors(s401=_AUTH, s422=_VALIDATION, s502="answer_failed")
 EVENTS_ERRORS = _errors(s401="stream_key_required", s404=_NOT_FOUND, s422=_VALIDATION)
 APPROVAL_ERRORS = _errors(
     s401=_AUTH, s404=f"{_NOT_FOUND}, approval_not_found",
-    s409="action_version_mismatch, approval_conflict, approval_not_pending, run_terminal",
-    s422=_VALIDATION)
+    s409="action_version_mismatch, approval_conflict, approval_not_pending, run_terminal "
+         "(also when the deadline passed: the run is expired)",
+    s422=_VALIDATION, s503=_BUSY)
 LEGACY_ERRORS = _errors(s401=_AUTH, s404=_NOT_FOUND, s422=_VALIDATION,
                         s409="durable_lifecycle_conflict (lifecycle_version 2 runs)",
                         s501="legacy_control_unavailable (lifecycle_version 1 runs)")
@@ -156,9 +159,15 @@ class Services:
     @asynccontextmanager
     async def tenant(self, tenant_id: str) -> AsyncIterator[Any]:
         """A pooled connection inside a transaction scoped to ``tenant_id``: row-level
-        security shows and accepts only that tenant's rows (R-AUTH-4)."""
+        security shows and accepts only that tenant's rows (R-AUTH-4). Statements wait at
+        most ``api_lock_timeout_s`` for a row lock (psycopg's LockNotAvailable, answered
+        503 ``run_busy``)."""
         async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute("SELECT set_config('qimpl.tenant', %s, true)", (tenant_id,))
+            # A row lock held by a paused owner is released within the lease bound; a
+            # request never waits longer than the lock timeout for it (503 run_busy).
+            await conn.execute("SELECT set_config('qimpl.tenant', %s, true),"
+                               " set_config('lock_timeout', %s, true)",
+                               (tenant_id, f"{int(self.settings.api_lock_timeout_s * 1000)}ms"))
             yield conn
 
     async def run_legacy(self, run_id: str, tenant_id: str) -> None:
@@ -236,16 +245,35 @@ def _usage(row: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _confirm(services: Services, row: dict[str, Any]) -> dict[str, Any]:
-    """Dispatch an ``accepted`` run and commit ``queued``; raises DispatchUnknown."""
+    """Dispatch an ``accepted`` run's generation and commit ``queued``; raises
+    DispatchUnknown. A run whose deadline passed meanwhile is expired (R-EXEC-8); one
+    whose workflow is already closed without it is failed ``workflow_vanished`` (R-OPS-8)."""
     client = await services.temporal()
-    await dispatch(client, row, services.settings)
-    AFTER_DISPATCH.reach(run_id=row["run_id"])
+    run_id, generation = str(row["run_id"]), int(row["generation"])
+    started = await dispatch(client, row, services.settings)
+    AFTER_DISPATCH.reach(run_id=run_id)
     async with services.tenant(row["tenant_id"]) as conn:
-        confirmed = await repo.confirm_dispatch(conn, str(row["run_id"]))
-        if confirmed is None:  # a worker already moved it on: dispatch is evidently confirmed
-            confirmed = await repo.get_run(conn, str(row["run_id"]))
+        if started == "closed":
+            confirmed = await repo.end_unowned(
+                conn, run_id, generation=generation, state=RunState.FAILED,
+                error_code="workflow_vanished", error_message=SAFE_MESSAGES["workflow_vanished"])
+        else:
+            confirmed = await repo.confirm_dispatch(conn, run_id, generation)
+        if confirmed is None:
+            confirmed = await repo.expire_if_overdue(conn, run_id)
+        if confirmed is None:  # a worker already moved it on, or a newer generation exists
+            confirmed = await repo.get_run(conn, run_id)
     assert confirmed is not None
     return confirmed
+
+
+async def _expire_refused(svc: Services, tenant_id: str, run_id: str) -> None:
+    """The guard refused a control because the run's deadline passed (R-EXEC-8): expire
+    the run now and answer 409 ``run_terminal`` (nothing of the request was written)."""
+    async with svc.tenant(tenant_id) as conn:
+        await repo.expire_if_overdue(conn, run_id)
+    raise ApiError(409, "run_terminal", "the run's deadline passed; the run is expired",
+                   error_code="deadline_exceeded")
 
 
 async def _answer(services: Services, row: dict[str, Any], *, replayed: bool) -> JSONResponse:
@@ -524,6 +552,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # R-AUTH-2: access to the run's workspace is checked again at every resume.
             await _workspace_grant(svc, principal, row["workspace_id"], "workspace_access_revoked")
         resumed: dict[str, Any] | None = None
+        expired = False
         async with svc.tenant(principal.tenant_id) as conn:
             record = await repo.lookup_idempotency(conn, **scope)
             replay = await _replayable(conn, record, fingerprint, svc.settings) if record else None
@@ -540,11 +569,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             elif body.additional_prompt is None:
                 raise ApiError(409, "run_not_resumable", "a waiting run needs additional_prompt")
             else:
-                resumed = await repo.resume_or_none(
-                    conn, str(run_id), expected_row_version=row["row_version"],
-                    additional_prompt=body.additional_prompt, fingerprint=fingerprint, **scope)
-                if resumed is None:
-                    raise ApiError(409, "run_resume_conflict", "another resume of this run won")
+                try:
+                    resumed = await repo.resume_or_none(
+                        conn, str(run_id), expected_row_version=row["row_version"],
+                        additional_prompt=body.additional_prompt, fingerprint=fingerprint, **scope)
+                except DeadlinePassed:
+                    resumed = None
+                    expired = True
+                else:
+                    expired = False
+                    if resumed is None:
+                        raise ApiError(409, "run_resume_conflict", "another resume of this run won")
+        if expired:
+            await _expire_refused(svc, principal.tenant_id, str(run_id))
         # Dispatch outside the transaction: nothing is held open across a network call.
         if replay is not None:
             return await _answer(svc, replay, replayed=True)
@@ -600,12 +637,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         another principal gets 404; a cancelled or finished run, 409 ``run_terminal``. An
         accepted decision queues the run's next generation and dispatches it."""
         svc = _services(request)
-        async with svc.tenant(principal.tenant_id) as conn:
-            await _owned_run(conn, agent_id, run_id, principal)
-            outcome, row = await repo.decide_approval(
-                conn, str(run_id), approval_id=approval_id, action_version=body.action_version,
-                approved=body.approved, tenant_id=principal.tenant_id,
-                principal_id=principal.principal_id)
+        try:
+            async with svc.tenant(principal.tenant_id) as conn:
+                await _owned_run(conn, agent_id, run_id, principal)
+                outcome, row = await repo.decide_approval(
+                    conn, str(run_id), approval_id=approval_id, action_version=body.action_version,
+                    approved=body.approved, tenant_id=principal.tenant_id,
+                    principal_id=principal.principal_id)
+        except DeadlinePassed:
+            await _expire_refused(svc, principal.tenant_id, str(run_id))
         if outcome == "approval_not_found":
             raise ApiError(404, outcome, "no such approval on this run")
         if outcome not in ("decided", "repeated"):

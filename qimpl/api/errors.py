@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -51,6 +52,13 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return JSONResponse(_body(code, str(exc.detail)), status_code=exc.status_code)
+
+    @app.exception_handler(psycopg.errors.LockNotAvailable)
+    async def _busy(_: Request, exc: Exception) -> JSONResponse:
+        # lock_timeout: the run's row stayed locked (an owner paused inside a transaction
+        # loses it within the lease bound). Nothing was written: the request may be retried.
+        return JSONResponse(_body("run_busy", "the run is busy; retry shortly", retryable=True),
+                            status_code=503, headers={"Retry-After": "1"})
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

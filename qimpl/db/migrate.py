@@ -9,7 +9,7 @@ from alembic.config import Config
 
 __all__ = ["BASELINE", "HEAD", "alembic_config", "downgrade", "upgrade"]
 
-HEAD = "20261007_230000_run_lifecycle"
+HEAD = "20261130_120000_deadline_fence"
 BASELINE = "20261001_000000_baseline"
 _DIR = Path(__file__).with_name("migrations")
 

@@ -1,35 +1,36 @@
 """The run repository: every SQL statement that reads or writes a run.
 
 Each write is one transaction whose UPDATE passes the transition guard (R-STATE-1).
-Owner writes are compare-and-set on ``row_version`` *and* the fencing token
-``(generation, owner_attempt)``; a write that matches no row, or that the guard
-rejects, raises ``LostOwnership`` (R-EXEC-7).
+The activity owner's fenced writes live with its fencing token in
+``qimpl.workflows.owner`` (R-EXEC-7). A write the guard refuses because the run's
+deadline passed (SQLSTATE ``QG006``) raises ``DeadlinePassed``: the caller expires the
+run (``expire_if_overdue``) instead of retrying (R-EXEC-8).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from qimpl.errors import LostOwnership
+from qimpl.errors import DeadlinePassed
 from qimpl.lifecycle import TERMINAL, RunState
 
 __all__ = [
+    "DEADLINE_SQLSTATE",
     "GUARD_SQLSTATES",
     "Row",
     "cancel",
-    "claim_for_attempt",
-    "commit_checkpoint",
     "complete_idempotency",
     "confirm_dispatch",
     "decide_approval",
     "end_unowned",
-    "finish",
+    "expire_if_overdue",
     "get_run",
     "insert_run",
     "insert_run_or_none",
@@ -37,7 +38,6 @@ __all__ = [
     "lookup_idempotency",
     "outcome",
     "prune_idempotency",
-    "record_provider_failure",
     "resume",
     "resume_or_none",
 ]
@@ -45,14 +45,25 @@ __all__ = [
 Row = dict[str, Any]
 AConn = psycopg.AsyncConnection[Any]
 
-#: SQLSTATEs raised by the transition guard (see the migration).
-GUARD_SQLSTATES = frozenset({"QG001", "QG002", "QG003", "QG004"})
+#: SQLSTATEs raised by the transition guard (see the migrations): terminal run, illegal
+#: transition, row_version, immutable column, deadline passed, expired early, attempt
+#: going back.
+GUARD_SQLSTATES = frozenset({"QG001", "QG002", "QG003", "QG004", "QG006", "QG007", "QG008"})
+#: The guard's refusal of a write after ``deadline_at`` by the database's clock (R-EXEC-8).
+DEADLINE_SQLSTATE = "QG006"
 
 _TERMINAL_SQL = "('completed', 'failed', 'expired', 'cancelled')"
 
 
-def _is_guard(exc: psycopg.Error) -> bool:
-    return exc.sqlstate in GUARD_SQLSTATES
+@contextlib.contextmanager
+def _deadline_refusal() -> Iterator[None]:
+    """Map the guard's deadline refusal (QG006) to DeadlinePassed."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        if exc.sqlstate == DEADLINE_SQLSTATE:
+            raise DeadlinePassed(f"deadline passed: {exc.sqlstate}") from exc
+        raise
 
 
 async def get_run(conn: AConn, run_id: str, *, tenant_id: str | None = None) -> Row | None:
@@ -128,12 +139,13 @@ async def insert_run(
             """
             INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,
                               request_json, stream_key, workflow_id, accepted_at, deadline_at,
-                              lifecycle_version, durability, workspace_id, grant_token)
+                              lifecycle_version, durability, workspace_id, grant_token,
+                              dispatch_requested_at)
             SELECT %(run_id)s, %(tenant)s, %(principal)s, %(agent)s, 'accepted', %(prompt)s,
                    %(request)s, %(stream_key)s, %(workflow_id)s, t.now,
                    t.now + make_interval(secs => %(deadline_s)s), %(lifecycle)s,
                    CASE WHEN %(lifecycle)s = 2 THEN 'temporal' ELSE 'legacy' END,
-                   %(workspace)s, %(grant)s
+                   %(workspace)s, %(grant)s, t.now
             FROM (SELECT clock_timestamp() AS now) t
             WHERE NOT EXISTS (SELECT 1 FROM idempotency_records
                               WHERE tenant_id = %(tenant)s AND principal_id = %(principal)s
@@ -179,74 +191,40 @@ async def insert_run_or_none(conn: AConn, **kwargs: Any) -> Row | None:
         return None
 
 
-async def confirm_dispatch(conn: AConn, run_id: str) -> Row | None:
-    """``accepted -> queued`` once Temporal accepted the workflow (R-CREATE-5). Returns the
-    row after the change, or None when the run had already left ``accepted``."""
+async def confirm_dispatch(conn: AConn, run_id: str, generation: int) -> Row | None:
+    """Record that Temporal accepted generation ``generation`` (R-CREATE-5):
+    ``accepted -> queued``, or ``queued -> queued`` for a generation queued by an approval.
+    Names its generation, so a slow confirmation of an older one never marks a newer,
+    never-started generation ``queued``. Returns the row after the change, or None when
+    nothing was left to confirm (another generation, already confirmed, left ``accepted``,
+    or past its deadline: see ``expire_if_overdue``)."""
     async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(
             """
             UPDATE runs SET state = 'queued', row_version = row_version + 1,
                             dispatch_confirmed_at = clock_timestamp()
-            WHERE run_id = %s AND state = 'accepted' RETURNING *
+            WHERE run_id = %s AND generation = %s AND state IN ('accepted', 'queued')
+              AND dispatch_confirmed_at IS NULL AND deadline_at > clock_timestamp()
+            RETURNING *
             """,
-            (run_id,),
+            (run_id, generation),
         )
         return await cur.fetchone()
 
 
-async def claim_for_attempt(conn: AConn, run_id: str, *, generation: int, attempt: int,
-                            slot_limit: int = 0) -> Row:
-    """Make this activity attempt the owner: ``accepted -> queued -> running`` or a takeover
-    ``running -> running`` with ``owner_attempt = attempt``. Call only while holding the
-    run's advisory lock. Returns the row; a terminal or foreign-generation run is returned
-    unchanged for the caller to inspect (R-EXEC-5).
-
-    Tenant slots (R-EXEC-9): with ``slot_limit > 0`` a ``queued`` run starts only while
-    fewer than ``slot_limit`` of its tenant's runs are ``running`` or ``awaiting_approval``;
-    otherwise it is returned still ``queued``. A slot is the run's state itself, so it is
-    released by every exit path — a SIGKILLed owner's run keeps its one slot until its
-    retried attempt (which never waits for a slot) finishes it. Claims of one tenant are
-    serialised by a transaction-level advisory lock so that two cannot both see room."""
+async def expire_if_overdue(conn: AConn, run_id: str) -> Row | None:
+    """Expire ``run_id`` if it is live and its deadline has passed by the database's clock
+    (R-EXEC-8); returns the expired row, or None when there was nothing to expire. Used
+    by writers whose own write the guard refused for the deadline."""
     async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute("SELECT * FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
-        row = await cur.fetchone()
-        if row is None:
-            raise LostOwnership(f"run {run_id} does not exist")
-        if RunState(row["state"]) in TERMINAL or row["generation"] != generation:
-            return row
-        if row["state"] == RunState.ACCEPTED:
-            await cur.execute(
-                "UPDATE runs SET state = 'queued', row_version = row_version + 1,"
-                " dispatch_confirmed_at = coalesce(dispatch_confirmed_at, clock_timestamp())"
-                " WHERE run_id = %s RETURNING *",
-                (run_id,),
-            )
-            row = await cur.fetchone()
-            assert row is not None
-        if row["state"] not in (RunState.QUEUED, RunState.RUNNING):
-            return row
-        if row["state"] == RunState.QUEUED and slot_limit > 0:
-            await cur.execute("SELECT pg_advisory_xact_lock(hashtextextended('qimpl-slots:' || %s, 0))",
-                              (row["tenant_id"],))
-            await cur.execute(
-                "SELECT count(*) AS held FROM runs WHERE tenant_id = %s AND run_id <> %s"
-                " AND state IN ('running', 'awaiting_approval')", (row["tenant_id"], run_id))
-            held = await cur.fetchone()
-            if held is not None and held["held"] >= slot_limit:
-                return row
         await cur.execute(
-            """
-            UPDATE runs SET state = 'running', row_version = row_version + 1,
-                            owner_attempt = %s,
-                            started_at = coalesce(started_at, clock_timestamp()),
-                            dispatch_confirmed_at = coalesce(dispatch_confirmed_at, clock_timestamp())
-            WHERE run_id = %s RETURNING *
-            """,
-            (attempt, run_id),
+            "UPDATE runs SET state = 'expired', row_version = row_version + 1,"
+            " error_code = 'deadline_exceeded', error_message = 'the run''s deadline passed',"
+            f" completed_at = clock_timestamp() WHERE run_id = %s AND state NOT IN {_TERMINAL_SQL}"
+            " AND deadline_at <= clock_timestamp() RETURNING *",
+            (run_id,),
         )
-        row = await cur.fetchone()
-        assert row is not None
-        return row
+        return await cur.fetchone()
 
 
 async def latest_checkpoint(conn: AConn, run_id: str) -> Row | None:
@@ -257,133 +235,13 @@ async def latest_checkpoint(conn: AConn, run_id: str) -> Row | None:
         return await cur.fetchone()
 
 
-#: The owner's fencing condition: expected row_version, its (generation, attempt) token,
-#: a live run, and — for progress, not for expiry or failure — a deadline not yet passed,
-#: judged by the database's clock (R-EXEC-7, R-EXEC-8).
-_FENCE = (
-    "WHERE run_id = %(run_id)s AND row_version = %(expected)s AND generation = %(generation)s"
-    " AND owner_attempt = %(attempt)s AND state = 'running'"
-)
-_BEFORE_DEADLINE = " AND deadline_at > clock_timestamp()"
-
-
-async def _fenced_update(conn: AConn, sql: str, params: Mapping[str, Any], *, what: str,
-                         then: Any = None, dict_rows: bool = False) -> Any:
-    """One owner UPDATE ... RETURNING in its own transaction (``then(cur, row)`` may add
-    statements to it). Returns the row; raises LostOwnership when the fence matched no row
-    or the transition guard refused the write (R-EXEC-7)."""
-    try:
-        async with conn.transaction(), conn.cursor(row_factory=dict_row if dict_rows else tuple_row) as cur:
-            await cur.execute(sql, params)
-            got = await cur.fetchone()
-            if got is not None and then is not None:
-                await then(cur, got)
-    except psycopg.Error as exc:
-        if _is_guard(exc) or exc.sqlstate == "23505":
-            raise LostOwnership(f"{what} rejected: {exc.sqlstate}") from exc
-        raise
-    if got is None:
-        raise LostOwnership(f"{what} fenced")
-    return got
-
-
-async def commit_checkpoint(
-    conn: AConn,
-    run_id: str,
-    *,
-    expected_row_version: int,
-    generation: int,
-    attempt: int,
-    step: int,
-    state: Mapping[str, Any],
-    usage: Mapping[str, Any],
-    answer: str | None = None,
-    pending: Mapping[str, Any] | None = None,
-) -> int:
-    """Checkpoint ``step`` and bump ``row_version`` in one transaction (R-EXEC-3); returns the
-    new ``row_version``. The final step's checkpoint carries the ``answer``, so an attempt
-    that dies between it and the final commit is finished without asking the provider. Raises LostOwnership when fenced (R-EXEC-7)."""
-    params = {
-        "run_id": run_id, "expected": expected_row_version, "generation": generation,
-        "attempt": attempt, "step": step, "usage": Jsonb(dict(usage)),
-    }
-
-    async def insert_checkpoint(cur: Any, got: Any) -> None:
-        await cur.execute(
-            "INSERT INTO run_checkpoints (run_id, step, generation, attempt, row_version,"
-            " state_json, answer, pending) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-            (run_id, step, generation, attempt, int(got[0]), Jsonb(dict(state)), answer,
-             Jsonb(dict(pending)) if pending is not None else None),
-        )
-
-    got = await _fenced_update(
-        conn,
-        "UPDATE runs SET row_version = row_version + 1, checkpoint_step = %(step)s,"
-        f" usage = %(usage)s {_FENCE}{_BEFORE_DEADLINE} RETURNING row_version",
-        params, what=f"checkpoint {step} of run {run_id}", then=insert_checkpoint,
-    )
-    return int(got[0])
-
-
-async def record_provider_failure(
-    conn: AConn, run_id: str, *, expected_row_version: int, generation: int, attempt: int
-) -> tuple[int, int]:
-    """Count one provider failure durably; returns (new row_version, failures so far).
-    Raises LostOwnership when fenced."""
-    params = {"run_id": run_id, "expected": expected_row_version, "generation": generation,
-              "attempt": attempt}
-    got = await _fenced_update(
-        conn,
-        "UPDATE runs SET row_version = row_version + 1,"
-        f" provider_failures = provider_failures + 1 {_FENCE}"
-        " RETURNING row_version, provider_failures",
-        params, what=f"failure count of run {run_id}",
-    )
-    return int(got[0]), int(got[1])
-
-
-async def finish(
-    conn: AConn,
-    run_id: str,
-    *,
-    expected_row_version: int,
-    generation: int,
-    attempt: int,
-    state: RunState,
-    result: Mapping[str, Any] | None = None,
-    error_code: str | None = None,
-    error_message: str | None = None,
-    usage: Mapping[str, Any] | None = None,
-) -> Row:
-    """The owner's final commit (``completed``, ``failed``, ``awaiting_*``), fenced like a
-    checkpoint. Returns the row; raises LostOwnership when fenced."""
-    params = {
-        "run_id": run_id, "expected": expected_row_version, "generation": generation,
-        "attempt": attempt, "state": str(state),
-        "result": Jsonb(dict(result)) if result is not None else None,
-        "code": error_code, "message": error_message,
-        "usage": Jsonb(dict(usage)) if usage is not None else None,
-    }
-    row: Row = await _fenced_update(
-        conn,
-        "UPDATE runs SET state = %(state)s::varchar, row_version = row_version + 1,"
-        " result_json = coalesce(%(result)s, result_json), error_code = %(code)s,"
-        " error_message = %(message)s, usage = coalesce(%(usage)s, usage),"
-        f" completed_at = CASE WHEN %(state)s::varchar IN {_TERMINAL_SQL}"
-        " THEN clock_timestamp() END"
-        f" {_FENCE}"
-        + ("" if state in (RunState.EXPIRED, RunState.FAILED) else _BEFORE_DEADLINE)
-        + " RETURNING *",
-        params, what=f"final commit of run {run_id}", dict_rows=True,
-    )
-    return row
-
-
 async def end_unowned(conn: AConn, run_id: str, *, generation: int, state: RunState,
                       error_code: str, error_message: str) -> Row | None:
     """End a live run of ``generation`` as ``failed`` or ``expired`` when no attempt owns it
-    any more (retry exhaustion, R-EXEC-6; deadline, R-EXEC-8). Returns the row, or None when
-    the run was already terminal, parked or re-dispatched."""
+    any more (retry exhaustion, R-EXEC-6; deadline, R-EXEC-8; a vanished workflow,
+    R-OPS-8). Returns the row, or None when the run was already terminal, parked or
+    re-dispatched — or, for ``expired``, when the database's clock has not yet reached
+    ``deadline_at`` (R-EXEC-12)."""
     if state not in (RunState.FAILED, RunState.EXPIRED):
         raise ValueError(f"end_unowned cannot set {state}")
     async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
@@ -392,9 +250,10 @@ async def end_unowned(conn: AConn, run_id: str, *, generation: int, state: RunSt
             UPDATE runs SET state = %s, row_version = row_version + 1,
                             error_code = %s, error_message = %s, completed_at = clock_timestamp()
             WHERE run_id = %s AND generation = %s AND state IN ('accepted', 'queued', 'running')
+              AND (%s::varchar <> 'expired' OR deadline_at <= clock_timestamp())
             RETURNING *
             """,
-            (str(state), error_code, error_message, run_id, generation),
+            (str(state), error_code, error_message, run_id, generation, str(state)),
         )
         return await cur.fetchone()
 
@@ -433,12 +292,23 @@ async def resume(conn: AConn, run_id: str, *, expected_row_version: int, additio
                  route: str, tenant_id: str, principal_id: str, key: str, fingerprint: str) -> Row | None:
     """``awaiting_input -> accepted`` with the next generation, as a compare-and-set, and its
     idempotency record, in one transaction (R-RESUME-1). ``deadline_at`` is untouched (the
-    guard forbids changing it). Returns the row, or None when another writer won."""
+    guard forbids changing it). Returns the row, or None when another writer won. Raises
+    DeadlinePassed when the guard refused it: the deadline passed by the database's clock
+    (R-EXEC-8); nothing is written then."""
+    with _deadline_refusal():
+        return await _resume(conn, run_id, expected_row_version=expected_row_version,
+                             additional_prompt=additional_prompt, route=route, tenant_id=tenant_id,
+                             principal_id=principal_id, key=key, fingerprint=fingerprint)
+
+
+async def _resume(conn: AConn, run_id: str, *, expected_row_version: int, additional_prompt: str,
+                  route: str, tenant_id: str, principal_id: str, key: str, fingerprint: str) -> Row | None:
     async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(
             """
             UPDATE runs SET state = 'accepted', row_version = row_version + 1,
                    generation = generation + 1, owner_attempt = NULL, dispatch_confirmed_at = NULL,
+                   dispatch_requested_at = clock_timestamp(),
                    workflow_id = 'agent-run-' || run_id::text || '-g' || (generation + 1),
                    result_json = NULL,
                    request_json = jsonb_set(request_json, '{inputs}',
@@ -476,7 +346,8 @@ async def decide_approval(conn: AConn, run_id: str, *, approval_id: str, action_
     ``repeated`` (the same decision again: nothing changes), or an error code:
     ``approval_conflict`` (the opposite decision), ``action_version_mismatch`` (stale or
     unknown version: nothing runs), ``approval_not_found``, ``run_terminal``,
-    ``approval_not_pending``."""
+    ``approval_not_pending``. Raises DeadlinePassed when the deadline passed by the
+    database's clock (the caller's transaction must then roll back)."""
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute("SELECT * FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
         row = await cur.fetchone()
@@ -503,32 +374,36 @@ async def decide_approval(conn: AConn, run_id: str, *, approval_id: str, action_
             (run_id, approval_id, tenant_id, principal_id, action_version, approved))
         decision = {"approval_id": approval_id, "approved": approved, "tool": pending.get("tool"),
                     "arguments": pending.get("arguments"), "action_version": action_version}
-        await cur.execute(
-            """
-            UPDATE runs SET state = 'queued', row_version = row_version + 1,
-                   generation = generation + 1, owner_attempt = NULL, dispatch_confirmed_at = NULL,
-                   workflow_id = 'agent-run-' || run_id::text || '-g' || (generation + 1),
-                   result_json = jsonb_build_object('last_decision', %s::jsonb),
-                   request_json = jsonb_set(request_json, '{decisions}',
-                       coalesce(request_json -> 'decisions', '[]'::jsonb) || %s::jsonb)
-            WHERE run_id = %s RETURNING *
-            """,
-            (Jsonb(decision), Jsonb([decision]), run_id),
-        )
+        with _deadline_refusal():
+            await cur.execute(
+                """
+                UPDATE runs SET state = 'queued', row_version = row_version + 1,
+                       generation = generation + 1, owner_attempt = NULL, dispatch_confirmed_at = NULL,
+                       dispatch_requested_at = clock_timestamp(),
+                       workflow_id = 'agent-run-' || run_id::text || '-g' || (generation + 1),
+                       result_json = jsonb_build_object('last_decision', %s::jsonb),
+                       request_json = jsonb_set(request_json, '{decisions}',
+                           coalesce(request_json -> 'decisions', '[]'::jsonb) || %s::jsonb)
+                WHERE run_id = %s RETURNING *
+                """,
+                (Jsonb(decision), Jsonb([decision]), run_id),
+            )
         updated = await cur.fetchone()
         assert updated is not None
         return "decided", updated
 
 
 def outcome(row: Row) -> dict[str, Any]:
-    """The saved outcome of a run, as the activity and workflow return it (JSON-safe)."""
+    """The saved outcome of a run as the activity and workflow return it: a small status,
+    never ``result_json`` (an answer of megabytes must not make Temporal refuse the
+    activity's completion and retry it forever). JSON-safe."""
     return json.loads(
         json.dumps(
             {
                 "run_id": str(row["run_id"]),
                 "state": row["state"],
                 "row_version": row["row_version"],
-                "result": row["result_json"],
+                "generation": row["generation"],
                 "error_code": row["error_code"],
             },
             default=str,

@@ -2,17 +2,23 @@
 
 Implements R-EXEC-2 (lease before work), R-EXEC-3 (one checkpoint per step),
 R-EXEC-4 (restore the last checkpoint), R-EXEC-5 (terminal run: saved outcome, no
-provider call), R-EXEC-6 (safe failure codes) and R-EXEC-7 (fenced writes stop the
-owner). Crash points mark every commit boundary (R-Q-4).
+provider call), R-EXEC-6 (counted failures, safe codes), R-EXEC-7 (fenced writes stop
+the owner), R-EXEC-8/12 (only the deadline, by the database's clock, expires a run) and
+R-EXEC-11 (an owner that loses its lease stops at once). Crash points mark every commit
+boundary (R-Q-4).
+
+The loop runs under the lease: one task keeps the lease (Temporal heartbeat plus a
+touch of the lease session) beside the agent loop, in one ``asyncio.TaskGroup``; if the
+lease is lost the loop is cancelled wherever it is — inside a provider call included —
+so a retried attempt never runs a step beside a zombie. The activity returns a small
+status (``qimpl.db.runs.outcome``), never the answer: Temporal carries no megabytes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import json
 import logging
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -22,17 +28,20 @@ from temporalio.exceptions import ApplicationError
 from qimpl.approvals import approval_request
 from qimpl.crashpoints import declare
 from qimpl.db import runs as repo
-from qimpl.errors import LockNotAcquired, LostOwnership
+from qimpl.errors import SAFE_MESSAGES, DeadlinePassed, LockNotAcquired, LostOwnership
+from qimpl.failures import is_counted_storage_failure
 from qimpl.legacy import run_inline
 from qimpl.lifecycle import TERMINAL, RunState
-from qimpl.provider import Provider, StepContext
+from qimpl.provider import Provider, StepContext, StepResult
 from qimpl.workflows.lease import OwnershipLease
+from qimpl.workflows.owner import RunOwner
 from qimpl.workflows.types import FailInput, RunInput
 
 __all__ = ["AgentActivities"]
 
 log = logging.getLogger("qimpl.activity")
 
+BEFORE_LEASE = declare("activity.before_lease", "an attempt started, before it asks for the run's lease")
 AFTER_CLAIM = declare("activity.after_claim", "the attempt owns the run, before any step")
 BEFORE_CHECKPOINT = declare(
     "activity.before_checkpoint_commit", "a step's provider call returned, its checkpoint not yet committed"
@@ -45,10 +54,29 @@ AFTER_FINAL = declare(
 
 
 def _merge_usage(total: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
+    """Add a step's usage counters to the run's; ValueError unless each is an int >= 0."""
     out = dict(total)
     for k, v in step.items():
-        out[k] = int(out.get(k, 0)) + int(v)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"usage {k!r} is not a count")
+        out[k] = int(out.get(k, 0)) + v
     return out
+
+
+def _json_object(value: Any, what: str) -> dict[str, Any]:
+    """``value`` as a JSON object (ValueError/TypeError when it is not one)."""
+    doc = json.loads(json.dumps(dict(value), allow_nan=False))
+    if not isinstance(doc, dict):
+        raise ValueError(f"{what} is not a JSON object")
+    return doc
+
+
+class _StepFailed(Exception):
+    """A counted failure of one step (R-EXEC-6); ``kind`` names its class for the log."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
 
 
 class AgentActivities:
@@ -61,56 +89,68 @@ class AgentActivities:
 
     @activity.defn(name="run_agent_v2")
     async def run_agent(self, inp: RunInput) -> dict[str, Any]:
-        """Run the agent loop for one generation; returns the run's saved outcome.
+        """Run the agent loop for one generation; returns the run's saved outcome (a small
+        status: ``run_id, state, row_version, generation, error_code``).
 
-        Raises ApplicationError (retryable) when the lock is busy or ownership was lost
-        while the run is still live.
+        Raises ApplicationError (retryable) when the lock is busy, no tenant slot is free,
+        a step failed (counted in the run) or ownership was lost while the run is live.
         """
-        info = activity.info()
+        attempt = activity.info().attempt
+        BEFORE_LEASE.reach(run_id=inp.run_id, attempt=attempt)
         try:
             async with OwnershipLease(
                 self.dsn, inp.run_id, lease_s=inp.heartbeat_timeout_s,
                 application_name=f"qimpl-owner:{inp.run_id}", tenant_id=inp.tenant_id,
-            ) as lease, self._heartbeating(lease):
-                return await self._loop(lease, inp, info.attempt)
+            ) as lease:
+                return await self._under_lease(lease, inp, attempt)
         except LockNotAcquired as exc:
             raise ApplicationError(str(exc), type="LockNotAcquired") from None
         except (LostOwnership, psycopg.OperationalError) as exc:
             saved = await self._saved_outcome_if_terminal(inp.run_id, inp.tenant_id)
             if saved is not None:
                 return saved
-            log.warning("lost ownership of run %s: %s", inp.run_id, type(exc).__name__)
+            log.warning("lost ownership of run %s (attempt %s): %s", inp.run_id, attempt, exc,
+                        extra={"event": "owner.fenced", "run_id": inp.run_id, "attempt": attempt})
             raise ApplicationError("lost ownership", type="LostOwnership") from None
 
-    @contextlib.asynccontextmanager
-    async def _heartbeating(self, lease: OwnershipLease) -> AsyncIterator[None]:
-        async def beat() -> None:
+    async def _under_lease(self, lease: OwnershipLease, inp: RunInput, attempt: int) -> dict[str, Any]:
+        """The agent loop beside the lease keeper; losing the lease cancels the loop
+        (R-EXEC-11). Re-raises the first real error of either task."""
+
+        async def keep() -> None:
             while True:
                 activity.heartbeat()
-                await lease.touch()
+                await lease.touch()  # LostOwnership when the session is gone
                 await asyncio.sleep(lease.touch_interval_s)
 
-        task = asyncio.create_task(beat())
         try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+            async with asyncio.TaskGroup() as group:
+                keeper = group.create_task(keep())
+                loop = group.create_task(self._loop(lease, inp, attempt))
+                loop.add_done_callback(lambda _: keeper.cancel())
+        except BaseExceptionGroup as failed:
+            raise _first_error(failed) from None
+        return loop.result()
 
     async def _loop(self, lease: OwnershipLease, inp: RunInput, attempt: int) -> dict[str, Any]:
-        conn = lease.conn
-        row = await repo.claim_for_attempt(conn, inp.run_id, generation=inp.generation,
-                                           attempt=attempt, slot_limit=self.slot_limit)
-        if RunState(row["state"]) in TERMINAL or row["generation"] != inp.generation:
-            return repo.outcome(row)  # R-EXEC-5: nothing to run
-        if row["state"] == RunState.QUEUED:
-            # No tenant slot free (R-EXEC-9): stay queued; Temporal retries (<= 1 s backoff).
-            raise ApplicationError("no tenant slot free", type="SlotUnavailable")
-        if row["state"] != RunState.RUNNING:
-            return repo.outcome(row)
+        claim = await RunOwner.claim(lease.conn, inp.run_id, generation=inp.generation,
+                                     attempt=attempt, slot_limit=self.slot_limit)
+        if claim.owner is None:
+            if claim.waiting_for_slot and claim.row["generation"] == inp.generation:
+                # No tenant slot free (R-EXEC-9): stay queued; Temporal retries (<= 1 s backoff).
+                raise ApplicationError("no tenant slot free", type="SlotUnavailable")
+            return repo.outcome(claim.row)  # R-EXEC-5: terminal, parked or superseded
+        owner, row = claim.owner, claim.row
         AFTER_CLAIM.reach(run_id=inp.run_id, attempt=attempt)
-        checkpoint = await repo.latest_checkpoint(conn, inp.run_id)
+        try:
+            return await self._steps(owner, row, inp)
+        except DeadlinePassed:
+            return repo.outcome(await owner.expire())
+        except _StepFailed as failure:
+            return await self._count(owner, inp, failure.kind)
+
+    async def _steps(self, owner: RunOwner, row: dict[str, Any], inp: RunInput) -> dict[str, Any]:
+        checkpoint = await repo.latest_checkpoint(owner.conn, inp.run_id)
         step = int(checkpoint["step"]) if checkpoint else 0
         state: dict[str, Any] = dict(checkpoint["state_json"]) if checkpoint else {}
         answer: str | None = checkpoint["answer"] if checkpoint else None
@@ -119,74 +159,71 @@ class AgentActivities:
             checkpoint["pending"] if checkpoint and checkpoint["generation"] == inp.generation else None)
         inputs = tuple(str(i) for i in (row["request_json"] or {}).get("inputs", []))
         decisions = tuple((row["request_json"] or {}).get("decisions", []))
-        version = int(row["row_version"])
         usage: dict[str, Any] = dict(row["usage"] or {})
-        deadline = datetime.fromisoformat(inp.deadline_at)
         while answer is None and pending is None:
-            left = (deadline - datetime.now(UTC)).total_seconds()
-            if left <= 0:
-                return await self._expire(conn, inp, version, attempt)
+            if owner.seconds_left() <= 0:
+                return repo.outcome(await owner.expire())
             step += 1
+            result = await self._ask(owner, StepContext(
+                run_id=inp.run_id, tenant_id=inp.tenant_id, generation=inp.generation,
+                attempt=owner.attempt, step=step, prompt=row["prompt"], state=state,
+                inputs=inputs, decisions=decisions))
+            if result is None:  # the deadline passed during the call (R-EXEC-8)
+                return repo.outcome(await owner.expire())
             try:
-                result = await asyncio.wait_for(self.provider.step(
-                    StepContext(run_id=inp.run_id, tenant_id=inp.tenant_id, generation=inp.generation,
-                                attempt=attempt, step=step, prompt=row["prompt"], state=state,
-                                inputs=inputs, decisions=decisions)
-                ), timeout=left)
-            except TimeoutError:
-                return await self._expire(conn, inp, version, attempt)
-            except Exception as exc:  # noqa: BLE001 - any provider error is one counted failure
-                log.warning("provider failed at step %s of run %s: %s", step, inp.run_id,
-                            type(exc).__name__)
-                version, failures = await repo.record_provider_failure(
-                    conn, inp.run_id, expected_row_version=version, generation=inp.generation,
-                    attempt=attempt)
-                if failures >= inp.max_provider_failures:
-                    row = await repo.finish(
-                        conn, inp.run_id, expected_row_version=version, generation=inp.generation,
-                        attempt=attempt, state=RunState.FAILED,
-                        error_code="agent_attempts_exhausted",
-                        error_message=_SAFE_MESSAGES["agent_attempts_exhausted"])
-                    return repo.outcome(row)
-                raise ApplicationError("provider step failed", type="ProviderFailure") from None
-            if datetime.now(UTC) >= deadline:  # no checkpoint after the deadline (R-EXEC-8)
-                return await self._expire(conn, inp, version, attempt)
-            state, answer = dict(result.state), result.answer
-            pending = dict(result.pending) if result.pending is not None else None
-            if pending is not None and pending.get("kind") == "approval":
-                pending = approval_request(inp.run_id, inp.generation, step, pending)
-            usage = _merge_usage(usage, dict(result.usage))
-            BEFORE_CHECKPOINT.reach(run_id=inp.run_id, step=step, attempt=attempt)
-            version = await repo.commit_checkpoint(
-                conn, inp.run_id, expected_row_version=version, generation=inp.generation,
-                attempt=attempt, step=step, state=state, usage=usage, answer=answer,
-                pending=pending,
-            )
-            AFTER_CHECKPOINT.reach(run_id=inp.run_id, step=step, attempt=attempt)
+                state = _json_object(result.state, "state")
+                usage = _merge_usage(usage, dict(result.usage))
+                answer = result.answer
+                pending = _json_object(result.pending, "pending") if result.pending is not None else None
+                if pending is not None and pending.get("kind") == "approval":
+                    pending = approval_request(inp.run_id, inp.generation, step, pending)
+                BEFORE_CHECKPOINT.reach(run_id=inp.run_id, step=step, attempt=owner.attempt)
+                await owner.checkpoint(step, state=state, usage=usage, answer=answer, pending=pending)
+            except (LostOwnership, DeadlinePassed):
+                raise
+            except Exception as exc:
+                if not is_counted_storage_failure(exc):
+                    raise
+                log.warning("step %s of run %s could not be stored: %s", step, inp.run_id,
+                            type(exc).__name__, extra={"run_id": inp.run_id, "step": step})
+                raise _StepFailed("unstorable_result") from None
+            AFTER_CHECKPOINT.reach(run_id=inp.run_id, step=step, attempt=owner.attempt)
         if pending is not None:
-            approval = pending.get("kind") == "approval"
-            row = await repo.finish(
-                conn, inp.run_id, expected_row_version=version, generation=inp.generation,
-                attempt=attempt,
-                state=RunState.AWAITING_APPROVAL if approval else RunState.AWAITING_INPUT,
-                result={"pending_approval" if approval else "pending_input": pending}, usage=usage,
-            )
-            return repo.outcome(row)
-        BEFORE_FINAL.reach(run_id=inp.run_id, attempt=attempt)
-        row = await repo.finish(
-            conn, inp.run_id, expected_row_version=version, generation=inp.generation,
-            attempt=attempt, state=RunState.COMPLETED, result={"answer": answer}, usage=usage,
-        )
-        AFTER_FINAL.reach(run_id=inp.run_id, attempt=attempt)
-        return repo.outcome(row)
+            return repo.outcome(await owner.park(pending, usage=usage))
+        BEFORE_FINAL.reach(run_id=inp.run_id, attempt=owner.attempt)
+        done = await owner.complete(answer or "", usage=usage)
+        AFTER_FINAL.reach(run_id=inp.run_id, attempt=owner.attempt)
+        return repo.outcome(done)
 
-    async def _expire(self, conn: Any, inp: RunInput, version: int, attempt: int) -> dict[str, Any]:
-        row = await repo.finish(
-            conn, inp.run_id, expected_row_version=version, generation=inp.generation,
-            attempt=attempt, state=RunState.EXPIRED, error_code="deadline_exceeded",
-            error_message="the run's deadline passed",
-        )
-        return repo.outcome(row)
+    async def _ask(self, owner: RunOwner, ctx: StepContext) -> StepResult | None:
+        """One provider call bounded by the deadline. Returns None when the *deadline*
+        passed during it; a provider's own timeout, or any other provider error, is a
+        counted failure (_StepFailed), never an expiry (R-EXEC-12)."""
+        try:
+            async with asyncio.timeout(owner.seconds_left()) as deadline:
+                return await self.provider.step(ctx)
+        except TimeoutError:
+            if deadline.expired():
+                return None
+            kind = "provider_timeout"
+        except Exception as exc:  # noqa: BLE001 - any provider error is one counted failure
+            kind = f"provider_error:{type(exc).__name__}"
+        log.warning("provider failed at step %s of run %s: %s", ctx.step, ctx.run_id, kind,
+                    extra={"run_id": ctx.run_id, "step": ctx.step})
+        raise _StepFailed(kind)
+
+    async def _count(self, owner: RunOwner, inp: RunInput, kind: str) -> dict[str, Any]:
+        """Count a failed step durably; after ``max_provider_failures`` end the run
+        ``failed`` with a safe code, else fail the attempt so Temporal retries it."""
+        try:
+            failures = await owner.count_failure()
+            if failures >= inp.max_provider_failures:
+                code = "agent_attempts_exhausted"
+                return repo.outcome(await owner.fail(code, SAFE_MESSAGES[code]))
+        except DeadlinePassed:
+            return repo.outcome(await owner.expire())
+        raise ApplicationError(f"step failed ({kind}); {failures} of {inp.max_provider_failures}",
+                               type="StepFailure")
 
     async def _connect(self, tenant_id: str) -> psycopg.AsyncConnection[Any]:
         """A short-lived connection scoped to ``tenant_id`` (row-level security)."""
@@ -222,18 +259,29 @@ class AgentActivities:
         ``expired`` with a safe code, unless it is already terminal (R-EXEC-6, R-EXEC-8).
         ``error_message`` is a fixed sentence: never an exception text or a trace."""
         target = RunState(inp.state)
-        message = (_SAFE_MESSAGES.get(inp.error_code)
+        message = (SAFE_MESSAGES.get(inp.error_code)
                    or "the agent could not complete after repeated attempts")
         async with await self._connect(inp.tenant_id) as conn:
             row = await repo.end_unowned(conn, inp.run_id, generation=inp.generation, state=target,
                                          error_code=inp.error_code, error_message=message)
             if row is None:
                 row = await repo.get_run(conn, inp.run_id)
+        if (row is not None and target == RunState.EXPIRED and row["generation"] == inp.generation
+                and row["state"] in (RunState.ACCEPTED, RunState.QUEUED, RunState.RUNNING)):
+            # Temporal's clock reached the deadline before the database's: never expire
+            # early (R-EXEC-12); Temporal retries this activity until the database agrees.
+            raise ApplicationError("the deadline has not passed by the database's clock",
+                                   type="DeadlineNotReached")
         return repo.outcome(row) if row else {"run_id": inp.run_id, "state": "unknown"}
 
 
-_SAFE_MESSAGES = {
-    "agent_attempts_exhausted": "the agent could not complete after repeated attempts",
-    "agent_activity_failed": "the agent activity failed and cannot be retried",
-    "deadline_exceeded": "the run's deadline passed",
-}
+def _first_error(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The error to raise for a failed task group: the first that is not a cancellation."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first_error(exc)
+        if not isinstance(exc, asyncio.CancelledError):
+            return exc
+    return group.exceptions[0]
+
+

@@ -1,20 +1,52 @@
-"""The activity owner's lease: a session advisory lock on a dedicated connection (R-EXEC-2).
+"""The activity owner's lease: a session advisory lock on a dedicated connection
+(R-EXEC-2), bounded in every case (R-EXEC-11).
 
 Why a lease and not just the lock: a session advisory lock is held for as long as its
 session lives, and a SIGSTOPped (or partitioned) owner keeps its TCP connection, so it
-would keep the lock forever. The lock connection therefore runs with
-``idle_session_timeout = lease_s``: the owner touches it (``SELECT 1``) every
-``lease_s / 4`` from a background task, alongside the Temporal heartbeat. A process
-that stops running stops touching it, and PostgreSQL itself ends the session — and
-frees the lock — ``lease_s`` after the last touch, with no help from the holder.
+would keep the lock forever. The lock session therefore runs with
+
+* ``idle_session_timeout = lease_s``: ends a session idle outside a transaction;
+* ``idle_in_transaction_session_timeout = lease_s``: ends a session idle *inside* an
+  open transaction. ``idle_session_timeout`` alone does not apply there, so an owner
+  paused between two statements of a transaction would keep its advisory lock (and its
+  row locks) forever;
+* ``lock_timeout = lease_s``: a statement of the owner never waits on a row lock for
+  longer than the lease (it fails with ``LockNotAvailable``, an OperationalError, which
+  the activity treats as lost ownership and retries).
+
+The owner touches the session (``SELECT 1``) every ``lease_s / 4`` from a background
+task, alongside the Temporal heartbeat (inside a transaction too: the touch runs between
+the owner's statements). A process that stops running stops touching it, and PostgreSQL
+itself ends the session, and frees the lock, at most ``lease_s`` after the owner's
+last statement *ended*, whether the session was left idle or idle in a transaction, with
+no help from the holder. Not covered by those timeouts: a backend still *running* a
+statement. The owner's statements are short and ``lock_timeout`` bounds their only
+unbounded wait (row locks), so such a statement ends within about ``lease_s`` too; we
+do not set ``statement_timeout``, which would also cut a live owner's statement that is
+merely slow under load. ``client_connection_check_interval = lease_s`` ends a running
+statement early when the client's socket is already gone.
+
+A cut-off network peer (no FIN, no RST) is detected on both ends within about the
+lease: the session sets ``tcp_user_timeout`` and ``tcp_keepalives_*`` (the server's
+side) and the connection passes libpq's ``keepalives*`` and ``tcp_user_timeout`` (the
+client's side). These are best effort: on a unix socket the server accepts and ignores
+them. Only the three timeouts above are mandatory.
+
+Why ``SET`` after connecting and not the ``options=-c ...`` startup parameter: a
+session-pooling PgBouncer refuses ``options`` (every lease connect fails) or, with
+``ignore_startup_parameters = options``, silently drops it, and then a paused owner
+keeps the lock forever. ``SET`` on the session works through any session pooler. The
+lease then *reads the settings back* and refuses to own the run (``LeaseNotBounded``,
+a retryable LockNotAcquired) when any mandatory one is not in effect; the advisory lock
+is taken only after that check.
 
 Timing, with ``lease_s`` equal to the activity's heartbeat timeout ``H``: Temporal
 times the paused attempt out after ``H`` (plus its timer slack, measured 0.5-2 s) and
-schedules a retry; PostgreSQL frees the lock ``H`` after the last touch; the retry takes
-the lock on its first or second try (a busy lock is a retryable failure, backoff <= 1 s).
-One more delay is Temporal's, not ours: each activity poll the paused worker had in
-flight may be handed a retry that it never starts, and that attempt too is lost only
-after ``H``. Workers keep two activity polls, so takeover is bounded by about
+schedules a retry; PostgreSQL frees the lock ``H`` after the last statement; the retry
+takes the lock on its first or second try (a busy lock is a retryable failure, backoff
+<= 1 s). One more delay is Temporal's, not ours: each activity poll the paused worker
+had in flight may be handed a retry that it never starts, and that attempt too is lost
+only after ``H``. Workers keep two activity polls, so takeover is bounded by about
 ``3 x (H + 3 s)``; the ``paused-owner`` scenario measures it (about 6-7 s at H = 1 s).
 
 Every owner write is made *on this connection*: once the session is gone, so is the
@@ -29,19 +61,47 @@ from types import TracebackType
 from typing import Any
 
 import psycopg
+from psycopg import pq
 
 from qimpl.errors import LockNotAcquired, LostOwnership
 
-__all__ = ["OwnershipLease", "lock_key_sql"]
+__all__ = ["LeaseNotBounded", "OwnershipLease", "lock_key_sql"]
 
 #: The advisory lock key of a run: one bigint derived from its id.
 lock_key_sql = "hashtextextended('qimpl-run:' || %s, 0)"
 
+#: Session settings (in milliseconds) the lease must read back before it takes the lock.
+MANDATORY_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeout", "lock_timeout")
+
+#: The errors with which a lease session that PostgreSQL ended reports itself.
+_SESSION_ENDED = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)
+
+
+class LeaseNotBounded(LockNotAcquired):
+    """The lease session does not run with the timeouts that bound the lease (R-EXEC-11);
+    the run is not owned. Retryable, like any LockNotAcquired."""
+
+    code = "lease_not_bounded"
+
+
+def lease_ms(lease_s: float) -> int:
+    """The lease in whole milliseconds, at least 1 (0 would disable the timeouts)."""
+    return max(1, int(lease_s * 1000))
+
+
+def keepalive_s(lease_s: float) -> tuple[int, int, int]:
+    """TCP keepalive ``(idle, interval, count)`` in whole seconds (at least 1) so that a
+    silent peer is declared dead about ``lease_s`` after the last traffic."""
+    return max(1, int(lease_s / 2)), max(1, int(lease_s / 4)), 2
+
 
 class OwnershipLease:
-    """Async context manager: ``async with OwnershipLease(dsn, run_id, lease_s=2.0) as lease``.
+    """Async context manager: ``async with OwnershipLease(dsn, run_id, lease_s=2.0, ...) as lease``.
 
-    Raises LockNotAcquired when another session holds the run's lock.
+    ``lease_s`` (seconds) bounds how long the run's advisory lock outlives the owner's
+    last statement (R-EXEC-2, R-EXEC-11). Raises LockNotAcquired when another session
+    holds the run's lock, and LeaseNotBounded (a LockNotAcquired) when the session does
+    not run with the lease's timeouts.
     """
 
     def __init__(self, dsn: str, run_id: str, *, lease_s: float, application_name: str,
@@ -55,22 +115,86 @@ class OwnershipLease:
 
     @property
     def conn(self) -> psycopg.AsyncConnection[Any]:
+        """The lease session; every owner write goes through it. Raises LostOwnership when gone."""
         if self._conn is None or self._conn.closed:
             raise LostOwnership(f"lease connection of run {self.run_id} is gone")
         return self._conn
 
     @property
     def touch_interval_s(self) -> float:
+        """Seconds between touches: a quarter of the lease."""
         return self.lease_s / 4
+
+    def _mandatory_settings(self) -> dict[str, int]:
+        ms = lease_ms(self.lease_s)
+        return dict.fromkeys(MANDATORY_SETTINGS, ms)
+
+    def _best_effort_settings(self) -> dict[str, int]:
+        ms = lease_ms(self.lease_s)
+        idle, interval, count = keepalive_s(self.lease_s)
+        return {"tcp_user_timeout": ms, "tcp_keepalives_idle": idle,
+                "tcp_keepalives_interval": interval, "tcp_keepalives_count": count,
+                "client_connection_check_interval": ms}
+
+    def _connect_params(self) -> dict[str, Any]:
+        """libpq's client-side keepalive parameters (no ``options``: see the module doc)."""
+        idle, interval, count = keepalive_s(self.lease_s)
+        params: dict[str, Any] = {"keepalives": 1, "keepalives_idle": idle,
+                                  "keepalives_interval": interval, "keepalives_count": count}
+        if pq.version() >= 120000:  # libpq 12 added tcp_user_timeout
+            params["tcp_user_timeout"] = lease_ms(self.lease_s)
+        return params
+
+    async def _apply_settings(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Set the lease's session settings with ``set_config(..., false)``: the mandatory
+        ones to the lease exactly, the best-effort ones to at most the lease (a tighter
+        non-zero server value is kept). One statement, or, when the server refuses one of
+        them, one statement each, ignoring refusals: ``_verify_settings`` judges the result."""
+        calls: list[tuple[str, list[Any]]] = [
+            ("set_config(%s, %s, false)", [name, str(value)])
+            for name, value in self._mandatory_settings().items()]
+        calls += [
+            ("set_config(%s, (SELECT CASE WHEN setting::bigint BETWEEN 1 AND %s THEN setting"
+             " ELSE %s END FROM pg_settings WHERE name = %s), false)",
+             [name, value, str(value), name])
+            for name, value in self._best_effort_settings().items()]
+        try:
+            await conn.execute("SELECT " + ", ".join(sql for sql, _ in calls),
+                               [arg for _, args in calls for arg in args])
+            return
+        except psycopg.Error:
+            if conn.broken:
+                raise
+        for sql, args in calls:
+            try:
+                await conn.execute("SELECT " + sql, args)
+            except psycopg.Error:
+                if conn.broken:
+                    raise
+
+    async def _verify_settings(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Read the mandatory settings back; raise LeaseNotBounded naming each one that is
+        not in effect (R-EXEC-11)."""
+        wanted = self._mandatory_settings()
+        cur = await conn.execute(
+            "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", (list(wanted),))
+        seen = {str(name): str(setting) for name, setting in await cur.fetchall()}
+        wrong = [f"{name} is {seen[name] + ' ms' if name in seen else 'not supported'}"
+                 f" (expected {value} ms)"
+                 for name, value in wanted.items() if seen.get(name) != str(value)]
+        if wrong:
+            raise LeaseNotBounded(
+                f"the lease session of run {self.run_id} is not bounded: " + "; ".join(wrong)
+                + " (a pooler or server that ignores SET?); not taking the run's lock")
 
     async def __aenter__(self) -> OwnershipLease:
         conn = await psycopg.AsyncConnection.connect(
-            self.dsn,
-            autocommit=True,
-            application_name=self.application_name,
-            options=f"-c idle_session_timeout={int(self.lease_s * 1000)}",
+            self.dsn, autocommit=True, application_name=self.application_name,
+            **self._connect_params(),
         )
         try:
+            await self._apply_settings(conn)
+            await self._verify_settings(conn)
             # The lease session is the run's only writer: scope it to the run's tenant, so
             # row-level security admits its writes and nothing else (R-AUTH-4).
             await conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (self.tenant_id,))
@@ -85,10 +209,10 @@ class OwnershipLease:
         return self
 
     async def touch(self) -> None:
-        """Renew the lease; raises LostOwnership when the session is gone."""
+        """Renew the lease (R-EXEC-11); raises LostOwnership when the session is gone."""
         try:
             await self.conn.execute("SELECT 1")
-        except psycopg.OperationalError as exc:
+        except _SESSION_ENDED as exc:
             raise LostOwnership(f"lease of run {self.run_id} lost: {exc.sqlstate}") from exc
 
     async def __aexit__(

@@ -7,11 +7,16 @@ The run's prompt is its script, a JSON object (a plain-text prompt means the def
 
     {"steps": 5, "answer": "42", "delay_ms": 0,
      "barrier": {"step": 3, "name": "b1"},       # hold at the start of step 3, once
-     "fail": "always" | {"steps": [2], "attempts": [1]}}
+     "fail": "always" | {"steps": [2], "attempts": [1], "error": "timeout"},
+     "answer_bytes": 3000000}                    # an answer of that many bytes
+
+``fail.error`` ``"timeout"`` raises ``TimeoutError`` (a provider's own HTTP read
+timeout, R-EXEC-12); the default raises ``SyntheticFailure``.
 
 Every call is recorded *before* anything else as one JSON line in
 ``<control_dir>/provider_calls.jsonl`` — the harness's independent count of what was
-asked of the provider. At a barrier the worker writes ``barrier.<name>.reached`` (pid,
+asked of the provider. A call cancelled before it returned (the owner lost its lease,
+R-EXEC-11) is recorded in ``provider_cancellations.jsonl``. At a barrier the worker writes ``barrier.<name>.reached`` (pid,
 run, step, attempt) and holds, still heartbeating, until ``barrier.<name>.release``
 appears or the process is struck. A barrier holds once: a later attempt passes it.
 """
@@ -37,7 +42,7 @@ BARRIER_MAX_S = 600.0
 class Script:
     """A parsed script; unknown keys are refused so a typo cannot make a vacuous test."""
 
-    KEYS = frozenset({"steps", "answer", "barrier", "fail", "delay_ms", "park"})
+    KEYS = frozenset({"steps", "answer", "barrier", "fail", "delay_ms", "park", "answer_bytes"})
 
     def __init__(self, doc: Mapping[str, Any]) -> None:
         unknown = set(doc) - self.KEYS
@@ -45,6 +50,8 @@ class Script:
             raise ValueError(f"unknown script keys: {sorted(unknown)}")
         self.steps = int(doc.get("steps", 3))
         self.answer = str(doc.get("answer", "synthetic answer"))
+        if doc.get("answer_bytes"):
+            self.answer = "x" * int(doc["answer_bytes"])
         self.delay_ms = int(doc.get("delay_ms", 0))
         self.barrier: Mapping[str, Any] | None = doc.get("barrier")
         self.fail: Any = doc.get("fail")
@@ -60,6 +67,12 @@ class Script:
         except ValueError:
             return cls({})
         return cls(doc if isinstance(doc, dict) else {})
+
+    def error(self) -> Exception:
+        """The exception a scripted failure raises."""
+        if isinstance(self.fail, Mapping) and self.fail.get("error") == "timeout":
+            return TimeoutError("synthetic provider read timeout")
+        return SyntheticFailure("scripted failure")
 
     def fails(self, step: int, attempt: int) -> bool:
         if self.fail == "always":
@@ -105,15 +118,25 @@ class SyntheticProvider(Provider):
         while not release.exists() and time.monotonic() < deadline:
             await asyncio.sleep(BARRIER_POLL_S)
 
+    def _record_cancellation(self, ctx: StepContext) -> None:
+        line = json.dumps({"run_id": ctx.run_id, "step": ctx.step, "attempt": ctx.attempt,
+                           "pid": os.getpid(), "t": time.time()})
+        with open(self.control / "provider_cancellations.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+
     async def step(self, ctx: StepContext) -> StepResult:
         script = Script.from_prompt(ctx.prompt)
         self._record(ctx)
-        if script.barrier and int(script.barrier["step"]) == ctx.step:
-            await self._barrier(str(script.barrier["name"]), ctx)
-        if script.delay_ms:
-            await asyncio.sleep(script.delay_ms / 1000)
+        try:
+            if script.barrier and int(script.barrier["step"]) == ctx.step:
+                await self._barrier(str(script.barrier["name"]), ctx)
+            if script.delay_ms:
+                await asyncio.sleep(script.delay_ms / 1000)
+        except asyncio.CancelledError:
+            self._record_cancellation(ctx)
+            raise
         if script.fails(ctx.step, ctx.attempt):
-            raise SyntheticFailure(f"scripted failure at step {ctx.step}")
+            raise script.error()
         trail = [*ctx.state.get("trail", []), ctx.step]
         usage = {"provider_calls": 1, "input_tokens": 10, "output_tokens": 5}
         if script.park and int(script.park["step"]) == ctx.step and ctx.generation == 1:

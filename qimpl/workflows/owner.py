@@ -1,0 +1,281 @@
+"""The activity owner of one run generation: its lease session plus its fencing token.
+
+``RunOwner.claim`` makes an activity attempt the run's owner; every later write of that
+attempt is a method of the returned object — ``checkpoint``, ``count_failure``,
+``park``, ``complete``, ``fail``, ``expire`` — so the fencing rules live here and the
+activity reads as the agent loop.
+
+The fencing token is ``(row_version, generation, owner_attempt)``: each write is one
+transaction whose UPDATE matches only the row version this owner last wrote, its
+generation and its attempt, in state ``running`` (R-EXEC-7). The transition guard then
+refuses what the token cannot express (R-STATE-1): a terminal run (``QG001``), a write
+after the deadline by the database's clock (``QG006``, R-EXEC-8), ``expired`` before
+it (``QG007``, R-EXEC-12) and an attempt lower than the stored owner (``QG008``). A
+write that matches no row or that the guard refuses raises ``LostOwnership``; a write
+refused for the deadline raises ``DeadlinePassed``, and the owner then expires the run.
+
+The deadline is measured on the database's clock: the claim reads the seconds left
+(``deadline_at - clock_timestamp()``) and the owner counts them down on the monotonic
+clock, so a worker whose wall clock is ahead or behind neither stops early nor late.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row, tuple_row
+from psycopg.types.json import Jsonb
+
+from qimpl.crashpoints import declare
+from qimpl.db.runs import DEADLINE_SQLSTATE, GUARD_SQLSTATES, Row
+from qimpl.errors import DeadlinePassed, LostOwnership
+from qimpl.lifecycle import TERMINAL, RunState
+
+__all__ = ["Claim", "RunOwner"]
+
+AConn = psycopg.AsyncConnection[Any]
+
+INSIDE_CLAIM = declare(
+    "owner.inside_claim_transaction",
+    "the claim's UPDATE ran: the row lock (and tenant-slot lock) is held, nothing committed")
+INSIDE_CHECKPOINT = declare(
+    "owner.inside_checkpoint_transaction",
+    "a checkpoint's UPDATE ran: the row lock is held, the checkpoint not committed")
+
+#: The owner's fencing condition (R-EXEC-7).
+_FENCE = (
+    "WHERE run_id = %(run_id)s AND row_version = %(expected)s AND generation = %(generation)s"
+    " AND owner_attempt = %(attempt)s AND state = 'running'"
+)
+_TERMINAL_SQL = "('completed', 'failed', 'expired', 'cancelled')"
+_LEFT = "extract(epoch FROM deadline_at - clock_timestamp())::float8 AS deadline_left_s"
+#: How often an early ``expire`` re-reads the database's clock (seconds).
+_EXPIRE_RETRY_S = 0.05
+
+
+class Claim:
+    """What a claim found: ``owner`` set when this attempt now owns a ``running`` run;
+    otherwise ``row`` says why not (terminal, parked, another generation, or ``queued``
+    waiting for a tenant slot)."""
+
+    def __init__(self, row: Row, owner: RunOwner | None) -> None:
+        self.row = row
+        self.owner = owner
+
+    @property
+    def waiting_for_slot(self) -> bool:
+        return self.owner is None and self.row["state"] == RunState.QUEUED
+
+
+class RunOwner:
+    """The fenced writes of one attempt on its lease connection ``conn``."""
+
+    def __init__(self, conn: AConn, *, run_id: str, generation: int, attempt: int,
+                 row_version: int, deadline_left_s: float) -> None:
+        self.conn = conn
+        self.run_id = run_id
+        self.generation = generation
+        self.attempt = attempt
+        self.row_version = row_version
+        self._deadline_mono = time.monotonic() + deadline_left_s
+
+    # -- the claim ---------------------------------------------------------------------
+    @classmethod
+    async def claim(cls, conn: AConn, run_id: str, *, generation: int, attempt: int,
+                    slot_limit: int = 0) -> Claim:
+        """Make this attempt the owner (R-EXEC-2): ``accepted -> queued -> running`` or a
+        takeover ``running -> running`` with ``owner_attempt = attempt``. Call only while
+        holding the run's advisory lock.
+
+        Refuses (LostOwnership) an attempt lower than the stored ``owner_attempt`` of the
+        same generation: fencing tokens only go forward, so a superseded attempt delivered
+        late cannot take the run back. A run whose deadline passed by the database's clock
+        is expired here instead of claimed (R-EXEC-8).
+
+        Tenant slots (R-EXEC-9): with ``slot_limit > 0`` a ``queued`` run starts only while
+        fewer than ``slot_limit`` of its tenant's runs are ``running`` or
+        ``awaiting_approval``; otherwise it stays ``queued`` (its dispatch recorded as
+        confirmed). Claims of one tenant are serialised by a transaction-level advisory
+        lock so that two cannot both see room."""
+        async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(f"SELECT *, {_LEFT} FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
+            row = await cur.fetchone()
+            if row is None:
+                raise LostOwnership(f"run {run_id} does not exist")
+            if RunState(row["state"]) in TERMINAL or row["generation"] != generation:
+                return Claim(row, None)
+            if row["owner_attempt"] is not None and attempt < int(row["owner_attempt"]):
+                raise LostOwnership(f"claim of run {run_id} refused: attempt {attempt} is lower "
+                                    f"than its owner's attempt {row['owner_attempt']}")
+            if row["deadline_left_s"] <= 0 and row["state"] in (
+                    RunState.ACCEPTED, RunState.QUEUED, RunState.RUNNING):
+                await cur.execute(
+                    "UPDATE runs SET state = 'expired', row_version = row_version + 1,"
+                    " error_code = 'deadline_exceeded', error_message = 'the run''s deadline passed',"
+                    f" completed_at = clock_timestamp() WHERE run_id = %s RETURNING *, {_LEFT}",
+                    (run_id,))
+                expired = await cur.fetchone()
+                assert expired is not None
+                return Claim(expired, None)
+            if row["state"] == RunState.ACCEPTED:
+                await cur.execute(
+                    "UPDATE runs SET state = 'queued', row_version = row_version + 1,"
+                    " dispatch_confirmed_at = coalesce(dispatch_confirmed_at, clock_timestamp())"
+                    f" WHERE run_id = %s RETURNING *, {_LEFT}", (run_id,))
+                row = await cur.fetchone()
+                assert row is not None
+            if row["state"] not in (RunState.QUEUED, RunState.RUNNING):
+                return Claim(row, None)
+            if row["state"] == RunState.QUEUED and slot_limit > 0:
+                await cur.execute("SELECT pg_advisory_xact_lock(hashtextextended('qimpl-slots:' || %s, 0))",
+                                  (row["tenant_id"],))
+                await cur.execute(
+                    "SELECT count(*) AS held FROM runs WHERE tenant_id = %s AND run_id <> %s"
+                    " AND state IN ('running', 'awaiting_approval')", (row["tenant_id"], run_id))
+                held = await cur.fetchone()
+                if held is not None and held["held"] >= slot_limit:
+                    if row["dispatch_confirmed_at"] is None:
+                        # This worker holds the generation's task: its dispatch is confirmed,
+                        # and the reconciler must not dispatch it again every sweep.
+                        await cur.execute(
+                            "UPDATE runs SET row_version = row_version + 1,"
+                            " dispatch_confirmed_at = clock_timestamp()"
+                            f" WHERE run_id = %s RETURNING *, {_LEFT}", (run_id,))
+                        row = await cur.fetchone()
+                        assert row is not None
+                    return Claim(row, None)
+            await cur.execute(
+                """
+                UPDATE runs SET state = 'running', row_version = row_version + 1,
+                                owner_attempt = %s,
+                                started_at = coalesce(started_at, clock_timestamp()),
+                                dispatch_confirmed_at = coalesce(dispatch_confirmed_at, clock_timestamp())
+                WHERE run_id = %s RETURNING *,
+                """ + _LEFT,
+                (attempt, run_id),
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            INSIDE_CLAIM.reach(run_id=run_id, attempt=attempt)
+        owner = cls(conn, run_id=run_id, generation=generation, attempt=attempt,
+                    row_version=int(row["row_version"]),
+                    deadline_left_s=float(row["deadline_left_s"]))
+        return Claim(row, owner)
+
+    # -- the deadline ------------------------------------------------------------------
+    def seconds_left(self) -> float:
+        """Seconds until ``deadline_at`` by the database's clock, as measured at the claim."""
+        return self._deadline_mono - time.monotonic()
+
+    # -- fenced writes -----------------------------------------------------------------
+    def _params(self, **extra: Any) -> dict[str, Any]:
+        return {"run_id": self.run_id, "expected": self.row_version, "generation": self.generation,
+                "attempt": self.attempt, **extra}
+
+    async def _write(self, sql: str, params: Mapping[str, Any], *, what: str, then: Any = None,
+                     dict_rows: bool = False) -> Any:
+        """One fenced UPDATE ... RETURNING in its own transaction (``then(cur, row)`` may add
+        statements to it); advances this owner's ``row_version``. Raises LostOwnership when
+        the fence matched no row or the guard refused, DeadlinePassed for the deadline; any
+        other database error (a value the database cannot store) propagates unchanged."""
+        try:
+            async with self.conn.transaction(), self.conn.cursor(
+                    row_factory=dict_row if dict_rows else tuple_row) as cur:
+                await cur.execute(sql, params)
+                got: Any = await cur.fetchone()
+                if got is not None and then is not None:
+                    await then(cur, got)
+        except psycopg.Error as exc:
+            if exc.sqlstate == DEADLINE_SQLSTATE:
+                raise DeadlinePassed(f"{what}: deadline passed") from exc
+            if exc.sqlstate in GUARD_SQLSTATES or exc.sqlstate == "23505":
+                raise LostOwnership(f"{what} rejected: {exc.sqlstate}") from exc
+            raise
+        if got is None:
+            raise LostOwnership(f"{what} fenced")
+        self.row_version = int(got["row_version"]) if dict_rows else int(got[0])
+        return got
+
+    async def checkpoint(self, step: int, *, state: Mapping[str, Any], usage: Mapping[str, Any],
+                         answer: str | None = None, pending: Mapping[str, Any] | None = None) -> None:
+        """Checkpoint ``step`` and bump ``row_version`` in one transaction (R-EXEC-3). The
+        final step's checkpoint carries the ``answer``, so an attempt that dies between it
+        and the final commit is finished without asking the provider again."""
+
+        async def insert_checkpoint(cur: Any, got: Any) -> None:
+            INSIDE_CHECKPOINT.reach(run_id=self.run_id, step=step, attempt=self.attempt)
+            await cur.execute(
+                "INSERT INTO run_checkpoints (run_id, step, generation, attempt, row_version,"
+                " state_json, answer, pending) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                (self.run_id, step, self.generation, self.attempt, int(got[0]), Jsonb(dict(state)),
+                 answer, Jsonb(dict(pending)) if pending is not None else None),
+            )
+
+        await self._write(
+            "UPDATE runs SET row_version = row_version + 1, checkpoint_step = %(step)s,"
+            f" usage = %(usage)s {_FENCE} RETURNING row_version",
+            self._params(step=step, usage=Jsonb(dict(usage))),
+            what=f"checkpoint {step} of run {self.run_id}", then=insert_checkpoint)
+
+    async def count_failure(self) -> int:
+        """Count one failed step durably (R-EXEC-6); returns the run's failures so far."""
+        got = await self._write(
+            f"UPDATE runs SET row_version = row_version + 1, provider_failures = provider_failures + 1"
+            f" {_FENCE} RETURNING row_version, provider_failures",
+            self._params(), what=f"failure count of run {self.run_id}")
+        return int(got[1])
+
+    async def _end(self, state: RunState, *, result: Mapping[str, Any] | None = None,
+                   error_code: str | None = None, error_message: str | None = None,
+                   usage: Mapping[str, Any] | None = None, extra_where: str = "") -> Row:
+        row: Row = await self._write(
+            "UPDATE runs SET state = %(state)s::varchar, row_version = row_version + 1,"
+            " result_json = coalesce(%(result)s, result_json), error_code = %(code)s,"
+            " error_message = %(message)s, usage = coalesce(%(usage)s, usage),"
+            f" completed_at = CASE WHEN %(state)s::varchar IN {_TERMINAL_SQL}"
+            f" THEN clock_timestamp() END {_FENCE}{extra_where} RETURNING *",
+            self._params(state=str(state), result=Jsonb(dict(result)) if result is not None else None,
+                         code=error_code, message=error_message,
+                         usage=Jsonb(dict(usage)) if usage is not None else None),
+            what=f"{state} of run {self.run_id}", dict_rows=True)
+        return row
+
+    async def park(self, pending: Mapping[str, Any], *, usage: Mapping[str, Any]) -> Row:
+        """``awaiting_approval`` (``pending.kind == "approval"``) or ``awaiting_input`` with
+        ``result_json.pending_*`` set (R-READ-2)."""
+        approval = pending.get("kind") == "approval"
+        return await self._end(
+            RunState.AWAITING_APPROVAL if approval else RunState.AWAITING_INPUT,
+            result={"pending_approval" if approval else "pending_input": dict(pending)}, usage=usage)
+
+    async def complete(self, answer: str, *, usage: Mapping[str, Any]) -> Row:
+        """``completed`` with ``result_json.answer`` (refused after the deadline, QG006)."""
+        return await self._end(RunState.COMPLETED, result={"answer": answer}, usage=usage)
+
+    async def fail(self, error_code: str, error_message: str) -> Row:
+        """``failed`` with a safe code and a fixed message (R-EXEC-6)."""
+        return await self._end(RunState.FAILED, error_code=error_code, error_message=error_message)
+
+    async def expire(self) -> Row:
+        """``expired`` (R-EXEC-8), written only once the database's clock has reached
+        ``deadline_at`` (R-EXEC-12): if this owner's count-down ran out a little before the
+        database's, it waits for the database, never writes early."""
+        while True:
+            try:
+                return await self._end(
+                    RunState.EXPIRED, error_code="deadline_exceeded",
+                    error_message="the run's deadline passed",
+                    extra_where=" AND deadline_at <= clock_timestamp()")
+            except LostOwnership:
+                cur = await self.conn.execute(
+                    "SELECT extract(epoch FROM deadline_at - clock_timestamp())::float8, row_version,"
+                    " state FROM runs WHERE run_id = %s", (self.run_id,))
+                found = await cur.fetchone()
+                if (found is None or int(found[1]) != self.row_version
+                        or found[2] != RunState.RUNNING or float(found[0]) <= 0):
+                    raise
+                await asyncio.sleep(max(float(found[0]), _EXPIRE_RETRY_S))
