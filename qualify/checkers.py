@@ -173,7 +173,8 @@ PROVIDER_CLOCK_SLACK_S = 0.05
 
 def deadline_respected(history: Sequence[Event]) -> Check:
     """After a run's deadline: no provider call, no checkpoint, and no transition except
-    into ``expired``, ``failed`` or ``cancelled`` (R-EXEC-8)."""
+    into ``expired``, ``failed`` or ``cancelled`` (R-EXEC-8); and never ``expired`` before
+    it (R-EXEC-12). Deadlines and transitions are both stamped by the database's clock."""
     name = "deadline respected"
     deadlines = {str(e["run_id"]): float(e["deadline_t"]) for e in _of(history, "run")}
     bad = []
@@ -189,7 +190,9 @@ def deadline_respected(history: Sequence[Event]) -> Check:
         elif (e["type"] == "transition" and late > 0
               and e["new_state"] not in ("expired", "failed", "cancelled")):
             bad.append(f"{run}: {e['old_state']} -> {e['new_state']} {late:.3f} s after the deadline")
-    return Check(name, not bad, _summary(bad), ("R-EXEC-8",))
+        elif e["type"] == "transition" and late < 0 and e["new_state"] == "expired":
+            bad.append(f"{run}: expired {-late:.3f} s before its deadline")
+    return Check(name, not bad, _summary(bad), ("R-EXEC-8", "R-EXEC-12"))
 
 
 def stream_events_consistent(history: Sequence[Event]) -> Check:

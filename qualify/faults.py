@@ -30,8 +30,9 @@ class Nemesis:
         return self._record("sigkill", proc.name, bool(evidence["pid_gone"]), {**evidence, **context})
 
     def crash_point(self, proc: ManagedProcess, evidence: dict[str, Any], **extra: Any) -> dict[str, Any]:
-        """Record a crash point that ``proc`` struck on itself (its evidence line, pid gone).
-        The line is written just before the process strikes, so wait for it to be gone."""
+        """Record a crash point that ``proc`` struck on itself (its evidence line; landed
+        when the pid is gone for ``kill``, when the kernel reports it stopped for ``stop``).
+        The line is written just before the process strikes, so wait for the effect."""
         import subprocess
 
         import psutil
@@ -41,8 +42,11 @@ class Nemesis:
                 proc.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-        gone = not psutil.pid_exists(evidence["pid"]) or not proc.alive
-        return self._record(f"crash_point:{evidence['action']}", proc.name, gone,
+        if evidence["action"] == "stop":
+            landed = _stopped(evidence["pid"])
+        else:
+            landed = not psutil.pid_exists(evidence["pid"]) or not proc.alive
+        return self._record(f"crash_point:{evidence['action']}", proc.name, landed,
                             {"point": evidence["point"], "pid": evidence["pid"],
                              **evidence.get("context", {}), **extra})
 
@@ -112,3 +116,20 @@ class Nemesis:
     def sigcont(self, proc: ManagedProcess, **context: Any) -> dict[str, Any]:
         evidence = proc.sigcont()
         return self._record("sigcont", proc.name, True, {**evidence, **context})
+
+
+def _stopped(pid: int, timeout_s: float = 5.0) -> bool:
+    """True once the kernel reports ``pid`` stopped (SIGSTOP landed), within ``timeout_s``."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_STOPPED:
+                return True
+        except psutil.NoSuchProcess:
+            return False
+        time.sleep(0.01)
+    return False

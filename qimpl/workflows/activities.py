@@ -105,7 +105,8 @@ class AgentActivities:
                 return await self._under_lease(lease, inp, attempt)
         except LockNotAcquired as exc:
             raise ApplicationError(str(exc), type="LockNotAcquired") from None
-        except (LostOwnership, psycopg.OperationalError) as exc:
+        except (LostOwnership, psycopg.OperationalError,
+                psycopg.errors.IdleInTransactionSessionTimeout) as exc:
             saved = await self._saved_outcome_if_terminal(inp.run_id, inp.tenant_id)
             if saved is not None:
                 return saved

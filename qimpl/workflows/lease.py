@@ -23,14 +23,15 @@ no help from the holder. Not covered by those timeouts: a backend still *running
 statement. The owner's statements are short and ``lock_timeout`` bounds their only
 unbounded wait (row locks), so such a statement ends within about ``lease_s`` too; we
 do not set ``statement_timeout``, which would also cut a live owner's statement that is
-merely slow under load. ``client_connection_check_interval = lease_s`` ends a running
-statement early when the client's socket is already gone.
+merely slow under load. ``client_connection_check_interval`` (at most ``lease_s``)
+ends a running statement early when the client's socket is already gone.
 
 A cut-off network peer (no FIN, no RST) is detected on both ends within about the
 lease: the session sets ``tcp_user_timeout`` and ``tcp_keepalives_*`` (the server's
 side) and the connection passes libpq's ``keepalives*`` and ``tcp_user_timeout`` (the
 client's side). These are best effort: on a unix socket the server accepts and ignores
-them. Only the three timeouts above are mandatory.
+them, and a tighter non-zero value the server already has is kept. Only the three
+timeouts above are mandatory.
 
 Why ``SET`` after connecting and not the ``options=-c ...`` startup parameter: a
 session-pooling PgBouncer refuses ``options`` (every lease connect fails) or, with

@@ -33,6 +33,7 @@ from psycopg.types.json import Jsonb
 from qimpl.crashpoints import declare
 from qimpl.db.runs import DEADLINE_SQLSTATE, GUARD_SQLSTATES, Row
 from qimpl.errors import DeadlinePassed, LostOwnership
+from qimpl.failures import is_counted_storage_failure
 from qimpl.lifecycle import TERMINAL, RunState
 
 __all__ = ["Claim", "RunOwner"]
@@ -180,8 +181,9 @@ class RunOwner:
                      dict_rows: bool = False) -> Any:
         """One fenced UPDATE ... RETURNING in its own transaction (``then(cur, row)`` may add
         statements to it); advances this owner's ``row_version``. Raises LostOwnership when
-        the fence matched no row or the guard refused, DeadlinePassed for the deadline; any
-        other database error (a value the database cannot store) propagates unchanged."""
+        the fence matched no row, the guard refused or the session was lost; DeadlinePassed
+        for the deadline; a value the database cannot store propagates unchanged
+        (``qimpl.failures.is_counted_storage_failure``)."""
         try:
             async with self.conn.transaction(), self.conn.cursor(
                     row_factory=dict_row if dict_rows else tuple_row) as cur:
@@ -194,7 +196,11 @@ class RunOwner:
                 raise DeadlinePassed(f"{what}: deadline passed") from exc
             if exc.sqlstate in GUARD_SQLSTATES or exc.sqlstate == "23505":
                 raise LostOwnership(f"{what} rejected: {exc.sqlstate}") from exc
-            raise
+            if is_counted_storage_failure(exc):
+                raise  # the value itself was refused: a counted failure (R-EXEC-6)
+            # The session is gone or was cut (idle-in-transaction timeout, termination,
+            # connection loss): so is the lease (R-EXEC-11).
+            raise LostOwnership(f"{what}: session lost ({exc.sqlstate or type(exc).__name__})") from exc
         if got is None:
             raise LostOwnership(f"{what} fenced")
         self.row_version = int(got["row_version"]) if dict_rows else int(got[0])

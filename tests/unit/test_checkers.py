@@ -147,3 +147,13 @@ def test_catches_progress_after_the_deadline() -> None:
     assert ck.deadline_respected(late_call).ok is False
     expired = [*with_deadline(7.5)[:-1], tr(8, "running", "expired", 8, 3)]
     assert ck.deadline_respected(expired).ok is True
+
+
+@pytest.mark.req("R-EXEC-12")
+def test_catches_an_expiry_before_the_deadline() -> None:
+    def with_deadline(t: float) -> list[dict[str, Any]]:
+        return [{**e, "deadline_t": t} if e["type"] == "run" else e for e in good()]
+
+    early = [*with_deadline(100.0)[:-1], tr(8, "running", "expired", 8, 3)]
+    check = ck.deadline_respected(early)
+    assert check.ok is False and "before its deadline" in check.detail
