@@ -149,13 +149,15 @@ async def _confirm(conn: psycopg.AsyncConnection[Any], client: Client | None, se
 
 #: Per tenant, the last run id checked for a vanished workflow (round-robin cursor).
 _vanish_cursor: dict[str, str] = {}
+#: Where a round of the cursor starts (every run id is greater).
+_FIRST_RUN_ID = "00000000-0000-0000-0000-000000000000"
 
 
 async def _check_workflows(conn: psycopg.AsyncConnection[Any], client: Client | None,
                            settings: Settings, res: SweepResult, limit: int, grace_s: float) -> None:
     if client is None or limit <= 0:
         return
-    after = _vanish_cursor.get(res.tenant, "00000000-0000-0000-0000-000000000000")
+    after = _vanish_cursor.get(res.tenant, _FIRST_RUN_ID)
     cur = await conn.execute(
         "SELECT run_id::text, generation FROM runs WHERE tenant_id = %s AND lifecycle_version = 2"
         " AND state IN ('queued', 'running') AND deadline_at > clock_timestamp()"
@@ -163,7 +165,9 @@ async def _check_workflows(conn: psycopg.AsyncConnection[Any], client: Client | 
         " AND run_id > %s::uuid ORDER BY run_id LIMIT %s",
         (res.tenant, grace_s, after, limit))
     rows = await cur.fetchall()
-    _vanish_cursor[res.tenant] = rows[-1][0] if len(rows) == limit else ""
+    # A full page: go on after its last run next sweep; otherwise start the next round
+    # from the beginning (never "": not a uuid, it failed every later sweep).
+    _vanish_cursor[res.tenant] = rows[-1][0] if len(rows) == limit else _FIRST_RUN_ID
     for run_id, generation in rows:
         try:
             status = await workflow_status(client, workflow_id(run_id, int(generation)),

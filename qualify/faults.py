@@ -117,6 +117,32 @@ class Nemesis:
         evidence = proc.sigcont()
         return self._record("sigcont", proc.name, True, {**evidence, **context})
 
+    def terminate_workflow(self, address: str, workflow_id: str, *, namespace: str = "default",
+                           reason: str = "qualify: terminated by an operator") -> dict[str, Any]:
+        """Terminate ``workflow_id`` with Temporal's own client, as an operator would
+        (``temporal workflow terminate``); landed when ``describe()`` then reports the
+        execution TERMINATED."""
+        import asyncio
+
+        from temporalio.client import Client, WorkflowExecutionStatus
+
+        async def strike() -> tuple[bool, dict[str, Any]]:
+            client = await Client.connect(address, namespace=namespace)
+            handle = client.get_workflow_handle(workflow_id)
+            before = (await handle.describe()).status
+            await handle.terminate(reason=reason)
+            desc = await handle.describe()
+            return desc.status == WorkflowExecutionStatus.TERMINATED, {
+                "workflow_id": workflow_id, "execution_run_id": desc.run_id, "reason": reason,
+                "status_before": before.name if before else None,
+                "status_after": desc.status.name if desc.status else None}
+
+        try:
+            landed, evidence = asyncio.run(strike())
+        except Exception as exc:  # noqa: BLE001 - a fault that could not strike did not land
+            landed, evidence = False, {"workflow_id": workflow_id, "error": f"{type(exc).__name__}: {exc}"}
+        return self._record("terminate_workflow", workflow_id, landed, evidence)
+
 
 def _stopped(pid: int, timeout_s: float = 5.0) -> bool:
     """True once the kernel reports ``pid`` stopped (SIGSTOP landed), within ``timeout_s``."""

@@ -8,7 +8,9 @@ The run's prompt is its script, a JSON object (a plain-text prompt means the def
     {"steps": 5, "answer": "42", "delay_ms": 0,
      "barrier": {"step": 3, "name": "b1"},       # hold at the start of step 3, once
      "fail": "always" | {"steps": [2], "attempts": [1], "error": "timeout"},
-     "answer_bytes": 3000000}                    # an answer of that many bytes
+     "answer_bytes": 3000000,                    # an answer of that many bytes
+     "usage": {"input_tokens": -1},              # merged into every step's usage
+     "state": {"x": NaN}}                        # merged into every step's state
 
 ``fail.error`` ``"timeout"`` raises ``TimeoutError`` (a provider's own HTTP read
 timeout, R-EXEC-12); the default raises ``SyntheticFailure``.
@@ -42,7 +44,8 @@ BARRIER_MAX_S = 600.0
 class Script:
     """A parsed script; unknown keys are refused so a typo cannot make a vacuous test."""
 
-    KEYS = frozenset({"steps", "answer", "barrier", "fail", "delay_ms", "park", "answer_bytes"})
+    KEYS = frozenset({"steps", "answer", "barrier", "fail", "delay_ms", "park", "answer_bytes",
+                      "usage", "state"})
 
     def __init__(self, doc: Mapping[str, Any]) -> None:
         unknown = set(doc) - self.KEYS
@@ -50,6 +53,10 @@ class Script:
             raise ValueError(f"unknown script keys: {sorted(unknown)}")
         self.steps = int(doc.get("steps", 3))
         self.answer = str(doc.get("answer", "synthetic answer"))
+        #: Extra usage and state of every step: values the runtime must refuse to store
+        #: (a negative count, a NaN) are counted failures (R-EXEC-6).
+        self.usage: Mapping[str, Any] = doc.get("usage") or {}
+        self.state: Mapping[str, Any] = doc.get("state") or {}
         if doc.get("answer_bytes"):
             self.answer = "x" * int(doc["answer_bytes"])
         self.delay_ms = int(doc.get("delay_ms", 0))
@@ -138,7 +145,10 @@ class SyntheticProvider(Provider):
         if script.fails(ctx.step, ctx.attempt):
             raise script.error()
         trail = [*ctx.state.get("trail", []), ctx.step]
-        usage = {"provider_calls": 1, "input_tokens": 10, "output_tokens": 5}
+        usage = {"provider_calls": 1, "input_tokens": 10, "output_tokens": 5, **script.usage}
+        if script.state:
+            return StepResult(state={"trail": trail, **script.state}, usage=usage,
+                              answer=script.answer if ctx.step >= script.steps else None)
         if script.park and int(script.park["step"]) == ctx.step and ctx.generation == 1:
             kind = str(script.park.get("kind", "input"))
             if kind == "approval":

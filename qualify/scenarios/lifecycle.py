@@ -147,9 +147,10 @@ def paused_owner_never_resumed(ctx: ScenarioContext) -> None:
 
 @scenario(
     "lock-session-killed",
-    title="pg_terminate_backend on the owner's lock session under a live owner: its next "
-          "write is fenced and exactly one checkpoint per step is committed",
-    requirements=("R-EXEC-2", "R-EXEC-3", "R-EXEC-7", "R-Q-2"),
+    title="pg_terminate_backend on the owner's lock session while it waits in a provider "
+          "call: the owner stops at once (the call is cancelled, no later write), and exactly "
+          "one checkpoint per step is committed",
+    requirements=("R-EXEC-2", "R-EXEC-3", "R-EXEC-7", "R-EXEC-11", "R-Q-2"),
     faults=("pg_terminate_backend of the lock session",),
 )
 def lock_session_killed(ctx: ScenarioContext) -> None:
@@ -159,6 +160,19 @@ def lock_session_killed(ctx: ScenarioContext) -> None:
                                                    barrier={"step": 3, "name": "lock"}))
     held = ctx.wait_barrier("lock")
     ctx.nemesis.terminate_backend(ctx.deployment.dsn, f"qimpl-owner:{run_id}")
+    killed_at = time.time()
+    # The owner's lease keeper notices within a touch interval (H / 4) and cancels the
+    # loop, provider call included, before anything else happens (R-EXEC-11).
+    stop_by = time.monotonic() + 5
+    while not (cancelled := _cancellations(ctx, run_id, int(held["attempt"]))):
+        if time.monotonic() > stop_by:
+            break
+        time.sleep(0.02)
+    stopped_after = round(cancelled[0]["t"] - killed_at, 3) if cancelled else None
+    ctx.figures["owner_stopped_after_lease_loss_s"] = stopped_after if stopped_after is not None else -1.0
+    ctx.expect("the owner's provider call was cancelled within 1 s of losing its lease",
+               stopped_after is not None and stopped_after <= 1.0,
+               f"cancelled after {stopped_after} s", "R-EXEC-11")
     ctx.release_barrier("lock")
     run = ctx.wait_terminal(api, run_id, timeout_s=60)
     ctx.expect("run completed", run["state"] == "completed", run["state"])
@@ -169,6 +183,12 @@ def lock_session_killed(ctx: ScenarioContext) -> None:
                f"attempt {held['attempt']} held the barrier; steps >= 3 committed by attempts {attempts}",
                "R-EXEC-7")
     ctx.expect("the worker survived (only its session was killed)", worker.alive, worker.name)
+
+
+def _cancellations(ctx: ScenarioContext, run_id: str, attempt: int) -> list[dict[str, Any]]:
+    path = ctx.control / "provider_cancellations.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [d for d in map(json.loads, lines) if d["run_id"] == run_id and d["attempt"] == attempt]
 
 
 @scenario(

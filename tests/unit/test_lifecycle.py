@@ -17,7 +17,8 @@ def test_terminal_states_have_no_exit() -> None:
 def test_table_matches_the_spec() -> None:
     nexts = {s: {b for a, b in lc.TRANSITIONS if a == s} for s in S}
     assert nexts[S.ACCEPTED] == {S.QUEUED, S.CANCELLED, S.EXPIRED, S.FAILED}
-    assert nexts[S.QUEUED] == {S.RUNNING, S.CANCELLED, S.EXPIRED, S.FAILED}
+    # queued -> queued records a confirmed dispatch of a generation queued by an approval
+    assert nexts[S.QUEUED] == {S.QUEUED, S.RUNNING, S.CANCELLED, S.EXPIRED, S.FAILED}
     assert nexts[S.AWAITING_INPUT] == {S.ACCEPTED, S.CANCELLED, S.EXPIRED}
     assert nexts[S.AWAITING_APPROVAL] == {S.RUNNING, S.QUEUED, S.CANCELLED, S.EXPIRED}
     assert S.RUNNING in nexts[S.RUNNING]

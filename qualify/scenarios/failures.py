@@ -1,0 +1,122 @@
+"""Failures after the provider call and the provider's own timeouts (R-EXEC-6, R-EXEC-12),
+and an answer too large for Temporal to carry (the activity returns a small status)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+from qimpl.lifecycle import workflow_id
+from qualify.fakes.synthetic import make_prompt
+from qualify.scenarios.base import ScenarioContext, scenario
+from qualify.scenarios.lifecycle import accepted, provider_calls
+
+MAX_FAILURES = 3
+_LEAKS = ("Traceback", 'File "', "DataError", "NUL", "ValueError", "postgresql://")
+
+
+def _failures(ctx: ScenarioContext, run_id: str) -> int:
+    return int(ctx.sql("SELECT provider_failures FROM runs WHERE run_id = %s", run_id)[0][0])
+
+
+@scenario(
+    "unstorable-provider-output",
+    title="Step results the database refuses (an answer with a NUL character, a negative "
+          "usage count, a NaN in the state), deadline 25 s: each refusal is a counted "
+          f"failure; the run fails with a safe code after {MAX_FAILURES}, the step asked "
+          f"{MAX_FAILURES} times, long before the deadline",
+    requirements=("R-EXEC-6", "R-EXEC-12", "R-EXEC-4"),
+)
+def unstorable_provider_output(ctx: ScenarioContext) -> None:
+    limit = {"QIMPL_PROVIDER_MAX_FAILURES": str(MAX_FAILURES)}
+    api = ctx.processes.api(**limit)
+    ctx.processes.worker(**limit)
+    cases = {
+        "NUL in the answer": (make_prompt(steps=2, answer="x\u0000y"), 2),
+        "negative usage": (make_prompt(steps=2, usage={"input_tokens": -1}), 1),
+        "NaN in the state": (make_prompt(steps=2, state={"x": float("nan")}), 1),
+    }
+    runs = {name: (accepted(ctx, api, prompt=prompt, deadline_seconds=25), step)
+            for name, (prompt, step) in cases.items()}
+    for name, (run_id, bad_step) in runs.items():
+        run = ctx.wait_terminal(api, run_id, timeout_s=20)
+        ctx.expect(f"{name}: failed agent_attempts_exhausted",
+                   run["state"] == "failed" and run["error_code"] == "agent_attempts_exhausted",
+                   f"{run['state']} / {run['error_code']}", "R-EXEC-6", "R-EXEC-12")
+        message = run["error_message"] or ""
+        ctx.expect(f"{name}: error_message is a fixed sentence",
+                   not [m for m in _LEAKS if m in message], message, "R-EXEC-6")
+        asked = Counter(c["step"] for c in provider_calls(ctx, run_id))
+        ctx.expect(f"{name}: step {bad_step} asked exactly {MAX_FAILURES} times",
+                   asked[bad_step] == MAX_FAILURES and all(
+                       n == 1 for s, n in asked.items() if s != bad_step),
+                   f"calls per step {dict(sorted(asked.items()))}", "R-EXEC-6", "R-EXEC-12")
+        ctx.expect(f"{name}: {MAX_FAILURES} failures counted in the run",
+                   _failures(ctx, run_id) == MAX_FAILURES, str(_failures(ctx, run_id)), "R-EXEC-6")
+
+
+@scenario(
+    "provider-timeout-is-not-the-deadline",
+    title="The provider raises TimeoutError (an HTTP read timeout) once, at step 2 of "
+          "attempt 1, with ten minutes of deadline left: one counted failure, the step is "
+          "asked again and the run completes — only the deadline expires a run",
+    requirements=("R-EXEC-12", "R-EXEC-6", "R-EXEC-8", "R-EXEC-4"),
+)
+def provider_timeout_is_not_the_deadline(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    ctx.processes.worker()
+    run_id = accepted(ctx, api, deadline_seconds=600, prompt=make_prompt(
+        steps=3, answer="after a timeout", fail={"steps": [2], "attempts": [1], "error": "timeout"}))
+    run = ctx.wait_terminal(api, run_id, timeout_s=30)
+    ctx.expect("run completed (not expired)", run["state"] == "completed",
+               f"{run['state']} / {run['error_code']}", "R-EXEC-12", "R-EXEC-8")
+    ctx.expect("the timeout was one counted failure", _failures(ctx, run_id) == 1,
+               str(_failures(ctx, run_id)), "R-EXEC-6", "R-EXEC-12")
+    asked = Counter(c["step"] for c in provider_calls(ctx, run_id))
+    ctx.expect("step 2 asked twice, steps 1 and 3 once", asked == Counter({1: 1, 2: 2, 3: 1}),
+               f"calls per step {dict(sorted(asked.items()))}", "R-EXEC-4")
+
+
+def _workflow_outcome(ctx: ScenarioContext, wf_id: str, timeout_s: float) -> tuple[str, Any]:
+    """(status, result) of ``wf_id`` once closed, or ("running", None) after ``timeout_s``."""
+    from temporalio.client import Client, WorkflowExecutionStatus
+
+    async def poll() -> tuple[str, Any]:
+        client = await Client.connect(ctx.deployment.temporal_address,
+                                      namespace=ctx.deployment.namespace)
+        handle = client.get_workflow_handle(wf_id)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            desc = await handle.describe()
+            if desc.status == WorkflowExecutionStatus.COMPLETED:
+                return "completed", await handle.result()
+            if desc.status != WorkflowExecutionStatus.RUNNING:
+                return str(desc.status.name if desc.status else "unknown").lower(), None
+            await asyncio.sleep(0.1)
+        return "running", None
+
+    return asyncio.run(poll())
+
+
+@scenario(
+    "large-answer",
+    title="A 3 MB answer (above Temporal's payload limit): the run completes with it, and "
+          "its workflow closes with a small status instead of retrying forever",
+    requirements=("R-EXEC-1", "R-EXEC-5", "R-READ-2"),
+)
+def large_answer(ctx: ScenarioContext) -> None:
+    size = 3_000_000
+    api = ctx.processes.api()
+    ctx.processes.worker()
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=1, answer_bytes=size), deadline_seconds=120)
+    run = ctx.wait_terminal(api, run_id, timeout_s=30)
+    answer = (run["result_json"] or {}).get("answer") or ""
+    ctx.expect("run completed with the whole answer", run["state"] == "completed" and len(answer) == size,
+               f"{run['state']}, answer {len(answer)} bytes", "R-READ-2")
+    status, result = _workflow_outcome(ctx, workflow_id(run_id, 1), timeout_s=20)
+    ctx.expect("the workflow completed with a small status",
+               status == "completed" and isinstance(result, dict) and result.get("state") == "completed"
+               and len(repr(result)) < 1000,
+               f"workflow {status}, result {repr(result)[:200]}", "R-EXEC-1", "R-EXEC-5")

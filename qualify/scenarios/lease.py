@@ -1,0 +1,173 @@
+"""The ownership lease in every case (R-EXEC-11): an owner paused inside its claim or
+checkpoint transaction, an owner whose lease session is killed mid-provider-call, and a
+superseded attempt delivered late (fencing tokens only go forward, R-EXEC-7)."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import httpx
+
+from qualify.errors import HarnessError
+from qualify.fakes.synthetic import make_prompt
+from qualify.processes import ManagedProcess
+from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
+from qualify.scenarios.lifecycle import accepted
+
+CKPT_TXN = "owner.inside_checkpoint_transaction"
+CLAIM_TXN = "owner.inside_claim_transaction"
+BEFORE_LEASE = "activity.before_lease"
+AFTER_CLAIM = "activity.after_claim"
+STEPS = 4
+
+
+def _owner_session(ctx: ScenarioContext, run_id: str) -> list[tuple[Any, ...]]:
+    """(pid, state) of the run's lease sessions, as PostgreSQL sees them."""
+    return ctx.sql("SELECT pid, state FROM pg_stat_activity WHERE application_name = %s",
+                   f"qimpl-owner:{run_id}")
+
+
+def _first_write_by_later_attempt(ctx: ScenarioContext, run_id: str, attempt: int) -> float | None:
+    rows = ctx.sql("SELECT extract(epoch FROM min(at))::float8 FROM run_transitions"
+                   " WHERE run_id = %s AND owner_attempt > %s", run_id, attempt)
+    return rows[0][0] if rows else None
+
+
+def _paused_in_transaction(ctx: ScenarioContext, point: str, proc: ManagedProcess,
+                           run_id: str) -> dict[str, Any]:
+    """Wait for ``proc`` to stop itself at ``point``; record the fault and check that the
+    owner's session really is idle inside an open transaction (the scenario is not vacuous)."""
+    evidence = ctx.wait_crash_point(point, proc)
+    ctx.nemesis.crash_point(proc, evidence, run_id=run_id)
+    sessions = _owner_session(ctx, run_id)
+    ctx.expect("the paused owner's lease session is idle inside an open transaction",
+               any(state == "idle in transaction" for _, state in sessions),
+               f"sessions {sessions}", "R-EXEC-11")
+    return evidence
+
+
+@scenario(
+    "owner-paused-inside-checkpoint-transaction",
+    title="SIGSTOP the owner between the UPDATE and the commit of its second checkpoint "
+          "(row lock held, idle_session_timeout does not apply): PostgreSQL ends its session "
+          "within the lease, a new attempt takes over, one checkpoint per step",
+    requirements=("R-EXEC-11", "R-EXEC-2", "R-EXEC-3", "R-EXEC-7", "R-Q-4"),
+    faults=(f"sigstop at {CKPT_TXN} (step 2)",),
+    crash_points=(CKPT_TXN,),
+)
+def owner_paused_inside_checkpoint_transaction(ctx: ScenarioContext) -> None:
+    h = ctx.deployment.heartbeat_timeout_s
+    api = ctx.processes.api()
+    paused = ctx.processes.worker("worker-paused", QIMPL_CRASH_POINTS=f"{CKPT_TXN}:stop@2")
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="paused in a transaction"))
+    evidence = _paused_in_transaction(ctx, CKPT_TXN, paused, run_id)
+    attempt = int(evidence["context"]["attempt"])
+    ctx.processes.worker("worker-2")
+    bound = 3 * (h + 3)
+    deadline = time.monotonic() + bound + 10
+    while (t := _first_write_by_later_attempt(ctx, run_id, attempt)) is None:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    takeover = None if t is None else round(t - float(evidence["t"]), 3)
+    ctx.figures["takeover_after_sigstop_in_transaction_s"] = takeover or -1.0
+    ctx.expect(f"a new attempt took over within {bound:.0f} s", takeover is not None and takeover <= bound,
+               f"took over after {takeover} s; bound 3 x (H + 3 s) with lease = H = {h} s", "R-EXEC-11")
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    ctx.expect("run completed", run["state"] == "completed", run["state"], "R-EXEC-2")
+    ckpts = ctx.sql("SELECT step, attempt FROM run_checkpoints WHERE run_id = %s ORDER BY step", run_id)
+    ctx.expect("one checkpoint per step; step 2 committed by a later attempt",
+               [r[0] for r in ckpts] == list(range(1, STEPS + 1))
+               and all(a > attempt for s, a in ckpts if s >= 2),
+               f"(step, attempt) {ckpts}; paused attempt {attempt}", "R-EXEC-3", "R-EXEC-7")
+
+
+@scenario(
+    "owner-paused-inside-claim-transaction",
+    title="SIGSTOP the owner inside its claim transaction with AGENT_CONCURRENCY_LIMIT=1 "
+          "(row lock and tenant-slot lock held): a cancel answers within the lease, and the "
+          "tenant's next run gets the slot",
+    requirements=("R-EXEC-11", "R-EXEC-9", "R-CANCEL-1", "R-Q-4"),
+    faults=(f"sigstop at {CLAIM_TXN}",),
+    crash_points=(CLAIM_TXN,),
+)
+def owner_paused_inside_claim_transaction(ctx: ScenarioContext) -> None:
+    h = ctx.deployment.heartbeat_timeout_s
+    limit = {"AGENT_CONCURRENCY_LIMIT": "1"}
+    api = ctx.processes.api()
+    paused = ctx.processes.worker("worker-paused", QIMPL_CRASH_POINTS=f"{CLAIM_TXN}:stop", **limit)
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=3, answer="never"))
+    _paused_in_transaction(ctx, CLAIM_TXN, paused, run_id)
+    ctx.history.record("client", op="cancel", phase="invoke", run_id=run_id)
+    t0 = time.monotonic()
+    try:
+        resp = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/cancel",
+                          headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
+        answer: dict[str, Any] = resp.json() if resp.status_code == 200 else {"status": resp.status_code}
+    except httpx.HTTPError as exc:
+        answer = {"error": type(exc).__name__}
+    took = round(time.monotonic() - t0, 3)
+    ctx.history.record("client", op="cancel", phase="ok" if answer.get("cancelled") else "fail",
+                       run_id=run_id, cancelled=answer.get("cancelled"))
+    ctx.figures["cancel_behind_paused_claim_s"] = took
+    ctx.expect(f"the cancel answered cancelled within the lease + 1.5 s ({h + 1.5:.1f} s)",
+               answer.get("cancelled") is True and took <= h + 1.5, f"{answer} after {took} s",
+               "R-EXEC-11", "R-CANCEL-1")
+    ctx.processes.worker("worker-2", **limit)
+    nxt = accepted(ctx, api, prompt=make_prompt(steps=2, answer="next"))
+    run = ctx.wait_terminal(api, nxt, timeout_s=30)
+    ctx.expect("the tenant's next run got the slot and completed", run["state"] == "completed",
+               run["state"], "R-EXEC-9", "R-EXEC-11")
+
+
+@scenario(
+    "superseded-attempt-delivered-late",
+    title="A worker's attempts are held before they ask for the lease while a later attempt "
+          "claims the run elsewhere and is SIGKILLed; released, the superseded attempts find "
+          "the lock free and still never write (fenced at the claim or cancelled first)",
+    requirements=("R-EXEC-7", "R-EXEC-11", "R-Q-4"),
+    faults=(f"sigkill at {AFTER_CLAIM}",),
+    crash_points=(BEFORE_LEASE, AFTER_CLAIM),
+)
+def superseded_attempt_delivered_late(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    late = ctx.processes.worker("worker-late", QIMPL_CRASH_POINTS=f"{BEFORE_LEASE}:hold")
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=2, answer="forward only"))
+    held = ctx.wait_crash_point(BEFORE_LEASE, late)
+    if int(held["context"]["attempt"]) != 1:
+        raise HarnessError(f"expected attempt 1 held, got {held['context']}")
+    # A later attempt (Temporal retries once attempt 1 misses its heartbeat) claims the
+    # run and dies right after its claim: the run is `running`, owned by attempt n > 1,
+    # and its lock is free.
+    ctx.strike_worker(AFTER_CLAIM, "worker-claims-and-dies", timeout_s=60)
+    owner = ctx.sql("SELECT owner_attempt FROM runs WHERE run_id = %s", run_id)[0][0]
+    ctx.release_crash_point(BEFORE_LEASE)
+    # Each late attempt ends without writing: cancelled by Temporal (its core cancels an
+    # attempt whose heartbeat timeout passed) or, if it reaches its claim first, refused by
+    # the fence. Which one wins is Temporal's timing; both are recorded.
+    refused = re.compile(rf"refused: attempt (\d+) is lower than its owner's attempt {owner}\b")
+    ended = re.compile(r"Completing activity as (?:failed|cancelled).*'attempt': (\d+)")
+    lower = set(range(1, int(owner)))
+    deadline = time.monotonic() + 10
+    while True:
+        text = late.log_path.read_text(errors="replace")
+        done = {int(a) for a in ended.findall(text)} & lower
+        if done >= {1} or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    fenced = sorted({int(a) for a in refused.findall(text)})
+    ctx.figures["late_attempts_refused_by_the_fence"] = len(fenced)
+    ctx.figures["late_attempts_ended_before_their_claim"] = len(done - set(fenced))
+    ctx.expect("the late attempt 1 ended (refused by the fence or cancelled) without a claim",
+               1 in done and all(a < int(owner) for a in fenced),
+               f"ended {sorted(done)}, refused by the fence {fenced}", "R-EXEC-7")
+    ctx.processes.worker("worker-free")
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    ctx.expect("run completed", run["state"] == "completed", run["state"])
+    stale = ctx.sql("SELECT count(*) FROM run_transitions WHERE run_id = %s AND owner_attempt < %s"
+                    " AND id > (SELECT min(id) FROM run_transitions WHERE run_id = %s"
+                    " AND owner_attempt = %s)", run_id, owner, run_id, owner)[0][0]
+    ctx.expect(f"no attempt below {owner} wrote after attempt {owner} owned the run", stale == 0,
+               f"{stale} writes by superseded attempts", "R-EXEC-7")
