@@ -41,7 +41,7 @@ def unstorable_provider_output(ctx: ScenarioContext) -> None:
     runs = {name: (accepted(ctx, api, prompt=prompt, deadline_seconds=25), step)
             for name, (prompt, step) in cases.items()}
     for name, (run_id, bad_step) in runs.items():
-        run = ctx.wait_terminal(api, run_id, timeout_s=20)
+        run = ctx.wait_terminal(api, run_id, timeout_s=40)
         ctx.expect(f"{name}: failed agent_attempts_exhausted",
                    run["state"] == "failed" and run["error_code"] == "agent_attempts_exhausted",
                    f"{run['state']} / {run['error_code']}", "R-EXEC-6", "R-EXEC-12")

@@ -262,8 +262,8 @@ def _settled(ctx: ScenarioContext, api: ManagedProcess, run_id: str, timeout_s: 
     while True:
         doc = ctx.read_run(api, run_id)
         if doc["state"] in TERMINAL or time.monotonic() > deadline:
-            ctx.history.record("client", op="read", phase="ok", run_id=run_id, state=doc["state"],
-                               row_version=doc["row_version"])
+            ctx.history.record("client", op="read", phase="ok" if doc["state"] in TERMINAL else "info",
+                               run_id=run_id, state=doc["state"], row_version=doc["row_version"])
             return doc
         time.sleep(0.05)
 
@@ -480,9 +480,9 @@ def reconciler_grace_after_resume(ctx: ScenarioContext) -> None:
             requested = float(ctx.sql("SELECT extract(epoch FROM dispatch_requested_at)::float8 FROM runs"
                                       " WHERE run_id = %s", run_id)[0][0])
             # Hold about 2 s (at least 3 sweeps), and release well before the grace ends.
-            _eventually(lambda: _db_now(ctx) - requested >= 2.0
-                        and len(_sweeps_between(ctx, requested)) >= 3,
-                        timeout_s=grace_s - 0.6)
+            _eventually(lambda: (held_s := _db_now(ctx) - requested) >= grace_s - 0.6
+                        or (held_s >= 2.0 and len(_sweeps_between(ctx, requested)) >= 3),
+                        timeout_s=grace_s)
             state = ctx.sql("SELECT state, generation, dispatch_confirmed_at FROM runs WHERE run_id = %s",
                             run_id)
         finally:
@@ -492,9 +492,11 @@ def reconciler_grace_after_resume(ctx: ScenarioContext) -> None:
     during = _sweeps_between(ctx, requested, released)
     accepted_at = float(ctx.sql("SELECT extract(epoch FROM accepted_at)::float8 FROM runs WHERE run_id = %s",
                                 run_id)[0][0])
-    ctx.expect("the held resume was this run's generation 2",
+    ctx.expect("the held resume was api-hold's dispatch of this run",
                held["context"].get("run_id") == run_id and held["pid"] == holder.pid
-               and state[0][:2] == ("accepted", 2), f"{held['context']} {state}")
+               and held["action"] == "hold", json.dumps(held)[:200])
+    ctx.expect("during the hold the run stayed accepted in generation 2, its dispatch unconfirmed",
+               state == [("accepted", 2, None)], str(state), "R-OPS-3", "R-RESUME-1")
     ctx.expect(f"at least 3 sweeps ran during the hold, all more than {grace_s:.0f} s after acceptance "
                "and released before the grace after the resume ended",
                len(during) >= 3 and all(s[6] - accepted_at > grace_s for s in during)
@@ -621,6 +623,14 @@ def reconciler_holds_no_lock_over_temporal(ctx: ScenarioContext) -> None:
                    "R-OPS-3")
         ctx.expect("no reconciler session sat idle in a transaction",
                    not stuck, f"{len(stuck)} of {samples} samples: {stuck[:2]}", "R-OPS-3")
+        # Cancel while the reconciler is inside its call to Temporal: its session last read
+        # the runs table and has been idle (in a transaction or not) for a while since.
+        calling = _eventually(lambda: bool(ctx.sql(
+            "SELECT 1 FROM pg_stat_activity WHERE application_name = 'qimpl-reconciler'"
+            " AND state IN ('idle', 'idle in transaction') AND query ILIKE 'SELECT%%FROM runs%%'"
+            " AND clock_timestamp() - state_change > interval '300 milliseconds'")), timeout_s=20)
+        ctx.expect("the cancel was sent while the reconciler was calling Temporal for the run",
+                   calling, "its session read runs and then waited on something else", "R-OPS-3")
         ctx.history.record("client", op="cancel", phase="invoke", run_id=run_id)
         t0 = time.monotonic()
         try:

@@ -37,6 +37,8 @@ def model_blind(state: RunState, new: RunState, bump: int) -> str | None:
         return "QG003"
     if not is_allowed(state, new):
         return "QG002"
+    if new == RunState.EXPIRED:
+        return "QG007"  # every run here has its deadline an hour away (R-EXEC-12)
     return None
 
 

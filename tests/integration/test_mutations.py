@@ -18,10 +18,26 @@ MUTATIONS = {
     # The retried attempt forgets the last checkpoint and starts again at step 1.
     "skip-checkpoint-restore": (
         "qimpl/workflows/activities.py",
-        "checkpoint = await repo.latest_checkpoint(conn, inp.run_id)",
+        "checkpoint = await repo.latest_checkpoint(owner.conn, inp.run_id)",
         "checkpoint = None",
         "worker-killed-mid-activity",
         "no provider step repeated after its checkpoint",
+    ),
+    # The lease session no longer ends while idle inside a transaction (R-EXEC-11).
+    "lease-without-idle-in-transaction-timeout": (
+        "qimpl/workflows/lease.py",
+        'MANDATORY_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeout", "lock_timeout")',
+        'MANDATORY_SETTINGS = ("idle_session_timeout", "lock_timeout")',
+        "owner-paused-inside-checkpoint-transaction",
+        "a new attempt took over within 12 s",
+    ),
+    # A result the database refuses is retried as if the session were lost: never counted.
+    "storage-refusal-not-counted": (
+        "qimpl/workflows/activities.py",
+        "if not is_counted_storage_failure(exc):",
+        "if True:",
+        "unstorable-provider-output",
+        "NUL in the answer: failed agent_attempts_exhausted",
     ),
 }
 
