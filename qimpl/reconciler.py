@@ -19,11 +19,13 @@ a call to Temporal:
    unknown outcome stops dispatching for this sweep (Temporal is probably down).
 4. **Vanished workflows** (R-OPS-8): ``queued`` and ``running`` runs whose dispatch was
    confirmed more than ``grace_s`` ago are checked against Temporal, up to ``limit`` per
-   sweep, round-robin over the tenant's runs. A closed execution (terminated by an
-   operator, timed out) fails the run ``workflow_vanished``; a missing one (lost with a
-   non-persistent Temporal store) is started again under the same workflow id and
-   resumes from its last checkpoint. Either way the tenant slot is freed or used again,
-   and a ``qimpl_reconcile_warnings_total`` warning is counted.
+   sweep, round-robin over the tenant's runs. A run whose execution is closed
+   (terminated by an operator, timed out) or missing (lost with a non-persistent
+   Temporal store) ends ``failed`` with ``workflow_vanished``, its tenant slot is free,
+   and a ``qimpl_reconcile_warnings_total`` warning is counted. It is not re-dispatched:
+   starting the same workflow id again would restart Temporal's attempt numbers inside
+   the same generation, which the forward-only fencing token refuses, and a new
+   generation would be a resume nobody asked for.
 
 Every statement waits at most ``api_lock_timeout_s`` for a row lock. Each sweep leaves
 one row in ``reconciler_sweeps``.
@@ -69,7 +71,6 @@ class SweepResult:
     errors: int = 0
     workflows_checked: int = 0
     vanished: int = 0
-    redispatched: int = 0
     pruned_keys: int = 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -179,18 +180,8 @@ async def _check_workflows(conn: psycopg.AsyncConnection[Any], client: Client | 
         if status == "open":
             continue
         try:
-            if status == "missing":
-                row = await repo.get_run(conn, run_id)
-                if row is None or row["generation"] != generation or row["state"] not in ("queued", "running"):
-                    continue
-                await dispatch(client, row, settings)
-                res.redispatched += 1
-                metrics.RECONCILE_WARNINGS.labels(res.tenant, "workflow_missing").inc()
-                log.warning("run %s: its workflow was missing; started again", run_id,
-                            extra={"run_id": run_id, "event": "reconciler.workflow_missing"})
-            else:
-                await _vanished(conn, res, run_id, int(generation), status)
-        except (psycopg.Error, DispatchUnknown) as exc:
+            await _vanished(conn, res, run_id, int(generation), status)
+        except psycopg.Error as exc:
             res.errors += 1
             log.warning("vanished workflow of run %s not handled: %s", run_id, type(exc).__name__,
                         extra={"run_id": run_id})
@@ -251,7 +242,7 @@ async def sweep_tenant(
     res.pruned_keys = await repo.prune_idempotency(conn, tenant,
                                                    retention_s=settings.idempotency_retention_s)
     await _tell_temporal(client, expired, settings.dispatch_timeout_s)
-    if res.candidates or res.vanished or res.redispatched:
+    if res.candidates or res.vanished:
         log.info("swept tenant %s: %s", tenant, res.as_dict(),
                  extra={"event": "reconciler.sweep", "duration_ms": round((time.monotonic() - t0) * 1000)})
     return res

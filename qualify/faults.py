@@ -143,6 +143,39 @@ class Nemesis:
             landed, evidence = False, {"workflow_id": workflow_id, "error": f"{type(exc).__name__}: {exc}"}
         return self._record("terminate_workflow", workflow_id, landed, evidence)
 
+    def delete_workflow(self, address: str, workflow_id: str, *, namespace: str = "default",
+                        timeout_s: float = 15.0) -> dict[str, Any]:
+        """Delete ``workflow_id``'s execution and history (``temporal workflow delete``), as a
+        Temporal store that lost it would; landed when ``describe()`` answers NOT_FOUND."""
+        import asyncio
+        import time
+
+        from temporalio.api.common.v1 import WorkflowExecution
+        from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
+        from temporalio.client import Client
+        from temporalio.service import RPCError, RPCStatusCode
+
+        async def strike() -> tuple[bool, dict[str, Any]]:
+            client = await Client.connect(address, namespace=namespace)
+            await client.workflow_service.delete_workflow_execution(DeleteWorkflowExecutionRequest(
+                namespace=namespace, workflow_execution=WorkflowExecution(workflow_id=workflow_id)))
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                try:
+                    await client.get_workflow_handle(workflow_id).describe()
+                except RPCError as exc:
+                    if exc.status == RPCStatusCode.NOT_FOUND:
+                        return True, {"workflow_id": workflow_id, "describe": "NOT_FOUND"}
+                    raise
+                await asyncio.sleep(0.1)
+            return False, {"workflow_id": workflow_id, "describe": "still found"}
+
+        try:
+            landed, evidence = asyncio.run(strike())
+        except Exception as exc:  # noqa: BLE001 - a fault that could not strike did not land
+            landed, evidence = False, {"workflow_id": workflow_id, "error": f"{type(exc).__name__}: {exc}"}
+        return self._record("delete_workflow", workflow_id, landed, evidence)
+
 
 def _stopped(pid: int, timeout_s: float = 5.0) -> bool:
     """True once the kernel reports ``pid`` stopped (SIGSTOP landed), within ``timeout_s``."""

@@ -341,10 +341,10 @@ def _sweeps_between(ctx: ScenarioContext, since: float, until: float | None = No
     title="Workflows terminated behind the runs' backs: an accepted run whose workflow closed "
           "is not confirmed by \"already started\" but failed workflow_vanished; a running one "
           "is failed workflow_vanished with a fixed message and its tenant slot goes to the next "
-          "run; the worker counts the warnings",
+          "run; one whose workflow the store lost ends the same way; the worker counts the warnings",
     requirements=("R-OPS-8", "R-OPS-3", "R-EXEC-9", "R-OPS-6", "R-CREATE-5"),
     faults=(f"sigkill at {AFTER_DISPATCH}", "terminate the accepted run's workflow",
-            "terminate the running run's workflow"),
+            "terminate the running run's workflow", "delete the running run's workflow"),
     crash_points=(AFTER_DISPATCH,),
 )
 def vanished_workflow(ctx: ScenarioContext) -> None:
@@ -392,7 +392,17 @@ def vanished_workflow(ctx: ScenarioContext) -> None:
     counted = _warnings(port, "workflow_vanished")
     ctx.expect("the worker counts >= 2 qimpl_reconcile_warnings_total{kind=\"workflow_vanished\"}",
                counted >= 2, f"{counted}", "R-OPS-6", "R-OPS-8")
-    for run_id in (closed_run, long_run, next_run):  # every run the scenario starts ends
+    # Part 3: a running run whose workflow the Temporal store lost (deleted): missing, not
+    # closed; it too ends workflow_vanished (not re-dispatched: see docs/operations.md).
+    lost_run = accepted(ctx, api, prompt=make_prompt(steps=60, delay_ms=1000))
+    ctx.wait_state(api, lost_run, "running", timeout_s=20)
+    ctx.nemesis.delete_workflow(ctx.deployment.temporal_address, workflow_id(lost_run, 1),
+                                namespace=ctx.deployment.namespace)
+    d = _settled(ctx, api, lost_run, timeout_s=20)
+    ctx.expect("D (running, its workflow lost by the store) failed workflow_vanished within 20 s",
+               d["state"] == "failed" and d["error_code"] == "workflow_vanished",
+               f"{d['state']} {d['error_code']}", "R-OPS-8")
+    for run_id in (closed_run, long_run, next_run, lost_run):  # every run the scenario starts ends
         if ctx.read_run(api, run_id)["state"] not in TERMINAL:
             ctx.cancel_run(api, run_id)
 
