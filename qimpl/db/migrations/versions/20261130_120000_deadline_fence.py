@@ -52,50 +52,6 @@ ALLOWED = (
     ("awaiting_approval", "cancelled"), ("awaiting_approval", "expired"),
 )
 
-GUARD_SQL = """
-CREATE OR REPLACE FUNCTION runs_transition_guard() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF OLD.state IN ('completed', 'failed', 'expired', 'cancelled') THEN
-        RAISE EXCEPTION 'run % is terminal (%)', OLD.run_id, OLD.state
-            USING ERRCODE = 'QG001';
-    END IF;
-    IF NEW.row_version IS DISTINCT FROM OLD.row_version + 1 THEN
-        RAISE EXCEPTION 'run %: row_version must go from % to %, not %',
-            OLD.run_id, OLD.row_version, OLD.row_version + 1, NEW.row_version
-            USING ERRCODE = 'QG003';
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM run_allowed_transitions
-                   WHERE from_state = OLD.state AND to_state = NEW.state) THEN
-        RAISE EXCEPTION 'run %: transition % -> % is not allowed', OLD.run_id, OLD.state, NEW.state
-            USING ERRCODE = 'QG002';
-    END IF;
-    IF NEW.run_id <> OLD.run_id OR NEW.tenant_id <> OLD.tenant_id
-       OR NEW.principal_id <> OLD.principal_id OR NEW.accepted_at <> OLD.accepted_at
-       OR NEW.deadline_at <> OLD.deadline_at OR NEW.lifecycle_version <> OLD.lifecycle_version
-       OR NEW.generation < OLD.generation THEN
-        RAISE EXCEPTION 'run %: identity, deadline and generation are immutable', OLD.run_id
-            USING ERRCODE = 'QG004';
-    END IF;
-    IF NEW.state = 'expired' AND clock_timestamp() < OLD.deadline_at THEN
-        RAISE EXCEPTION 'run %: expired before its deadline (% < %)',
-            OLD.run_id, clock_timestamp(), OLD.deadline_at
-            USING ERRCODE = 'QG007';
-    END IF;
-    IF OLD.lifecycle_version = 2 AND clock_timestamp() >= OLD.deadline_at
-       AND NEW.state NOT IN ('expired', 'failed', 'cancelled') THEN
-        RAISE EXCEPTION 'run %: deadline % passed; it may only end', OLD.run_id, OLD.deadline_at
-            USING ERRCODE = 'QG006';
-    END IF;
-    IF NEW.generation = OLD.generation AND NEW.owner_attempt < OLD.owner_attempt THEN
-        RAISE EXCEPTION 'run %: attempt % may not take generation % back from attempt %',
-            OLD.run_id, NEW.owner_attempt, OLD.generation, OLD.owner_attempt
-            USING ERRCODE = 'QG008';
-    END IF;
-    RETURN NEW;
-END;
-$$;
-"""
-
 PREVIOUS_GUARD_SQL = """
 CREATE OR REPLACE FUNCTION runs_transition_guard() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -124,6 +80,28 @@ BEGIN
 END;
 $$;
 """
+
+#: The refusals this revision adds, in the guard's order after QG004.
+NEW_CHECKS = """
+    IF NEW.state = 'expired' AND clock_timestamp() < OLD.deadline_at THEN
+        RAISE EXCEPTION 'run %: expired before its deadline (% < %)',
+            OLD.run_id, clock_timestamp(), OLD.deadline_at
+            USING ERRCODE = 'QG007';
+    END IF;
+    IF OLD.lifecycle_version = 2 AND clock_timestamp() >= OLD.deadline_at
+       AND NEW.state NOT IN ('expired', 'failed', 'cancelled') THEN
+        RAISE EXCEPTION 'run %: deadline % passed; it may only end', OLD.run_id, OLD.deadline_at
+            USING ERRCODE = 'QG006';
+    END IF;
+    IF NEW.generation = OLD.generation AND NEW.owner_attempt < OLD.owner_attempt THEN
+        RAISE EXCEPTION 'run %: attempt % may not take generation % back from attempt %',
+            OLD.run_id, NEW.owner_attempt, OLD.generation, OLD.owner_attempt
+            USING ERRCODE = 'QG008';
+    END IF;
+"""
+
+GUARD_SQL = PREVIOUS_GUARD_SQL.replace("    RETURN NEW;\nEND;", NEW_CHECKS.lstrip("\n") + "    RETURN NEW;\nEND;")
+assert GUARD_SQL != PREVIOUS_GUARD_SQL
 
 
 def upgrade() -> None:
