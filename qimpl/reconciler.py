@@ -27,7 +27,8 @@ a call to Temporal:
    the same generation, which the forward-only fencing token refuses, and a new
    generation would be a resume nobody asked for.
 
-Every statement waits at most ``api_lock_timeout_s`` for a row lock. Each sweep leaves
+Every statement waits at most ``api_lock_timeout_s`` for a row lock, and PostgreSQL ends
+the session if it stalls inside a transaction that long (``qimpl.db.sessions``). Each sweep leaves
 one row in ``reconciler_sweeps``.
 """
 
@@ -37,15 +38,17 @@ import asyncio
 import logging
 import time
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
+from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 
 from qimpl import metrics
 from qimpl.db import runs as repo
+from qimpl.db.sessions import bound_session
 from qimpl.dispatch import dispatch, workflow_status
 from qimpl.errors import SAFE_MESSAGES, DispatchUnknown
 from qimpl.lifecycle import RunState, workflow_id
@@ -148,6 +151,9 @@ async def _confirm(conn: psycopg.AsyncConnection[Any], client: Client | None, se
             log.warning("could not confirm run %s: %s", run_id, exc.sqlstate, extra={"run_id": run_id})
 
 
+#: Runs whose workflow one sweep found missing: a second sweep must agree before the run
+#: is ended (a closed execution is final on one answer).
+_missing_since: dict[tuple[str, str, int], float] = {}
 #: Per tenant, the last run id checked for a vanished workflow (round-robin cursor).
 _vanish_cursor: dict[str, str] = {}
 #: Where a round of the cursor starts (every run id is greater).
@@ -157,6 +163,13 @@ _FIRST_RUN_ID = "00000000-0000-0000-0000-000000000000"
 async def _check_workflows(conn: psycopg.AsyncConnection[Any], client: Client | None,
                            settings: Settings, res: SweepResult, limit: int, grace_s: float) -> None:
     if client is None or limit <= 0:
+        return
+    try:  # NOT_FOUND must mean "no such execution", never "no such namespace"
+        await client.workflow_service.describe_namespace(
+            DescribeNamespaceRequest(namespace=client.namespace),
+            timeout=timedelta(seconds=settings.dispatch_timeout_s))
+    except Exception as exc:  # noqa: BLE001 - Temporal unreachable or misconfigured: next sweep
+        log.info("workflows of tenant %s not checked: %s", res.tenant, type(exc).__name__)
         return
     after = _vanish_cursor.get(res.tenant, _FIRST_RUN_ID)
     cur = await conn.execute(
@@ -177,8 +190,15 @@ async def _check_workflows(conn: psycopg.AsyncConnection[Any], client: Client | 
             log.info("workflow of run %s not checked: %s", run_id, type(exc).__name__)
             return
         res.workflows_checked += 1
+        key = (res.tenant, run_id, int(generation))
         if status == "open":
+            _missing_since.pop(key, None)
             continue
+        if status == "missing" and key not in _missing_since:
+            # Missing is judged on two sweeps, not one answer.
+            _missing_since[key] = time.monotonic()
+            continue
+        _missing_since.pop(key, None)
         try:
             await _vanished(conn, res, run_id, int(generation), status)
         except psycopg.Error as exc:
@@ -227,9 +247,8 @@ async def sweep_tenant(
     res = SweepResult(tenant=tenant, reconciler=reconciler)
     started = datetime.now(UTC)
     # The sweep sees and changes this tenant's rows only (row-level security, R-AUTH-4).
-    await conn.execute("SELECT set_config('qimpl.tenant', %s, false),"
-                       " set_config('lock_timeout', %s, false)",
-                       (tenant, f"{int(settings.api_lock_timeout_s * 1000)}ms"))
+    await conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
+    await bound_session(conn, lock_timeout_s=settings.api_lock_timeout_s)
     t0 = time.monotonic()
     expired = await _expire(conn, res, limit)
     await _confirm(conn, client, settings, res, limit - res.candidates, grace_s)

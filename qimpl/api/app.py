@@ -14,6 +14,7 @@ Routes (R-CREATE-1..5, R-READ-1):
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -51,10 +52,11 @@ from qimpl.api.validation import VALIDATION_CODES
 from qimpl.crashpoints import declare
 from qimpl.db import runs as repo
 from qimpl.db.roles import warn_if_rls_bypassed
+from qimpl.db.sessions import bound_session, keepalive_params
 from qimpl.dispatch import dispatch
 from qimpl.errors import SAFE_MESSAGES, DeadlinePassed, DispatchUnknown
 from qimpl.legacy import answer_inline, run_inline
-from qimpl.lifecycle import RunState, workflow_id
+from qimpl.lifecycle import TERMINAL, RunState, workflow_id
 from qimpl.logs import setup_logging, temporal_runtime
 from qimpl.provider import Provider, load_provider
 from qimpl.settings import Settings, get_settings
@@ -129,7 +131,11 @@ class Services:
         self.settings = settings
         self.pool = AsyncConnectionPool(
             settings.database_url, min_size=1, max_size=settings.api_pool_size, open=False,
-            kwargs={"autocommit": True, "application_name": "qimpl-api"},
+            kwargs={"autocommit": True, "application_name": "qimpl-api",
+                    **keepalive_params(settings.api_lock_timeout_s)},
+            # Every session waits at most api_lock_timeout_s for a run's row and is ended by
+            # PostgreSQL if this process stalls inside a transaction that long (R-EXEC-11).
+            configure=functools.partial(bound_session, lock_timeout_s=settings.api_lock_timeout_s),
             # A connection that died while idle (server restart) is replaced on checkout
             # instead of failing the request.
             check=AsyncConnectionPool.check_connection,
@@ -160,14 +166,10 @@ class Services:
     async def tenant(self, tenant_id: str) -> AsyncIterator[Any]:
         """A pooled connection inside a transaction scoped to ``tenant_id``: row-level
         security shows and accepts only that tenant's rows (R-AUTH-4). Statements wait at
-        most ``api_lock_timeout_s`` for a row lock (psycopg's LockNotAvailable, answered
-        503 ``run_busy``)."""
+        most ``api_lock_timeout_s`` for a row lock — a paused owner's is released within the
+        lease — then fail with LockNotAvailable, answered 503 ``run_busy``."""
         async with self.pool.connection() as conn, conn.transaction():
-            # A row lock held by a paused owner is released within the lease bound; a
-            # request never waits longer than the lock timeout for it (503 run_busy).
-            await conn.execute("SELECT set_config('qimpl.tenant', %s, true),"
-                               " set_config('lock_timeout', %s, true)",
-                               (tenant_id, f"{int(self.settings.api_lock_timeout_s * 1000)}ms"))
+            await conn.execute("SELECT set_config('qimpl.tenant', %s, true)", (tenant_id,))
             yield conn
 
     async def run_legacy(self, run_id: str, tenant_id: str) -> None:
@@ -269,11 +271,13 @@ async def _confirm(services: Services, row: dict[str, Any]) -> dict[str, Any]:
 
 async def _expire_refused(svc: Services, tenant_id: str, run_id: str) -> None:
     """The guard refused a control because the run's deadline passed (R-EXEC-8): expire
-    the run now and answer 409 ``run_terminal`` (nothing of the request was written)."""
+    the run now (unless it already ended) and answer 409 ``run_terminal`` with the run's
+    own state and code (nothing of the request was written)."""
     async with svc.tenant(tenant_id) as conn:
-        await repo.expire_if_overdue(conn, run_id)
-    raise ApiError(409, "run_terminal", "the run's deadline passed; the run is expired",
-                   error_code="deadline_exceeded")
+        row = await repo.expire_if_overdue(conn, run_id) or await repo.get_run(conn, run_id)
+    state, code = (row["state"], row["error_code"]) if row else ("expired", "deadline_exceeded")
+    raise ApiError(409, "run_terminal", f"the run's deadline passed; the run is {state}",
+                   error_code=code)
 
 
 async def _answer(services: Services, row: dict[str, Any], *, replayed: bool) -> JSONResponse:
@@ -563,6 +567,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 if body.additional_prompt is not None:
                     raise ApiError(409, "run_not_resumable",
                                    "an accepted run takes no input; resume with an empty body")
+                # Past its deadline an accepted run is expired, never dispatched (R-EXEC-8).
+                expired = await repo.expire_if_overdue(conn, str(run_id)) is not None
             elif state != RunState.AWAITING_INPUT:
                 raise ApiError(409, _NOT_RESUMABLE.get(state, "run_not_resumable"),
                                f"a run in state {state} cannot be resumed")
@@ -577,8 +583,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     resumed = None
                     expired = True
                 else:
-                    expired = False
                     if resumed is None:
+                        now = await repo.get_run(conn, str(run_id))
+                        if now is not None and RunState(now["state"]) in TERMINAL:
+                            raise ApiError(409, "run_terminal", f"the run is {now['state']}",
+                                           error_code=now["error_code"])
                         raise ApiError(409, "run_resume_conflict", "another resume of this run won")
         if expired:
             await _expire_refused(svc, principal.tenant_id, str(run_id))

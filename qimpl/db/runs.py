@@ -198,18 +198,22 @@ async def confirm_dispatch(conn: AConn, run_id: str, generation: int) -> Row | N
     never-started generation ``queued``. Returns the row after the change, or None when
     nothing was left to confirm (another generation, already confirmed, left ``accepted``,
     or past its deadline: see ``expire_if_overdue``)."""
-    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(
-            """
-            UPDATE runs SET state = 'queued', row_version = row_version + 1,
-                            dispatch_confirmed_at = clock_timestamp()
-            WHERE run_id = %s AND generation = %s AND state IN ('accepted', 'queued')
-              AND dispatch_confirmed_at IS NULL AND deadline_at > clock_timestamp()
-            RETURNING *
-            """,
-            (run_id, generation),
-        )
-        return await cur.fetchone()
+    try:
+        with _deadline_refusal():
+            async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(
+                    """
+                    UPDATE runs SET state = 'queued', row_version = row_version + 1,
+                                    dispatch_confirmed_at = clock_timestamp()
+                    WHERE run_id = %s AND generation = %s AND state IN ('accepted', 'queued')
+                      AND dispatch_confirmed_at IS NULL AND deadline_at > clock_timestamp()
+                    RETURNING *
+                    """,
+                    (run_id, generation),
+                )
+                return await cur.fetchone()
+    except DeadlinePassed:  # the deadline passed between the predicate and the guard
+        return None
 
 
 async def expire_if_overdue(conn: AConn, run_id: str) -> Row | None:

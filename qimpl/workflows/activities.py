@@ -17,8 +17,10 @@ status (``qimpl.db.runs.outcome``), never the answer: Temporal carries no megaby
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -28,8 +30,8 @@ from temporalio.exceptions import ApplicationError
 from qimpl.approvals import approval_request
 from qimpl.crashpoints import declare
 from qimpl.db import runs as repo
+from qimpl.db.sessions import bound_session, keepalive_params
 from qimpl.errors import SAFE_MESSAGES, DeadlinePassed, LockNotAcquired, LostOwnership
-from qimpl.failures import is_counted_storage_failure
 from qimpl.legacy import run_inline
 from qimpl.lifecycle import TERMINAL, RunState
 from qimpl.provider import Provider, StepContext, StepResult
@@ -71,6 +73,23 @@ def _json_object(value: Any, what: str) -> dict[str, Any]:
     return doc
 
 
+@contextlib.asynccontextmanager
+async def _counted(run_id: str, step: int) -> AsyncIterator[None]:
+    """Storing a step's result: any failure while the lease session lives — a value the
+    database refuses (a NUL character), one the runtime refuses (a NaN, a negative count),
+    a lock or statement timeout — is one counted failure (R-EXEC-6, R-EXEC-12), so the step
+    is asked of the provider a bounded number of times. Lost ownership and the deadline
+    pass through; a lost session means the lease is gone, and the next attempt retries."""
+    try:
+        yield
+    except (LostOwnership, DeadlinePassed):
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure after the provider call is counted
+        log.warning("step %s of run %s could not be stored: %s", step, run_id, type(exc).__name__,
+                    extra={"run_id": run_id, "step": step})
+        raise _StepFailed(f"unstored_result:{type(exc).__name__}") from None
+
+
 class _StepFailed(Exception):
     """A counted failure of one step (R-EXEC-6); ``kind`` names its class for the log."""
 
@@ -82,10 +101,12 @@ class _StepFailed(Exception):
 class AgentActivities:
     """Activities bound to one database and one provider (created by the worker)."""
 
-    def __init__(self, *, dsn: str, provider: Provider, slot_limit: int = 0) -> None:
+    def __init__(self, *, dsn: str, provider: Provider, slot_limit: int = 0,
+                 lock_timeout_s: float = 5.0) -> None:
         self.dsn = dsn
         self.provider = provider
         self.slot_limit = slot_limit
+        self.lock_timeout_s = lock_timeout_s
 
     @activity.defn(name="run_agent_v2")
     async def run_agent(self, inp: RunInput) -> dict[str, Any]:
@@ -115,20 +136,27 @@ class AgentActivities:
             raise ApplicationError("lost ownership", type="LostOwnership") from None
 
     async def _under_lease(self, lease: OwnershipLease, inp: RunInput, attempt: int) -> dict[str, Any]:
-        """The agent loop beside the lease keeper; losing the lease cancels the loop
-        (R-EXEC-11). Re-raises the first real error of either task."""
+        """The agent loop beside the lease keeper and the Temporal heartbeat, in one task
+        group: losing the lease cancels the loop within a touch interval (L / 4), inside a
+        provider call included (R-EXEC-11). The heartbeat has a task of its own, so a
+        statement waiting on a lock never delays it. Re-raises the first real error."""
+
+        async def heartbeat() -> None:
+            while True:
+                activity.heartbeat()
+                await asyncio.sleep(lease.touch_interval_s)
 
         async def keep() -> None:
             while True:
-                activity.heartbeat()
                 await lease.touch()  # LostOwnership when the session is gone
                 await asyncio.sleep(lease.touch_interval_s)
 
         try:
             async with asyncio.TaskGroup() as group:
+                beats = group.create_task(heartbeat())
                 keeper = group.create_task(keep())
                 loop = group.create_task(self._loop(lease, inp, attempt))
-                loop.add_done_callback(lambda _: keeper.cancel())
+                loop.add_done_callback(lambda _: (keeper.cancel(), beats.cancel()))
         except BaseExceptionGroup as failed:
             raise _first_error(failed) from None
         return loop.result()
@@ -144,6 +172,10 @@ class AgentActivities:
         owner, row = claim.owner, claim.row
         AFTER_CLAIM.reach(run_id=inp.run_id, attempt=attempt)
         try:
+            if int(row["provider_failures"]) >= inp.max_provider_failures:
+                # The last counted failure's attempt died before it could end the run.
+                code = "agent_attempts_exhausted"
+                return repo.outcome(await owner.fail(code, SAFE_MESSAGES[code]))
             return await self._steps(owner, row, inp)
         except DeadlinePassed:
             return repo.outcome(await owner.expire())
@@ -171,7 +203,7 @@ class AgentActivities:
                 inputs=inputs, decisions=decisions))
             if result is None:  # the deadline passed during the call (R-EXEC-8)
                 return repo.outcome(await owner.expire())
-            try:
+            async with _counted(inp.run_id, step):
                 state = _json_object(result.state, "state")
                 usage = _merge_usage(usage, dict(result.usage))
                 answer = result.answer
@@ -180,19 +212,12 @@ class AgentActivities:
                     pending = approval_request(inp.run_id, inp.generation, step, pending)
                 BEFORE_CHECKPOINT.reach(run_id=inp.run_id, step=step, attempt=owner.attempt)
                 await owner.checkpoint(step, state=state, usage=usage, answer=answer, pending=pending)
-            except (LostOwnership, DeadlinePassed):
-                raise
-            except Exception as exc:
-                if not is_counted_storage_failure(exc):
-                    raise
-                log.warning("step %s of run %s could not be stored: %s", step, inp.run_id,
-                            type(exc).__name__, extra={"run_id": inp.run_id, "step": step})
-                raise _StepFailed("unstorable_result") from None
             AFTER_CHECKPOINT.reach(run_id=inp.run_id, step=step, attempt=owner.attempt)
-        if pending is not None:
-            return repo.outcome(await owner.park(pending, usage=usage))
-        BEFORE_FINAL.reach(run_id=inp.run_id, attempt=owner.attempt)
-        done = await owner.complete(answer or "", usage=usage)
+        async with _counted(inp.run_id, step):
+            if pending is not None:
+                return repo.outcome(await owner.park(pending, usage=usage))
+            BEFORE_FINAL.reach(run_id=inp.run_id, attempt=owner.attempt)
+            done = await owner.complete(answer or "", usage=usage)
         AFTER_FINAL.reach(run_id=inp.run_id, attempt=owner.attempt)
         return repo.outcome(done)
 
@@ -229,8 +254,10 @@ class AgentActivities:
     async def _connect(self, tenant_id: str) -> psycopg.AsyncConnection[Any]:
         """A short-lived connection scoped to ``tenant_id`` (row-level security)."""
         conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True,
-                                                     application_name="qimpl-worker")
+                                                     application_name="qimpl-worker",
+                                                     **keepalive_params(self.lock_timeout_s))
         await conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant_id,))
+        await bound_session(conn, lock_timeout_s=self.lock_timeout_s)
         return conn
 
     async def _saved_outcome_if_terminal(self, run_id: str, tenant_id: str) -> dict[str, Any] | None:

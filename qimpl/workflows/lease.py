@@ -210,11 +210,23 @@ class OwnershipLease:
         return self
 
     async def touch(self) -> None:
-        """Renew the lease (R-EXEC-11); raises LostOwnership when the session is gone."""
+        """Renew the lease (R-EXEC-11); raises LostOwnership when the session is gone.
+
+        Touches only a session that is idle outside a transaction: inside the owner's
+        transaction the owner's own statements are what keeps it alive (so a stalled
+        transaction is still ended by ``idle_in_transaction_session_timeout``), and a touch
+        there could run inside a transaction that just failed. Any other error of a touch
+        that raced the owner's statements says nothing about the session: the next touch
+        tries again."""
+        conn = self.conn
+        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            return
         try:
-            await self.conn.execute("SELECT 1")
+            await conn.execute("SELECT 1")
         except _SESSION_ENDED as exc:
             raise LostOwnership(f"lease of run {self.run_id} lost: {exc.sqlstate}") from exc
+        except psycopg.Error:
+            return
 
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None

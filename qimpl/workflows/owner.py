@@ -31,9 +31,8 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from qimpl.crashpoints import declare
-from qimpl.db.runs import DEADLINE_SQLSTATE, GUARD_SQLSTATES, Row
+from qimpl.db.runs import DEADLINE_SQLSTATE, GUARD_SQLSTATES, Row, expire_if_overdue, get_run
 from qimpl.errors import DeadlinePassed, LostOwnership
-from qimpl.failures import is_counted_storage_failure
 from qimpl.lifecycle import TERMINAL, RunState
 
 __all__ = ["Claim", "RunOwner"]
@@ -54,8 +53,21 @@ _FENCE = (
 )
 _TERMINAL_SQL = "('completed', 'failed', 'expired', 'cancelled')"
 _LEFT = "extract(epoch FROM deadline_at - clock_timestamp())::float8 AS deadline_left_s"
+#: lock_not_available (lock_timeout), serialization failure, deadlock: the write met
+#: another session, not a problem of the value written.
+_CONTENDED = frozenset({"55P03", "40001", "40P01"})
+#: What a final commit returns: never ``result_json`` (an answer of megabytes stays in the
+#: database; a paused owner must not hold a backend busy sending it back).
+_SMALL = "run_id, state, row_version, generation, error_code"
 #: How often an early ``expire`` re-reads the database's clock (seconds).
 _EXPIRE_RETRY_S = 0.05
+
+
+async def _read(conn: AConn, run_id: str) -> Row:
+    row = await get_run(conn, run_id)
+    if row is None:
+        raise LostOwnership(f"run {run_id} does not exist")
+    return row
 
 
 class Claim:
@@ -102,6 +114,19 @@ class RunOwner:
         ``awaiting_approval``; otherwise it stays ``queued`` (its dispatch recorded as
         confirmed). Claims of one tenant are serialised by a transaction-level advisory
         lock so that two cannot both see room."""
+        try:
+            return await cls._claim(conn, run_id, generation=generation, attempt=attempt,
+                                    slot_limit=slot_limit)
+        except psycopg.Error as exc:
+            if exc.sqlstate != DEADLINE_SQLSTATE:
+                raise
+        # The deadline passed between the claim's read and its write (R-EXEC-8).
+        expired = await expire_if_overdue(conn, run_id)
+        return Claim(expired if expired is not None else await _read(conn, run_id), None)
+
+    @classmethod
+    async def _claim(cls, conn: AConn, run_id: str, *, generation: int, attempt: int,
+                     slot_limit: int) -> Claim:
         async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(f"SELECT *, {_LEFT} FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
             row = await cur.fetchone()
@@ -182,8 +207,8 @@ class RunOwner:
         """One fenced UPDATE ... RETURNING in its own transaction (``then(cur, row)`` may add
         statements to it); advances this owner's ``row_version``. Raises LostOwnership when
         the fence matched no row, the guard refused or the session was lost; DeadlinePassed
-        for the deadline; a value the database cannot store propagates unchanged
-        (``qimpl.failures.is_counted_storage_failure``)."""
+        for the deadline; any other database error (a value it refuses to store, a lock or
+        statement timeout) propagates unchanged while the session lives."""
         try:
             async with self.conn.transaction(), self.conn.cursor(
                     row_factory=dict_row if dict_rows else tuple_row) as cur:
@@ -196,11 +221,15 @@ class RunOwner:
                 raise DeadlinePassed(f"{what}: deadline passed") from exc
             if exc.sqlstate in GUARD_SQLSTATES or exc.sqlstate == "23505":
                 raise LostOwnership(f"{what} rejected: {exc.sqlstate}") from exc
-            if is_counted_storage_failure(exc):
-                raise  # the value itself was refused: a counted failure (R-EXEC-6)
-            # The session is gone or was cut (idle-in-transaction timeout, termination,
-            # connection loss): so is the lease (R-EXEC-11).
-            raise LostOwnership(f"{what}: session lost ({exc.sqlstate or type(exc).__name__})") from exc
+            if exc.sqlstate in _CONTENDED:
+                # Another session holds the row (a cancel, a sweep): contention, bounded by
+                # that session's own timeouts, not a refusal of this result.
+                raise LostOwnership(f"{what}: row busy ({exc.sqlstate})") from exc
+            if self.conn.closed or self.conn.broken:
+                # The session is gone (idle-in-transaction timeout, termination, connection
+                # loss): so is the lease (R-EXEC-11).
+                raise LostOwnership(f"{what}: session lost ({exc.sqlstate or type(exc).__name__})") from exc
+            raise  # the session lives: the caller counts this failure (R-EXEC-6, R-EXEC-12)
         if got is None:
             raise LostOwnership(f"{what} fenced")
         self.row_version = int(got["row_version"]) if dict_rows else int(got[0])
@@ -243,7 +272,7 @@ class RunOwner:
             " result_json = coalesce(%(result)s, result_json), error_code = %(code)s,"
             " error_message = %(message)s, usage = coalesce(%(usage)s, usage),"
             f" completed_at = CASE WHEN %(state)s::varchar IN {_TERMINAL_SQL}"
-            f" THEN clock_timestamp() END {_FENCE}{extra_where} RETURNING *",
+            f" THEN clock_timestamp() END {_FENCE}{extra_where} RETURNING {_SMALL}",
             self._params(state=str(state), result=Jsonb(dict(result)) if result is not None else None,
                          code=error_code, message=error_message,
                          usage=Jsonb(dict(usage)) if usage is not None else None),
@@ -281,7 +310,6 @@ class RunOwner:
                     "SELECT extract(epoch FROM deadline_at - clock_timestamp())::float8, row_version,"
                     " state FROM runs WHERE run_id = %s", (self.run_id,))
                 found = await cur.fetchone()
-                if (found is None or int(found[1]) != self.row_version
-                        or found[2] != RunState.RUNNING or float(found[0]) <= 0):
-                    raise
-                await asyncio.sleep(max(float(found[0]), _EXPIRE_RETRY_S))
+                if found is None or int(found[1]) != self.row_version or found[2] != RunState.RUNNING:
+                    raise  # another writer changed the run: really lost
+                await asyncio.sleep(min(max(float(found[0]), _EXPIRE_RETRY_S), 1.0))

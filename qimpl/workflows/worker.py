@@ -27,6 +27,7 @@ from temporalio.worker import Worker
 
 from qimpl import metrics
 from qimpl.db.roles import warn_if_rls_bypassed
+from qimpl.db.sessions import keepalive_params
 from qimpl.logs import setup_logging, temporal_runtime
 from qimpl.provider import load_provider
 from qimpl.reconciler import sweep_tenant
@@ -47,7 +48,8 @@ def build_worker(client: Client, settings: Settings) -> Worker:
     """A worker for ``settings.task_queue`` with the real activities and the configured provider."""
     provider = load_provider(settings.provider, settings.provider_config)
     activities = AgentActivities(dsn=settings.database_url, provider=provider,
-                                 slot_limit=settings.concurrency_limit)
+                                 slot_limit=settings.concurrency_limit,
+                                 lock_timeout_s=settings.api_lock_timeout_s)
     return Worker(
         client,
         task_queue=settings.task_queue,
@@ -74,7 +76,8 @@ async def reconcile_forever(client: Client, settings: Settings, stop: asyncio.Ev
             try:
                 if conn is None or conn.closed:
                     conn = await psycopg.AsyncConnection.connect(
-                        settings.database_url, autocommit=True, application_name="qimpl-reconciler")
+                        settings.database_url, autocommit=True, application_name="qimpl-reconciler",
+                        **keepalive_params(settings.api_lock_timeout_s))
                 await sweep_tenant(conn, client, settings, tenant, reconciler=name,
                                    grace_s=settings.reconcile_grace_s)
             except Exception as exc:  # noqa: BLE001 - the next sweep retries

@@ -34,8 +34,8 @@ MUTATIONS = {
     # A result the database refuses is retried as if the session were lost: never counted.
     "storage-refusal-not-counted": (
         "qimpl/workflows/activities.py",
-        "if not is_counted_storage_failure(exc):",
-        "if True:",
+        'raise _StepFailed(f"unstored_result:{type(exc).__name__}") from None',
+        "raise",
         "unstorable-provider-output",
         "NUL in the answer: failed agent_attempts_exhausted",
     ),
