@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import sys
+from datetime import timedelta
 
 from temporalio.runtime import (
     LogForwardingConfig,
@@ -15,26 +17,57 @@ from temporalio.runtime import (
     TelemetryFilter,
 )
 
-__all__ = ["setup_logging", "temporal_runtime"]
+from qimpl.metrics import WORKER_HEARTBEAT_INTERVAL_S
 
+__all__ = ["UVICORN_LOGGERS", "JsonFormatter", "setup_logging", "temporal_runtime",
+           "without_traceback"]
+
+#: The loggers uvicorn configures with its own plain-text handlers before the app exists.
+UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+#: ``extra`` fields never written: uvicorn's ANSI-coloured copy of the message.
+_DROPPED = {"color_message"}
+#: Where a formatted traceback starts inside a message (Starlette hands uvicorn a failed
+#: lifespan's ``traceback.format_exc()`` as the message of "startup failed").
+_TRACEBACK = re.compile(r"(?:Exception Group )?Traceback \(most recent call last\):")
+#: The exception line that ends a traceback: ``package.Type: message`` or ``Type``.
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s.*)?$")
+
+
+def without_traceback(msg: str) -> tuple[str, str | None]:
+    """``msg`` cut before any traceback text it carries, and the type of the exception
+    that traceback ends with (its message is dropped too: it may hold a secret)."""
+    found = _TRACEBACK.search(msg)
+    if found is None:
+        return msg, None
+    exc_type = "unknown"
+    for line in reversed(msg[found.start():].splitlines()):
+        matched = _EXC_LINE.match(line.lstrip(" |"))
+        if matched:
+            exc_type = matched.group(1).rsplit(".", 1)[-1]
+            break
+    return msg[:found.start()].rstrip(" \t\n+|") or "exception (traceback withheld)", exc_type
 
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per record: time, level, logger, message and every ``extra`` field
-    (``run_id``, ``event``, ...). Exceptions contribute their type only, never a trace."""
+    (``run_id``, ``event``, ...). Exceptions contribute their type only, never a trace,
+    also when the trace came as message text (``without_traceback``)."""
 
     def format(self, record: logging.LogRecord) -> str:
+        msg, traced = without_traceback(record.getMessage())
         doc: dict[str, object] = {
             "t": round(record.created, 3),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": msg,
         }
         for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
+            if key not in _STANDARD and key not in _DROPPED and not key.startswith("_"):
                 doc[key] = value
+        if traced is not None:
+            doc["exc_type"] = traced
         if record.exc_info and record.exc_info[0] is not None:
             doc["exc_type"] = record.exc_info[0].__name__  # never the traceback text
         return json.dumps(doc, default=str)
@@ -43,15 +76,31 @@ class JsonFormatter(logging.Formatter):
 @functools.cache
 def temporal_runtime() -> Runtime:
     """The process's Temporal runtime, its core (Rust) logs forwarded to Python logging so
-    that every line a process prints is JSON."""
-    return Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(
-        filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
-        forwarding=LogForwardingConfig(logger=logging.getLogger("temporalio.core")))))
+    that every line a process prints is JSON. Workers on it report themselves to Temporal
+    every WORKER_HEARTBEAT_INTERVAL_S seconds: worker availability (R-OPS-6) is judged by
+    those heartbeats."""
+    return Runtime(
+        telemetry=TelemetryConfig(logging=LoggingConfig(
+            filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
+            forwarding=LogForwardingConfig(logger=logging.getLogger("temporalio.core")))),
+        worker_heartbeat_interval=timedelta(seconds=WORKER_HEARTBEAT_INTERVAL_S))
 
 
 def setup_logging(level: int = logging.INFO) -> None:
+    """Every log line of the process as one JSON object on stdout (``JsonFormatter``).
+
+    uvicorn installs plain-text handlers on its loggers (``UVICORN_LOGGERS``) before it
+    builds the app; they are replaced with the same JSON handler here, so that uvicorn's
+    lines, its start-up errors included, are JSON without tracebacks too. Their levels stay
+    as uvicorn set them (``--log-level``), and a logger uvicorn left without handlers
+    stays so (``--no-access-log`` empties ``uvicorn.access``: still silent). Idempotent."""
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    for name in UVICORN_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.handlers:  # each record reaches the JSON handler once
+            logger.handlers[:] = [handler]
+            logger.propagate = False

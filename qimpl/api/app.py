@@ -25,8 +25,9 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Path, Request, Response
+from fastapi import Depends, FastAPI, Header, Path, Request, Response, Security
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from psycopg_pool import AsyncConnectionPool
 from sse_starlette.sse import EventSourceResponse
@@ -71,7 +72,12 @@ AFTER_DISPATCH = declare("api.after_dispatch", "Temporal accepted the workflow, 
 CREATE_ROUTE = "POST /v1/agents/{agent_id}/runs"
 #: Agent ids and idempotency keys are printable identifiers (no control characters).
 AgentId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")]
-IdempotencyKey = Annotated[str | None, Header(max_length=255, pattern=r"^[\x21-\x7e]+$")]
+_KEY_PATTERN, _KEY_MAX = r"^[\x21-\x7e]+$", 255
+#: Optional to FastAPI, so that a missing key gets the route's own 400
+#: ``idempotency_key_required``; documented as required (``_required_header``).
+IdempotencyKey = Annotated[str | None, Header(max_length=_KEY_MAX, pattern=_KEY_PATTERN,
+                                              include_in_schema=False)]
+_STREAM_KEY_MAX = 128
 RESUME_ROUTE = "POST /v1/agents/{agent_id}/runs/{run_id}/resume"
 
 #: Why a run in this state cannot be resumed (R-RESUME-2).
@@ -83,6 +89,34 @@ _NOT_RESUMABLE = {
 
 #: What an unconfirmed start looks like: Temporal's answer unknown, or no client at all.
 DISPATCH_FAILURES = (DispatchUnknown, TimeoutError, OSError, RuntimeError)
+
+
+def _required_header(name: str, description: str, **schema: Any) -> dict[str, Any]:
+    """OpenAPI ``openapi_extra`` documenting header ``name`` as required. The handler's
+    own parameter stays optional (``include_in_schema=False``) so that a request without
+    it gets the route's coded error (400 ``idempotency_key_required``, 401
+    ``stream_key_required``) rather than FastAPI's 422: runtime behaviour is unchanged."""
+    return {"parameters": [{"name": name, "in": "header", "required": True,
+                            "description": description, "schema": {"type": "string", **schema}}]}
+
+
+_IDEMPOTENCY = {"maxLength": _KEY_MAX, "pattern": _KEY_PATTERN}
+CREATE_HEADERS = _required_header(
+    "Idempotency-Key", "Required for a durable run (`durable_temporal: true`); without it 400 "
+    "`idempotency_key_required` (R-CREATE-2). Keys are scoped to tenant, principal and route. "
+    "The legacy inline path (R-CREATE-6) also accepts a request without one.", **_IDEMPOTENCY)
+RESUME_HEADERS = _required_header(
+    "Idempotency-Key", "A new key per resume; without it 400 `idempotency_key_required` "
+    "(R-RESUME-1). Replaying a key returns the same receipt.", **_IDEMPOTENCY)
+EVENTS_HEADERS = _required_header(
+    "X-Stream-Key", "The run's stream key from its receipt; without it 401 "
+    "`stream_key_required` (R-AUTH-3).", maxLength=_STREAM_KEY_MAX)
+#: The bearer scheme of ``components.securitySchemes``. It only documents: it never
+#: rejects a request; ``_principal`` answers 401 ``unauthenticated`` itself (R-AUTH-1).
+BEARER = HTTPBearer(
+    scheme_name="bearer", bearerFormat="API key", auto_error=False,
+    description="An API key: `Authorization: Bearer <key>`. Missing or unknown: 401 "
+                "`unauthenticated` (R-AUTH-1).")
 
 
 def _errors(**by_status: str) -> dict[int | str, dict[str, Any]]:
@@ -197,9 +231,10 @@ def _services(request: Request) -> Services:
 
 async def _principal(
     request: Request,
-    authorization: Annotated[str | None, Header()] = None,
+    _bearer: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None,
 ) -> Principal:
-    key = (authorization or "").removeprefix("Bearer ").strip()
+    # The header as sent, not BEARER's parse: the key is what follows "Bearer ", as before.
+    key = (request.headers.get("authorization") or "").removeprefix("Bearer ").strip()
     principal = await _services(request).authenticator.authenticate(key) if key else None
     if principal is None:
         raise ApiError(401, "unauthenticated", "a valid API key is required")
@@ -453,7 +488,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/metrics", include_in_schema=False)
     async def metrics_endpoint(request: Request) -> Response:
         """Prometheus metrics (R-OPS-6); gauges are recomputed from the database per scrape,
-        worker availability from Temporal's view of the task queue (best effort)."""
+        worker availability from Temporal's view of the task queue (best effort: when
+        Temporal does not answer within 2 s the pollers gauge is left out, unknown, rather
+        than reporting a stale count)."""
         svc = _services(request)
         async with svc.pool.connection() as conn:
             await metrics.refresh_from_db(conn)  # through a SECURITY DEFINER aggregate
@@ -461,6 +498,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             client = await svc.temporal()
             await asyncio.wait_for(metrics.refresh_pollers(client, svc.settings), timeout=2)
         except Exception as exc:  # noqa: BLE001 - metrics never fail the scrape
+            metrics.WORKER_POLLERS.clear()
             log.info("poller metrics unavailable: %s", type(exc).__name__)
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
@@ -469,7 +507,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"status": "ok"}
 
     @app.post(
-        "/v1/agents/{agent_id}/runs", status_code=202, response_model=Receipt, responses=CREATE_ERRORS
+        "/v1/agents/{agent_id}/runs", status_code=202, response_model=Receipt, responses=CREATE_ERRORS,
+        openapi_extra=CREATE_HEADERS,
     )
     async def create_run(
         agent_id: AgentId,
@@ -529,7 +568,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return _view(await _owned_run(conn, agent_id, run_id, principal))
 
     @app.post("/v1/agents/{agent_id}/runs/{run_id}/resume", status_code=202, response_model=Receipt,
-              responses=RESUME_ERRORS)
+              responses=RESUME_ERRORS, openapi_extra=RESUME_HEADERS)
     async def resume_run(
         agent_id: AgentId,
         run_id: uuid.UUID,
@@ -602,12 +641,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return response
 
     @app.get("/v1/agents/{agent_id}/runs/{run_id}/events", responses=EVENTS_ERRORS,
-             response_class=EventSourceResponse)
+             response_class=EventSourceResponse, openapi_extra=EVENTS_HEADERS)
     async def run_events(
         agent_id: AgentId,
         run_id: uuid.UUID,
         request: Request,
-        x_stream_key: Annotated[str | None, Header(max_length=128)] = None,
+        x_stream_key: Annotated[str | None, Header(max_length=_STREAM_KEY_MAX,
+                                                   include_in_schema=False)] = None,
         last_event_id: Annotated[str | None, Header(max_length=32, pattern=r"^[0-9]+$")] = None,
     ) -> Response:
         """The run's events as SSE for the holder of its stream key (``X-Stream-Key``):

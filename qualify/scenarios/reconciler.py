@@ -563,8 +563,10 @@ def slot_wait_not_redispatched(ctx: ScenarioContext) -> None:
     sweeps = _sweeps(ctx)
     ctx.expect("B stayed queued in generation 2 while A held the slot", waiting == [("queued", 2)],
                str(waiting), "R-EXEC-9")
-    ctx.expect("the reconciler dispatched B exactly once (sum of dispatched over all sweeps == 1)",
-               sum(s[3] for s in sweeps) == 1,
+    # At most once: the worker's claim may record the confirmation before the reconciler's
+    # compare-and-set does (then the reconciler counts none).
+    ctx.expect("the reconciler counted B's dispatch at most once (sum of dispatched over all sweeps <= 1)",
+               sum(s[3] for s in sweeps) <= 1,
                f"dispatched {[s[3] for s in sweeps if s[3]]} over {len(sweeps)} sweeps", "R-OPS-3")
     ctx.expect("B was a dispatch candidate in one sweep only, not again while it waited for the slot",
                sum(s[1] for s in sweeps) == 1,

@@ -1,11 +1,20 @@
 """The served OpenAPI document lists every route, its body and every error code it can
-return (issue: API contract)."""
+return (issue: API contract), its bearer security scheme and the headers a route requires
+(issue 15, item 6) — documenting them changes no runtime behaviour."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import uuid
+from collections.abc import Iterator
+from typing import Any
 
-from qimpl.api.app import create_app
+import httpx
+import pytest
+from fastapi import FastAPI, Response
+
+from qimpl.api import app as app_module
+from qimpl.api.app import Services, create_app
 from qimpl.api.validation import VALIDATION_CODES
 from qimpl.settings import Settings
 
@@ -35,3 +44,97 @@ def test_every_route_lists_its_error_codes() -> None:
     assert "requestBody" in doc["paths"]["/v1/agents/{agent_id}/runs"]["post"]
     legacy = [p for p in doc["paths"] if p.endswith(("/pause", "/handoff", "/branch", "/rollback"))]
     assert len(legacy) == 4
+
+
+BEARER_FREE = {("get", "/v1/agents/{agent_id}/runs/{run_id}/events")}  # the stream key instead
+REQUIRED_HEADERS = {
+    ("post", "/v1/agents/{agent_id}/runs"): "Idempotency-Key",
+    ("post", "/v1/agents/{agent_id}/runs/{run_id}/resume"): "Idempotency-Key",
+    ("get", "/v1/agents/{agent_id}/runs/{run_id}/events"): "X-Stream-Key",
+}
+
+
+def _operations(doc: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            yield method, path, op
+
+
+@pytest.mark.req("R-AUTH-1")
+def test_bearer_security_scheme_on_every_authenticated_route() -> None:
+    doc = create_app(Settings()).openapi()
+    schemes = doc["components"]["securitySchemes"]
+    assert schemes == {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "API key",
+                                  "description": schemes["bearer"]["description"]}}
+    assert "unauthenticated" in schemes["bearer"]["description"]
+    for method, path, op in _operations(doc):
+        headers = {p["name"].lower() for p in op.get("parameters", []) if p["in"] == "header"}
+        assert "authorization" not in headers, (method, path)  # the scheme carries it
+        if (method, path) in BEARER_FREE:
+            assert "security" not in op, (method, path)
+        else:
+            assert op.get("security") == [{"bearer": []}], (method, path)
+            assert "unauthenticated" in op["responses"]["401"]["description"], (method, path)
+
+
+@pytest.mark.req("R-CREATE-2")
+@pytest.mark.req("R-RESUME-1")
+@pytest.mark.req("R-AUTH-3")
+def test_required_headers_are_marked_required() -> None:
+    doc = create_app(Settings()).openapi()
+    for (method, path), name in REQUIRED_HEADERS.items():
+        params = [p for p in doc["paths"][path][method]["parameters"]
+                  if p["in"] == "header" and p["name"].lower() == name.lower()]
+        assert len(params) == 1, (method, path, params)  # declared once, not twice
+        assert params[0]["required"] is True, (method, path)
+        assert params[0]["schema"]["type"] == "string"
+    key = doc["paths"]["/v1/agents/{agent_id}/runs"]["post"]["parameters"][-1]
+    assert key["schema"] == {"type": "string", "maxLength": 255, "pattern": r"^[\x21-\x7e]+$"}
+
+
+@pytest.fixture
+def app(monkeypatch: pytest.MonkeyPatch) -> FastAPI:
+    """The app without its lifespan: static keys, a pool never opened (no database), and
+    the legacy inline path stubbed (it needs the database)."""
+    settings = Settings(auth="static", api_keys={"k-1": {"tenant": "t-1", "principal": "p-1"}})
+    app = create_app(settings)
+    app.state.services = Services(settings)
+
+    async def legacy(*_: Any) -> Response:
+        return Response(status_code=202)
+
+    monkeypatch.setattr(app_module, "_create_legacy", legacy)
+    return app
+
+
+RUNS = "/v1/agents/a-1/runs"
+RESUME = f"/v1/agents/a-1/runs/{uuid.uuid4()}/resume"
+EVENTS = f"/v1/agents/a-1/runs/{uuid.uuid4()}/events"
+
+
+@pytest.mark.req("R-AUTH-1")
+@pytest.mark.req("R-CREATE-2")
+def test_documenting_headers_changes_no_runtime_behaviour(app: FastAPI) -> None:
+    """Required in the document, yet still the routes' own coded errors at runtime (not
+    FastAPI's 401/403/422), and the legacy create still takes no key (R-CREATE-6)."""
+    durable = {"prompt": "hi", "durable_temporal": True}
+
+    async def calls() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://api") as client:
+            for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "bearer k-1"},
+                            {"Authorization": "Basic k-1"}):
+                r = await client.post(RUNS, json=durable, headers=headers)
+                assert r.status_code == 401, (headers, r.status_code)
+                assert r.json() == {"code": "unauthenticated", "message": "a valid API key is required"}
+            for auth in ("Bearer k-1", "k-1"):  # a bare key is accepted, as before
+                r = await client.post(RUNS, json=durable, headers={"Authorization": auth})
+                assert (r.status_code, r.json()["code"]) == (400, "idempotency_key_required"), auth
+            r = await client.post(RESUME, json={}, headers={"Authorization": "Bearer k-1"})
+            assert (r.status_code, r.json()["code"]) == (400, "idempotency_key_required")
+            r = await client.get(EVENTS)
+            assert (r.status_code, r.json()["code"]) == (401, "stream_key_required")
+            r = await client.post(RUNS, json={"prompt": "hi"}, headers={"Authorization": "Bearer k-1"})
+            assert r.status_code == 202  # legacy: no Idempotency-Key needed
+
+    asyncio.run(calls())

@@ -1,0 +1,106 @@
+"""Every line a process writes is one JSON object, uvicorn's own lines included, and no
+line carries a traceback (issue 15, item 6; docs/operations.md "Metrics" / logs)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import traceback
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+
+from qimpl.logs import UVICORN_LOGGERS, setup_logging, without_traceback
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """uvicorn's Config and setup_logging reconfigure process-wide loggers: put them back."""
+    names = ["", *UVICORN_LOGGERS]
+    saved = {n: (logging.getLogger(n), list(logging.getLogger(n).handlers),
+                 logging.getLogger(n).level, logging.getLogger(n).propagate) for n in names}
+    yield
+    for logger, handlers, level, propagate in saved.values():
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+def _json_lines(text: str) -> list[dict[str, object]]:
+    lines = text.splitlines()
+    docs = [json.loads(line) for line in lines]  # raises on any plain-text line
+    assert all(isinstance(d, dict) for d in docs)
+    return docs
+
+
+def test_uvicorn_lines_are_one_json_line_without_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    # As the harness starts the API: uvicorn configures its loggers before the app exists.
+    uvicorn.Config("qimpl.api.app:create_app", factory=True, log_level="warning", access_log=False)
+    setup_logging()  # what the API's lifespan does first
+    try:
+        raise RuntimeError("boom: postgresql://secret@db/x")
+    except RuntimeError as exc:
+        logging.getLogger("uvicorn.error").error("Exception in 'lifespan' protocol\n", exc_info=exc)
+    logging.getLogger("uvicorn.error").error("Application startup failed. Exiting.",
+                                             extra={"color_message": "\x1b[31mfailed\x1b[0m"})
+    logging.getLogger("uvicorn.error").info("Started server process [%d]", 1)  # below --log-level
+    logging.getLogger("uvicorn.access").info("GET / 200")  # --no-access-log: silent
+    out, err = capsys.readouterr()
+    assert err == ""  # uvicorn's own plain-text stderr handler no longer writes
+    docs = _json_lines(out)
+    assert len(docs) == 2, out
+    assert docs[0] == {"t": docs[0]["t"], "level": "error", "logger": "uvicorn.error",
+                       "msg": "Exception in 'lifespan' protocol\n", "exc_type": "RuntimeError"}
+    assert docs[1]["msg"] == "Application startup failed. Exiting." and "color_message" not in docs[1]
+    for leak in ("Traceback", 'File "', "boom", "postgresql://"):
+        assert leak not in out
+
+
+def test_uvicorn_access_log_is_json_when_enabled(capsys: pytest.CaptureFixture[str]) -> None:
+    uvicorn.Config("qimpl.api.app:create_app", factory=True, log_level="info")
+    setup_logging()
+    setup_logging()  # idempotent: still one line per record
+    logging.getLogger("uvicorn.access").info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5", "GET",
+                                             "/healthz", "1.1", 200)
+    logging.getLogger("uvicorn.error").info("Started server process [%d]", 7)
+    logging.getLogger("qimpl.api").info("ready", extra={"run_id": "r-1"})
+    out, err = capsys.readouterr()
+    assert err == ""
+    docs = _json_lines(out)
+    assert [(d["logger"], d["msg"]) for d in docs] == [
+        ("uvicorn.access", '127.0.0.1:5 - "GET /healthz HTTP/1.1" 200'),
+        ("uvicorn.error", "Started server process [7]"),
+        ("qimpl.api", "ready"),
+    ]
+    assert docs[2]["run_id"] == "r-1"
+
+
+def _formatted(exc: BaseException) -> str:
+    try:
+        raise exc
+    except BaseException:  # noqa: BLE001 - formatting it is the point
+        return traceback.format_exc()
+
+
+def test_a_traceback_sent_as_message_text_is_withheld(capsys: pytest.CaptureFixture[str]) -> None:
+    """Starlette reports a failed lifespan to uvicorn as ``traceback.format_exc()`` text,
+    which uvicorn logs as the message: the line keeps the exception's type only."""
+    uvicorn.Config("qimpl.api.app:create_app", factory=True, log_level="warning", access_log=False)
+    setup_logging()
+    secret = "postgresql://owner:hunter2@db/qimpl"
+    log = logging.getLogger("uvicorn.error")
+    log.error(_formatted(TimeoutError(f"couldn't connect to {secret}")))
+    log.error("startup: " + _formatted(ExceptionGroup("eg", [ValueError(secret)])))
+    log.error("Application startup failed. Exiting.")
+    out, err = capsys.readouterr()
+    assert err == ""
+    docs = _json_lines(out)
+    assert [(d["msg"], d.get("exc_type")) for d in docs] == [
+        ("exception (traceback withheld)", "TimeoutError"),
+        ("startup:", "ValueError"),
+        ("Application startup failed. Exiting.", None),
+    ]
+    for leak in ("Traceback", 'File "', "hunter2", "postgresql://"):
+        assert leak not in out
+    assert without_traceback("plain message") == ("plain message", None)
