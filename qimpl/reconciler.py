@@ -95,9 +95,7 @@ async def _expire(conn: psycopg.AsyncConnection[Any], res: SweepResult, limit: i
             try:
                 async with conn.transaction():  # a savepoint per run
                     await cur.execute(
-                        "UPDATE runs SET state = 'expired', row_version = row_version + 1,"
-                        " error_code = 'deadline_exceeded', error_message = 'the run''s deadline passed',"
-                        " completed_at = clock_timestamp() WHERE run_id = %s",
+                        f"UPDATE runs SET {repo.EXPIRE_SET} WHERE run_id = %s",
                         (row["run_id"],),
                     )
                 expired.append((row["run_id"], int(row["generation"])))

@@ -23,6 +23,7 @@ from qimpl.lifecycle import TERMINAL, RunState
 
 __all__ = [
     "DEADLINE_SQLSTATE",
+    "EXPIRE_SET",
     "GUARD_SQLSTATES",
     "Row",
     "cancel",
@@ -49,6 +50,10 @@ AConn = psycopg.AsyncConnection[Any]
 #: transition, row_version, immutable column, deadline passed, expired early, attempt
 #: going back.
 GUARD_SQLSTATES = frozenset({"QG001", "QG002", "QG003", "QG004", "QG006", "QG007", "QG008"})
+#: The SET clause of every expiry (R-EXEC-8): the owner's claim, a refused writer, the
+#: reconciler. The owner's own expiry writes the same code and message (SAFE_MESSAGES).
+EXPIRE_SET = ("state = 'expired', row_version = row_version + 1, error_code = 'deadline_exceeded',"
+              " error_message = 'the run''s deadline passed', completed_at = clock_timestamp()")
 #: The guard's refusal of a write after ``deadline_at`` by the database's clock (R-EXEC-8).
 DEADLINE_SQLSTATE = "QG006"
 
@@ -222,9 +227,7 @@ async def expire_if_overdue(conn: AConn, run_id: str) -> Row | None:
     by writers whose own write the guard refused for the deadline."""
     async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(
-            "UPDATE runs SET state = 'expired', row_version = row_version + 1,"
-            " error_code = 'deadline_exceeded', error_message = 'the run''s deadline passed',"
-            f" completed_at = clock_timestamp() WHERE run_id = %s AND state NOT IN {_TERMINAL_SQL}"
+            f"UPDATE runs SET {EXPIRE_SET} WHERE run_id = %s AND state NOT IN {_TERMINAL_SQL}"
             " AND deadline_at <= clock_timestamp() RETURNING *",
             (run_id,),
         )

@@ -31,7 +31,14 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from qimpl.crashpoints import declare
-from qimpl.db.runs import DEADLINE_SQLSTATE, GUARD_SQLSTATES, Row, expire_if_overdue, get_run
+from qimpl.db.runs import (
+    DEADLINE_SQLSTATE,
+    EXPIRE_SET,
+    GUARD_SQLSTATES,
+    Row,
+    expire_if_overdue,
+    get_run,
+)
 from qimpl.errors import DeadlinePassed, LostOwnership
 from qimpl.lifecycle import TERMINAL, RunState
 
@@ -140,9 +147,7 @@ class RunOwner:
             if row["deadline_left_s"] <= 0 and row["state"] in (
                     RunState.ACCEPTED, RunState.QUEUED, RunState.RUNNING):
                 await cur.execute(
-                    "UPDATE runs SET state = 'expired', row_version = row_version + 1,"
-                    " error_code = 'deadline_exceeded', error_message = 'the run''s deadline passed',"
-                    f" completed_at = clock_timestamp() WHERE run_id = %s RETURNING *, {_LEFT}",
+                    f"UPDATE runs SET {EXPIRE_SET} WHERE run_id = %s RETURNING *, {_LEFT}",
                     (run_id,))
                 expired = await cur.fetchone()
                 assert expired is not None
