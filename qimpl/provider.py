@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from qimpl.tools import ToolCall
+
 __all__ = ["EchoProvider", "Provider", "StepContext", "StepResult", "load_provider"]
 
 
@@ -34,6 +36,12 @@ class StepContext:
     #: Approval decisions so far, oldest first: ``{approval_id, approved, tool, arguments,
     #: action_version}`` (R-APPROVAL-1).
     decisions: tuple[Mapping[str, Any], ...] = ()
+    #: Settled tool calls so far, oldest first (R-TOOL-2): ``{call_id, id, tool, status,
+    #: result}`` with ``status`` one of ``succeeded``, ``failed`` (``result.code`` says
+    #: why), ``rejected`` (unknown tool or arguments off schema: nothing ran),
+    #: ``denied`` (its approval was denied: nothing ran), ``not_executed`` and
+    #: ``compensated`` (recorded by an operator). ``id`` is the provider's own id.
+    tool_results: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,12 +49,16 @@ class StepResult:
     """``state`` is checkpointed; ``answer`` set means the run is complete after this step;
     ``pending`` set parks the run for a human (R-READ-2): ``{"kind": "input", ...}`` for
     ``awaiting_input`` or ``{"kind": "approval", "approval_id", "action_version", "tool",
-    "arguments"}`` for ``awaiting_approval``."""
+    "arguments"}`` for ``awaiting_approval``. ``tool_calls`` asks the runtime to run tools
+    (R-TOOL-1): it runs them after this step's checkpoint and the next step sees their
+    results in ``StepContext.tool_results``; a step with tool calls has no answer and
+    nothing pending."""
 
     state: Mapping[str, Any]
     answer: str | None = None
     usage: Mapping[str, int] = field(default_factory=dict)
     pending: Mapping[str, Any] | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 class Provider(ABC):

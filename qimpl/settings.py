@@ -25,6 +25,10 @@ class Settings(BaseSettings):
     #: Import path ``module:attribute`` of the provider factory (R-EXEC-1, R-Q-3).
     provider: str = "qimpl.provider:EchoProvider"
     provider_config: dict[str, Any] = Field(default_factory=dict)
+    #: Import path ``module:factory`` of the worker's tools (R-TOOL-1); empty: no tools.
+    tools: str = ""
+    #: JSON object given to the tools factory.
+    tools_config: dict[str, Any] = Field(default_factory=dict)
     #: Activity heartbeat timeout; the ownership lease is derived from it (R-EXEC-2).
     heartbeat_timeout_s: float = 2.0
     #: Provider failures (counted durably in the run) after which the run is ``failed``
@@ -34,7 +38,8 @@ class Settings(BaseSettings):
     dispatch_timeout_s: float = 5.0
     #: ``db``: API keys hashed in PostgreSQL (production); ``static``: ``api_keys`` below.
     auth: str = "db"
-    #: JSON object ``{api_key: {"tenant": ..., "principal": ...}}`` (``auth=static`` only).
+    #: JSON object ``{api_key: {"tenant": ..., "principal": ...}}`` (``auth=static`` only);
+    #: ``"role": "operator"`` marks an operator key (R-OPS-7), the default is ``client``.
     api_keys: dict[str, dict[str, str]] = Field(
         default_factory=lambda: {"dev-key": {"tenant": "t-dev", "principal": "p-dev"}}
     )

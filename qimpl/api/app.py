@@ -6,7 +6,10 @@ Routes (R-CREATE-1..5, R-READ-1):
 - ``POST /v1/answer``                             synchronous answer, JSON or SSE (R-CREATE-7)
 - ``GET  /v1/agents/{agent_id}/runs/{run_id}``   read a run
 - ``POST /v1/agents/{agent_id}/runs/{run_id}/cancel``  cancel (R-CANCEL-1)
-- ``POST /v1/agents/{agent_id}/runs/{run_id}/resume``  resume (R-RESUME-1..2)
+- ``POST /v1/agents/{agent_id}/runs/{run_id}/resume``  resume (R-RESUME-1..3)
+- ``POST /v1/agents/{agent_id}/runs/{run_id}/tool-approval/{approval_id}``  decide (R-APPROVAL-1)
+- ``GET  /v1/agents/{agent_id}/runs/{run_id}/events``  the event stream (R-EVENT-2)
+- tool results and the operator's reconciliation: ``qimpl.api.tool_routes`` (R-TOOL-3/4)
 - ``GET  /metrics``                               Prometheus metrics (R-OPS-6)
 - ``GET  /healthz``                               liveness (no database or Temporal call)
 """
@@ -14,7 +17,6 @@ Routes (R-CREATE-1..5, R-READ-1):
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import json
 import logging
@@ -25,16 +27,16 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Path, Request, Response, Security
+import psycopg
+from fastapi import Depends, FastAPI, Header, Path, Request, Response
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from psycopg_pool import AsyncConnectionPool
 from sse_starlette.sse import EventSourceResponse
-from temporalio.client import Client
 
-from qimpl import metrics
-from qimpl.api.auth import Authenticator, DbKeyAuthenticator, Principal, StaticKeyAuthenticator
+from qimpl import journal, metrics
+from qimpl.api import tool_routes
+from qimpl.api.auth import Principal
+from qimpl.api.deps import AgentId, Services, owned_run, principal_of, services_of
 from qimpl.api.errors import ApiError, install_error_handlers
 from qimpl.api.events import stream_events
 from qimpl.api.models import (
@@ -51,15 +53,15 @@ from qimpl.api.models import (
 )
 from qimpl.api.validation import VALIDATION_CODES
 from qimpl.crashpoints import declare
+from qimpl.db import journal as journal_db
 from qimpl.db import runs as repo
 from qimpl.db.roles import warn_if_rls_bypassed
-from qimpl.db.sessions import bound_session, keepalive_params
+from qimpl.db.runs import UNSETTLED_SQLSTATE
 from qimpl.dispatch import dispatch
 from qimpl.errors import SAFE_MESSAGES, DeadlinePassed, DispatchUnknown
-from qimpl.legacy import answer_inline, run_inline
+from qimpl.legacy import answer_inline
 from qimpl.lifecycle import TERMINAL, RunState, workflow_id
-from qimpl.logs import setup_logging, temporal_runtime
-from qimpl.provider import Provider, load_provider
+from qimpl.logs import setup_logging
 from qimpl.settings import Settings, get_settings
 
 __all__ = ["create_app"]
@@ -70,8 +72,6 @@ AFTER_ACCEPT = declare("api.after_acceptance_commit", "the run is committed `acc
 AFTER_DISPATCH = declare("api.after_dispatch", "Temporal accepted the workflow, `queued` not yet committed")
 
 CREATE_ROUTE = "POST /v1/agents/{agent_id}/runs"
-#: Agent ids and idempotency keys are printable identifiers (no control characters).
-AgentId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")]
 _KEY_PATTERN, _KEY_MAX = r"^[\x21-\x7e]+$", 255
 #: Optional to FastAPI, so that a missing key gets the route's own 400
 #: ``idempotency_key_required``; documented as required (``_required_header``).
@@ -111,12 +111,6 @@ RESUME_HEADERS = _required_header(
 EVENTS_HEADERS = _required_header(
     "X-Stream-Key", "The run's stream key from its receipt; without it 401 "
     "`stream_key_required` (R-AUTH-3).", maxLength=_STREAM_KEY_MAX)
-#: The bearer scheme of ``components.securitySchemes``. It only documents: it never
-#: rejects a request; ``_principal`` answers 401 ``unauthenticated`` itself (R-AUTH-1).
-BEARER = HTTPBearer(
-    scheme_name="bearer", bearerFormat="API key", auto_error=False,
-    description="An API key: `Authorization: Bearer <key>`. Missing or unknown: 401 "
-                "`unauthenticated` (R-AUTH-1).")
 
 
 def _errors(**by_status: str) -> dict[int | str, dict[str, Any]]:
@@ -138,7 +132,8 @@ CANCEL_ERRORS = _errors(s401=_AUTH, s404=_NOT_FOUND, s422=_VALIDATION, s503=_BUS
 RESUME_ERRORS = _errors(
     s400="idempotency_key_required", s401=_AUTH, s404=_NOT_FOUND,
     s409="run_active, run_terminal (also when the deadline passed: the run is expired), "
-         "run_not_resumable, run_resume_conflict",
+         "run_not_resumable, run_resume_conflict, run_reconciliation_required (a tool call's "
+         "outcome is unknown, R-RESUME-3), tool_results_pending (R-TOOL-4)",
     s422=f"{_VALIDATION}, idempotency_key_reused",
     s503=f"durable_dispatch_unknown (the body carries the receipt), {_BUSY}")
 ANSWER_ERRORS = _errors(s401=_AUTH, s422=_VALIDATION, s502="answer_failed")
@@ -151,94 +146,6 @@ APPROVAL_ERRORS = _errors(
 LEGACY_ERRORS = _errors(s401=_AUTH, s404=_NOT_FOUND, s422=_VALIDATION,
                         s409="durable_lifecycle_conflict (lifecycle_version 2 runs)",
                         s501="legacy_control_unavailable (lifecycle_version 1 runs)")
-
-
-async def _forget_tenant(conn: Any) -> None:
-    """Pool reset: a connection never carries one request's tenant into the next."""
-    await conn.execute("SELECT set_config('qimpl.tenant', '', false)")
-
-
-class Services:
-    """Process-wide resources, created in the lifespan."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.pool = AsyncConnectionPool(
-            settings.database_url, min_size=1, max_size=settings.api_pool_size, open=False,
-            kwargs={"autocommit": True, "application_name": "qimpl-api",
-                    **keepalive_params(settings.api_lock_timeout_s)},
-            # Every session waits at most api_lock_timeout_s for a run's row and is ended by
-            # PostgreSQL if this process stalls inside a transaction that long (R-EXEC-11).
-            configure=functools.partial(bound_session, lock_timeout_s=settings.api_lock_timeout_s),
-            # A connection that died while idle (server restart) is replaced on checkout
-            # instead of failing the request.
-            check=AsyncConnectionPool.check_connection,
-            reset=_forget_tenant,
-        )
-        self.authenticator: Authenticator = (
-            StaticKeyAuthenticator(settings.api_keys) if settings.auth == "static"
-            else DbKeyAuthenticator(self.pool))
-        self._client: Client | None = None
-        self._client_lock = asyncio.Lock()
-        self._provider: Provider | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
-
-    @property
-    def provider(self) -> Provider:
-        """The provider for the legacy inline path and ``/v1/answer``."""
-        if self._provider is None:
-            self._provider = load_provider(self.settings.provider, self.settings.provider_config)
-        return self._provider
-
-    def spawn(self, coro: Any) -> None:
-        """Run ``coro`` in the background, keeping a reference until it ends."""
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    @asynccontextmanager
-    async def tenant(self, tenant_id: str) -> AsyncIterator[Any]:
-        """A pooled connection inside a transaction scoped to ``tenant_id``: row-level
-        security shows and accepts only that tenant's rows (R-AUTH-4). Statements wait at
-        most ``api_lock_timeout_s`` for a row lock — a paused owner's is released within the
-        lease — then fail with LockNotAvailable, answered 503 ``run_busy``."""
-        async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute("SELECT set_config('qimpl.tenant', %s, true)", (tenant_id,))
-            yield conn
-
-    async def run_legacy(self, run_id: str, tenant_id: str) -> None:
-        async with self.pool.connection() as conn:
-            await conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant_id,))
-            await run_inline(conn, self.provider, run_id)
-
-    async def temporal(self) -> Client:
-        """The Temporal client, connected on first use (the API starts without Temporal)."""
-        async with self._client_lock:
-            if self._client is None:
-                self._client = await asyncio.wait_for(
-                    Client.connect(self.settings.temporal_address,
-                                   namespace=self.settings.temporal_namespace,
-                                   runtime=temporal_runtime()),
-                    timeout=self.settings.dispatch_timeout_s,
-                )
-            return self._client
-
-
-def _services(request: Request) -> Services:
-    services: Services = request.app.state.services
-    return services
-
-
-async def _principal(
-    request: Request,
-    _bearer: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None,
-) -> Principal:
-    # The header as sent, not BEARER's parse: the key is what follows "Bearer ", as before.
-    key = (request.headers.get("authorization") or "").removeprefix("Bearer ").strip()
-    principal = await _services(request).authenticator.authenticate(key) if key else None
-    if principal is None:
-        raise ApiError(401, "unauthenticated", "a valid API key is required")
-    return principal
 
 
 def _fingerprint(agent_id: str, body: CreateRunRequest) -> str:
@@ -259,7 +166,7 @@ def _receipt(row: dict[str, Any]) -> Receipt:
     )
 
 
-def _view(row: dict[str, Any]) -> RunView:
+def _view(row: dict[str, Any], invocations: list[dict[str, Any]]) -> RunView:
     return RunView(
         run_id=str(row["run_id"]), agent_id=row["agent_id"], state=row["state"],
         durability=row["durability"], lifecycle_version=row["lifecycle_version"],
@@ -268,6 +175,7 @@ def _view(row: dict[str, Any]) -> RunView:
         started_at=row["started_at"], completed_at=row["completed_at"],
         result_json=row["result_json"], error_code=row["error_code"],
         error_message=row["error_message"], usage=_usage(row),
+        tool_invocations=journal.summary(invocations),
     )
 
 
@@ -353,6 +261,25 @@ async def _create_legacy(svc: Services, agent_id: str, body: CreateRunRequest, p
     return JSONResponse(receipt.model_dump(mode="json"), 202)
 
 
+async def _journal_settled(conn: Any, row: dict[str, Any]) -> bool:
+    """For a run parked by its tool journal: True once every call is settled, so an empty
+    resume continues it; 409 ``run_reconciliation_required`` while an outcome is unknown
+    (R-RESUME-3, R-TOOL-3) and ``tool_results_pending`` while a developer-hosted call
+    waits (R-TOOL-4). False for a run waiting for input (resume needs a prompt)."""
+    pending = (row["result_json"] or {}).get("pending_input") or {}
+    if pending.get("kind") not in ("reconciliation_required", "tool_result_required"):
+        return False
+    unsettled = await journal_db.unsettled(conn, str(row["run_id"]))
+    if any(c["status"] == "intent" for c in unsettled):
+        raise ApiError(409, "run_reconciliation_required",
+                       "a tool call's outcome is unknown: an operator must record what happened",
+                       pending=[c["call_id"] for c in unsettled if c["status"] == "intent"])
+    if unsettled:
+        raise ApiError(409, "tool_results_pending", "developer-hosted tool calls wait for results",
+                       pending=[c["call_id"] for c in unsettled])
+    return True
+
+
 async def _workspace_grant(svc: Services, principal: Principal, workspace_id: str, code: str) -> str:
     """The principal's live grant for ``workspace_id``; 403 ``code`` without one (R-AUTH-2).
     The grant never leaves the server (R-READ-3)."""
@@ -406,18 +333,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="qimpl durable agent runs", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
+    app.include_router(tool_routes.router)
 
     @app.post("/v1/answer", response_model=AnswerOut, responses=ANSWER_ERRORS)
     async def answer(
         body: AnswerIn,
         request: Request,
-        principal: Annotated[Principal, Depends(_principal)],
+        principal: Annotated[Principal, Depends(principal_of)],
         accept: Annotated[str | None, Header()] = None,
     ) -> Response:
         """Synchronous answer (R-CREATE-7): JSON, or SSE when ``Accept: text/event-stream``
         (events ``answer`` then ``done``; on failure one ``error`` event with a code).
         Durable runs do not change it; nothing is stored."""
-        svc = _services(request)
+        svc = services_of(request)
         run_id = f"answer-{uuid.uuid4()}"
 
         async def compute() -> dict[str, Any]:
@@ -445,8 +373,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     async def _legacy_control(request: Request, agent_id: str, run_id: uuid.UUID,
                               principal: Principal, control: str) -> Response:
-        async with _services(request).tenant(principal.tenant_id) as conn:
-            row = await _owned_run(conn, agent_id, run_id, principal)
+        async with services_of(request).tenant(principal.tenant_id) as conn:
+            row = await owned_run(conn, agent_id, run_id, principal)
         if row["lifecycle_version"] == 2:
             raise ApiError(409, "durable_lifecycle_conflict",
                            f"{control} is a legacy control; durable (lifecycle 2) runs use cancel and resume")
@@ -456,7 +384,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if with_checkpoint:
             async def on_checkpoint(
                 agent_id: AgentId, run_id: uuid.UUID, checkpoint_id: str, request: Request,
-                principal: Annotated[Principal, Depends(_principal)],
+                principal: Annotated[Principal, Depends(principal_of)],
             ) -> Response:
                 return await _legacy_control(request, agent_id, run_id, principal, control)
 
@@ -464,7 +392,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
         async def on_run(
             agent_id: AgentId, run_id: uuid.UUID, request: Request,
-            principal: Annotated[Principal, Depends(_principal)],
+            principal: Annotated[Principal, Depends(principal_of)],
         ) -> Response:
             return await _legacy_control(request, agent_id, run_id, principal, control)
 
@@ -491,7 +419,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         worker availability from Temporal's view of the task queue (best effort: when
         Temporal does not answer within 2 s the pollers gauge is left out, unknown, rather
         than reporting a stale count)."""
-        svc = _services(request)
+        svc = services_of(request)
         async with svc.pool.connection() as conn:
             await metrics.refresh_from_db(conn)  # through a SECURITY DEFINER aggregate
         try:
@@ -514,12 +442,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         agent_id: AgentId,
         body: CreateRunRequest,
         request: Request,
-        principal: Annotated[Principal, Depends(_principal)],
+        principal: Annotated[Principal, Depends(principal_of)],
         idempotency_key: IdempotencyKey = None,
     ) -> Response:
         """Create a durable run (R-CREATE-1..5). 202 with the receipt once Temporal confirmed
         the start; 503 ``durable_dispatch_unknown`` with the receipt when it could not."""
-        svc = _services(request)
+        svc = services_of(request)
         if not body.durable_temporal:
             return await _create_legacy(svc, agent_id, body, principal, idempotency_key)
         if not idempotency_key:
@@ -550,22 +478,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await repo.complete_idempotency(conn, **scope)
         return response
 
-    async def _owned_run(conn: Any, agent_id: str, run_id: uuid.UUID, principal: Principal) -> dict[str, Any]:
-        row = await repo.get_run(conn, str(run_id), tenant_id=principal.tenant_id)
-        if row is None or row["principal_id"] != principal.principal_id or row["agent_id"] != agent_id:
-            raise ApiError(404, "run_not_found", "no such run")
-        return row
-
     @app.get("/v1/agents/{agent_id}/runs/{run_id}", response_model=RunView, responses=READ_ERRORS)
     async def read_run(
         agent_id: AgentId,
         run_id: uuid.UUID,
         request: Request,
-        principal: Annotated[Principal, Depends(_principal)],
+        principal: Annotated[Principal, Depends(principal_of)],
     ) -> RunView:
         """Read a run (R-READ-1); another principal or tenant gets 404 (R-AUTH-1)."""
-        async with _services(request).tenant(principal.tenant_id) as conn:
-            return _view(await _owned_run(conn, agent_id, run_id, principal))
+        async with services_of(request).tenant(principal.tenant_id) as conn:
+            row = await owned_run(conn, agent_id, run_id, principal)
+            return _view(row, await journal_db.invocations(conn, str(run_id)))
 
     @app.post("/v1/agents/{agent_id}/runs/{run_id}/resume", status_code=202, response_model=Receipt,
               responses=RESUME_ERRORS, openapi_extra=RESUME_HEADERS)
@@ -573,7 +496,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         agent_id: AgentId,
         run_id: uuid.UUID,
         request: Request,
-        principal: Annotated[Principal, Depends(_principal)],
+        principal: Annotated[Principal, Depends(principal_of)],
         body: ResumeRequest | None = None,
         idempotency_key: IdempotencyKey = None,
     ) -> Response:
@@ -581,7 +504,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         next generation (same ``run_id`` and ``deadline_at``); ``accepted`` with an empty body
         retries dispatch of its generation. 409 ``run_active``/``run_terminal``/
         ``run_not_resumable`` otherwise. Replaying the key returns the same receipt."""
-        svc = _services(request)
+        svc = services_of(request)
         body = body or ResumeRequest()
         if not idempotency_key:
             raise ApiError(400, "idempotency_key_required", "resume needs an Idempotency-Key")
@@ -590,7 +513,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         scope = {"tenant_id": principal.tenant_id, "principal_id": principal.principal_id,
                  "route": RESUME_ROUTE, "key": idempotency_key}
         async with svc.tenant(principal.tenant_id) as conn:
-            row = await _owned_run(conn, agent_id, run_id, principal)
+            row = await owned_run(conn, agent_id, run_id, principal)
         if row["state"] == RunState.AWAITING_INPUT:
             # R-AUTH-2: access to the run's workspace is checked again at every resume.
             await _workspace_grant(svc, principal, row["workspace_id"], "workspace_access_revoked")
@@ -611,13 +534,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             elif state != RunState.AWAITING_INPUT:
                 raise ApiError(409, _NOT_RESUMABLE.get(state, "run_not_resumable"),
                                f"a run in state {state} cannot be resumed")
-            elif body.additional_prompt is None:
+            elif not await _journal_settled(conn, row) and body.additional_prompt is None:
                 raise ApiError(409, "run_not_resumable", "a waiting run needs additional_prompt")
             else:
                 try:
                     resumed = await repo.resume_or_none(
                         conn, str(run_id), expected_row_version=row["row_version"],
                         additional_prompt=body.additional_prompt, fingerprint=fingerprint, **scope)
+                except psycopg.Error as exc:
+                    if exc.sqlstate != UNSETTLED_SQLSTATE:
+                        raise
+                    # A settlement was withdrawn under us? No: the guard saw an unsettled
+                    # call that the read above did not (R-RESUME-3): never resume past it.
+                    raise ApiError(409, "run_reconciliation_required",
+                                   "the run's tool journal has unsettled calls") from None
                 except DeadlinePassed:
                     resumed = None
                     expired = True
@@ -654,7 +584,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         another run's key, or another tenant's, is 404 ``run_not_found`` (R-AUTH-3).
         ``Last-Event-ID`` resumes after that event; the stream ends with a ``terminal``
         event matching the run record (R-EVENT-2, R-EVENT-3)."""
-        svc = _services(request)
+        svc = services_of(request)
         if not x_stream_key:
             raise ApiError(401, "stream_key_required", "send the run's stream key in X-Stream-Key")
         async with svc.pool.connection() as conn:
@@ -678,17 +608,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         approval_id: Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9-]+$")],
         body: ApprovalDecision,
         request: Request,
-        principal: Annotated[Principal, Depends(_principal)],
+        principal: Annotated[Principal, Depends(principal_of)],
     ) -> ApprovalAnswer:
         """Decide the run's pending approval (R-APPROVAL-1) with its exact ``action_version``:
         a stale or unknown version is 409 ``action_version_mismatch`` and runs nothing; the
         same decision again is idempotent; the opposite one is 409 ``approval_conflict``;
         another principal gets 404; a cancelled or finished run, 409 ``run_terminal``. An
         accepted decision queues the run's next generation and dispatches it."""
-        svc = _services(request)
+        svc = services_of(request)
         try:
             async with svc.tenant(principal.tenant_id) as conn:
-                await _owned_run(conn, agent_id, run_id, principal)
+                await owned_run(conn, agent_id, run_id, principal)
                 outcome, row = await repo.decide_approval(
                     conn, str(run_id), approval_id=approval_id, action_version=body.action_version,
                     approved=body.approved, tenant_id=principal.tenant_id,
@@ -715,14 +645,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         agent_id: AgentId,
         run_id: uuid.UUID,
         request: Request,
-        principal: Annotated[Principal, Depends(_principal)],
+        principal: Annotated[Principal, Depends(principal_of)],
     ) -> CancelAnswer:
         """Cancel (R-CANCEL-1): persisted first, then Temporal told, best effort.
         ``cancelled`` is true also when already cancelled, false for completed, failed
         and expired runs."""
-        svc = _services(request)
+        svc = services_of(request)
         async with svc.tenant(principal.tenant_id) as conn:
-            await _owned_run(conn, agent_id, run_id, principal)
+            await owned_run(conn, agent_id, run_id, principal)
             cancelled, row = await repo.cancel(conn, str(run_id))
         if cancelled and row["dispatch_confirmed_at"] is not None:
             try:

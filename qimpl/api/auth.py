@@ -25,7 +25,11 @@ class Principal:
 class Authenticator(ABC):
     @abstractmethod
     async def authenticate(self, api_key: str) -> Principal | None:
-        """The principal for ``api_key``, or None when it is unknown."""
+        """The principal for ``api_key`` (any role), or None when it is unknown."""
+
+    @abstractmethod
+    async def authenticate_operator(self, api_key: str) -> Principal | None:
+        """The principal for an *operator* key (R-OPS-7), or None for any other key."""
 
 
 class DbKeyAuthenticator(Authenticator):
@@ -43,18 +47,35 @@ class DbKeyAuthenticator(Authenticator):
             row = await cur.fetchone()
         return Principal(row[0], row[1]) if row else None
 
+    async def authenticate_operator(self, api_key: str) -> Principal | None:
+        digest = hashlib.sha256(api_key.encode()).hexdigest()
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT tenant_id, principal_id FROM qimpl_authenticate_operator(%s)", (digest,))
+            row = await cur.fetchone()
+        return Principal(row[0], row[1]) if row else None
+
 
 class StaticKeyAuthenticator(Authenticator):
     def __init__(self, keys: Mapping[str, Mapping[str, str]]) -> None:
         # Keep only digests in memory; compare in constant time.
         self._keys = {
-            hashlib.sha256(k.encode()).digest(): Principal(v["tenant"], v["principal"])
+            hashlib.sha256(k.encode()).digest(): (Principal(v["tenant"], v["principal"]),
+                                                  v.get("role", "client"))
             for k, v in keys.items()
         }
 
     async def authenticate(self, api_key: str) -> Principal | None:
+        found = self._find(api_key)
+        return found[0] if found else None
+
+    async def authenticate_operator(self, api_key: str) -> Principal | None:
+        found = self._find(api_key)
+        return found[0] if found and found[1] == "operator" else None
+
+    def _find(self, api_key: str) -> tuple[Principal, str] | None:
         digest = hashlib.sha256(api_key.encode()).digest()
-        for known, principal in self._keys.items():
+        for known, found in self._keys.items():
             if hmac.compare_digest(known, digest):
-                return principal
+                return found
         return None

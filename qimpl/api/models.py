@@ -9,8 +9,23 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from qimpl.lifecycle import DEFAULT_DEADLINE_S, MAX_DEADLINE_S, MIN_DEADLINE_S
 
-__all__ = ["AnswerIn", "AnswerOut", "ApprovalAnswer", "ApprovalDecision", "CancelAnswer", "CreateRunRequest", "ErrorBody", "Receipt",
-           "ResumeRequest", "RunView"]
+__all__ = [
+    "AnswerIn",
+    "AnswerOut",
+    "ApprovalAnswer",
+    "ApprovalDecision",
+    "CancelAnswer",
+    "CreateRunRequest",
+    "ErrorBody",
+    "Invocation",
+    "InvocationList",
+    "Receipt",
+    "Resolution",
+    "ResumeRequest",
+    "RunView",
+    "ToolResult",
+    "ToolResultAnswer",
+]
 
 MAX_PROMPT_CHARS = 32_000
 #: Text PostgreSQL can store: no NUL character (R-CREATE-1 rejects it with a 422).
@@ -100,6 +115,61 @@ class RunView(BaseModel):
     error_code: str | None
     error_message: str | None
     usage: dict[str, Any]
+    #: The run's tool journal (R-Q34-3): each call's ``call_id, tool, kind, step, sent,
+    #: settled, outcome`` (``unknown`` for an intent with no outcome) and ``settled_by``.
+    tool_invocations: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ToolResult(BaseModel):
+    """R-TOOL-4: the client's result of a developer-hosted call, validated against the
+    call's ``result_schema``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    result: dict[str, Any]
+
+
+class ToolResultAnswer(BaseModel):
+    call_id: str
+    status: str
+    #: Call ids still waiting for a result; resume once this is empty.
+    pending: list[str]
+
+
+class Resolution(BaseModel):
+    """R-TOOL-3: what an operator found in the owning system for an unknown outcome.
+    ``succeeded`` needs the ``result`` the provider will be fed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    outcome: Literal["succeeded", "not_executed", "compensated"]
+    result: dict[str, Any] | None = None
+    note: str = Field(min_length=1, max_length=2000, pattern=_NO_NUL)
+
+
+class Invocation(BaseModel):
+    """One journal row as an operator sees it (arguments included, to look the call up)."""
+
+    call_id: str
+    tool: str
+    kind: str
+    step: int
+    generation: int
+    status: str
+    arguments: dict[str, Any]
+    arguments_digest: str
+    result: dict[str, Any] | None
+    intent_at: datetime
+    outcome_at: datetime | None
+    settled_by: str | None
+    resolution_note: str | None
+
+
+class InvocationList(BaseModel):
+    run_id: str
+    state: str
+    error_message: str | None
+    invocations: list[Invocation]
 
 
 class ErrorBody(BaseModel):
@@ -108,6 +178,8 @@ class ErrorBody(BaseModel):
     retryable: bool | None = None
     receipt: Receipt | None = None
     errors: list[dict[str, Any]] | None = None
+    #: Call ids that block a resume (``run_reconciliation_required``, ``tool_results_pending``).
+    pending: list[str] | None = None
 
 
 class CancelAnswer(BaseModel):

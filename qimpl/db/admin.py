@@ -18,9 +18,14 @@ def key_hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def create_api_key(conn: Conn, *, key: str, tenant_id: str, principal_id: str) -> None:
-    conn.execute("INSERT INTO api_keys (key_hash, tenant_id, principal_id) VALUES (%s, %s, %s)"
-                 " ON CONFLICT (key_hash) DO NOTHING", (key_hash(key), tenant_id, principal_id))
+def create_api_key(conn: Conn, *, key: str, tenant_id: str, principal_id: str,
+                   role: str = "client") -> None:
+    """Store ``key`` hashed for a principal; ``role="operator"`` makes it an operator key
+    (the journal's reconciliation routes, R-OPS-7). ValueError for another role."""
+    if role not in ("client", "operator"):
+        raise ValueError(f"role must be client or operator, got {role!r}")
+    conn.execute("INSERT INTO api_keys (key_hash, tenant_id, principal_id, role) VALUES (%s, %s, %s, %s)"
+                 " ON CONFLICT (key_hash) DO NOTHING", (key_hash(key), tenant_id, principal_id, role))
 
 
 def grant_workspace(conn: Conn, *, tenant_id: str, principal_id: str, workspace_id: str,

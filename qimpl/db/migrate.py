@@ -9,7 +9,7 @@ from alembic.config import Config
 
 __all__ = ["BASELINE", "HEAD", "alembic_config", "downgrade", "upgrade"]
 
-HEAD = "20261130_120000_deadline_fence"
+HEAD = "20261130_160000_tool_journal"
 BASELINE = "20261001_000000_baseline"
 _DIR = Path(__file__).with_name("migrations")
 

@@ -25,6 +25,7 @@ __all__ = [
     "DEADLINE_SQLSTATE",
     "EXPIRE_SET",
     "GUARD_SQLSTATES",
+    "UNSETTLED_SQLSTATE",
     "Row",
     "cancel",
     "complete_idempotency",
@@ -49,11 +50,14 @@ AConn = psycopg.AsyncConnection[Any]
 #: SQLSTATEs raised by the transition guard (see the migrations): terminal run, illegal
 #: transition, row_version, immutable column, deadline passed, expired early, attempt
 #: going back.
-GUARD_SQLSTATES = frozenset({"QG001", "QG002", "QG003", "QG004", "QG006", "QG007", "QG008"})
+GUARD_SQLSTATES = frozenset({"QG001", "QG002", "QG003", "QG004", "QG006", "QG007", "QG008", "QG009",
+                             "QG010", "QG011"})
 #: The SET clause of every expiry (R-EXEC-8): the owner's claim, a refused writer, the
 #: reconciler. The owner's own expiry writes the same code and message (SAFE_MESSAGES).
 EXPIRE_SET = ("state = 'expired', row_version = row_version + 1, error_code = 'deadline_exceeded',"
               " error_message = 'the run''s deadline passed', completed_at = clock_timestamp()")
+#: The guard's refusal of a resume while a tool call is unsettled (R-RESUME-3, R-TOOL-4).
+UNSETTLED_SQLSTATE = "QG010"
 #: The guard's refusal of a write after ``deadline_at`` by the database's clock (R-EXEC-8).
 DEADLINE_SQLSTATE = "QG006"
 
@@ -295,7 +299,7 @@ async def cancel(conn: AConn, run_id: str) -> tuple[bool, Row]:
         return True, cancelled
 
 
-async def resume(conn: AConn, run_id: str, *, expected_row_version: int, additional_prompt: str,
+async def resume(conn: AConn, run_id: str, *, expected_row_version: int, additional_prompt: str | None,
                  route: str, tenant_id: str, principal_id: str, key: str, fingerprint: str) -> Row | None:
     """``awaiting_input -> accepted`` with the next generation, as a compare-and-set, and its
     idempotency record, in one transaction (R-RESUME-1). ``deadline_at`` is untouched (the
@@ -308,7 +312,7 @@ async def resume(conn: AConn, run_id: str, *, expected_row_version: int, additio
                              principal_id=principal_id, key=key, fingerprint=fingerprint)
 
 
-async def _resume(conn: AConn, run_id: str, *, expected_row_version: int, additional_prompt: str,
+async def _resume(conn: AConn, run_id: str, *, expected_row_version: int, additional_prompt: str | None,
                   route: str, tenant_id: str, principal_id: str, key: str, fingerprint: str) -> Row | None:
     async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(
@@ -317,13 +321,14 @@ async def _resume(conn: AConn, run_id: str, *, expected_row_version: int, additi
                    generation = generation + 1, owner_attempt = NULL, dispatch_confirmed_at = NULL,
                    dispatch_requested_at = clock_timestamp(),
                    workflow_id = 'agent-run-' || run_id::text || '-g' || (generation + 1),
-                   result_json = NULL,
-                   request_json = jsonb_set(request_json, '{inputs}',
-                       coalesce(request_json -> 'inputs', '[]'::jsonb) || to_jsonb(%s::text))
+                   result_json = NULL, error_code = NULL, error_message = NULL,
+                   request_json = CASE WHEN %s::text IS NULL THEN request_json
+                       ELSE jsonb_set(request_json, '{inputs}',
+                           coalesce(request_json -> 'inputs', '[]'::jsonb) || to_jsonb(%s::text)) END
             WHERE run_id = %s AND state = 'awaiting_input' AND row_version = %s
             RETURNING *
             """,
-            (additional_prompt, run_id, expected_row_version),
+            (additional_prompt, additional_prompt, run_id, expected_row_version),
         )
         row = await cur.fetchone()
         if row is None:

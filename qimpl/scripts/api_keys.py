@@ -1,6 +1,8 @@
 """Operator tool for credentials: ``python -m qimpl.scripts.api_keys COMMAND ...``
 
-    create --tenant T --principal P [--key K]     print a new API key (stored hashed)
+    create --tenant T --principal P [--key K] [--role operator]
+                                                  print a new API key (stored hashed);
+                                                  an operator key reaches /v1/operator/...
     grant  --tenant T --principal P --workspace W --grant-token G
     revoke --tenant T --principal P --workspace W
 
@@ -30,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--principal", required=True)
         if name == "create":
             p.add_argument("--key", help="use this key instead of a random one (tests only)")
+            p.add_argument("--role", choices=("client", "operator"), default="client",
+                           help="operator: the journal's reconciliation routes (R-OPS-7)")
         else:
             p.add_argument("--workspace", required=True)
         if name == "grant":
@@ -40,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
             if args.command == "create":
                 key = args.key or secrets.token_urlsafe(32)
-                admin.create_api_key(conn, key=key, tenant_id=args.tenant, principal_id=args.principal)
+                admin.create_api_key(conn, key=key, tenant_id=args.tenant, principal_id=args.principal,
+                                     role=args.role)
                 print(key)
             elif args.command == "grant":
                 admin.grant_workspace(conn, tenant_id=args.tenant, principal_id=args.principal,

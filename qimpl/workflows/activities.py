@@ -29,14 +29,18 @@ from temporalio.exceptions import ApplicationError
 
 from qimpl.approvals import approval_request
 from qimpl.crashpoints import declare
+from qimpl.db import journal as journal_db
 from qimpl.db import runs as repo
 from qimpl.db.sessions import bound_session, keepalive_params
 from qimpl.errors import SAFE_MESSAGES, DeadlinePassed, LockNotAcquired, LostOwnership
+from qimpl.journal import tool_results
 from qimpl.legacy import run_inline
 from qimpl.lifecycle import TERMINAL, RunState
 from qimpl.provider import Provider, StepContext, StepResult
+from qimpl.tools import ToolRegistry
 from qimpl.workflows.lease import OwnershipLease
 from qimpl.workflows.owner import RunOwner
+from qimpl.workflows.tool_steps import ToolSteps
 from qimpl.workflows.types import FailInput, RunInput
 
 __all__ = ["AgentActivities"]
@@ -101,10 +105,11 @@ class _StepFailed(Exception):
 class AgentActivities:
     """Activities bound to one database and one provider (created by the worker)."""
 
-    def __init__(self, *, dsn: str, provider: Provider, slot_limit: int = 0,
-                 lock_timeout_s: float = 5.0) -> None:
+    def __init__(self, *, dsn: str, provider: Provider, tools: ToolRegistry | None = None,
+                 slot_limit: int = 0, lock_timeout_s: float = 5.0) -> None:
         self.dsn = dsn
         self.provider = provider
+        self.tools = ToolSteps(tools or ToolRegistry())
         self.slot_limit = slot_limit
         self.lock_timeout_s = lock_timeout_s
 
@@ -190,17 +195,30 @@ class AgentActivities:
         # A park checkpointed by this generation parks again; a resumed generation goes on.
         pending: dict[str, Any] | None = (
             checkpoint["pending"] if checkpoint and checkpoint["generation"] == inp.generation else None)
+        # The pre-tool checkpoint's calls: settled ones are reused, the rest run (R-TOOL-2).
+        calls: list[dict[str, Any]] = list(checkpoint["tool_calls"] or []) if checkpoint else []
         inputs = tuple(str(i) for i in (row["request_json"] or {}).get("inputs", []))
         decisions = tuple((row["request_json"] or {}).get("decisions", []))
         usage: dict[str, Any] = dict(row["usage"] or {})
+        results = tool_results(await journal_db.invocations(owner.conn, inp.run_id))
         while answer is None and pending is None:
+            if calls:
+                async with _counted(inp.run_id, step):
+                    park, usage = await self.tools.run(owner, tenant_id=inp.tenant_id, step=step,
+                                                       calls=calls, decisions=decisions, usage=usage)
+                    if park is not None:
+                        return repo.outcome(await owner.park(
+                            park.pending, usage=usage, error_code=park.error_code,
+                            error_message=park.error_message))
+                calls = []
+                results = tool_results(await journal_db.invocations(owner.conn, inp.run_id))
             if owner.seconds_left() <= 0:
                 return repo.outcome(await owner.expire())
             step += 1
             result = await self._ask(owner, StepContext(
                 run_id=inp.run_id, tenant_id=inp.tenant_id, generation=inp.generation,
                 attempt=owner.attempt, step=step, prompt=row["prompt"], state=state,
-                inputs=inputs, decisions=decisions))
+                inputs=inputs, decisions=decisions, tool_results=results))
             if result is None:  # the deadline passed during the call (R-EXEC-8)
                 return repo.outcome(await owner.expire())
             async with _counted(inp.run_id, step):
@@ -208,10 +226,14 @@ class AgentActivities:
                 usage = _merge_usage(usage, dict(result.usage))
                 answer = result.answer
                 pending = _json_object(result.pending, "pending") if result.pending is not None else None
+                calls = self.tools.plan(inp.run_id, step, result.tool_calls)
+                if calls and (answer is not None or pending is not None):
+                    raise ValueError("a step that asks for tool calls has no answer and parks nothing")
                 if pending is not None and pending.get("kind") == "approval":
                     pending = approval_request(inp.run_id, inp.generation, step, pending)
                 BEFORE_CHECKPOINT.reach(run_id=inp.run_id, step=step, attempt=owner.attempt)
-                await owner.checkpoint(step, state=state, usage=usage, answer=answer, pending=pending)
+                await owner.checkpoint(step, state=state, usage=usage, answer=answer, pending=pending,
+                                       tool_calls=calls)
             AFTER_CHECKPOINT.reach(run_id=inp.run_id, step=step, attempt=owner.attempt)
         async with _counted(inp.run_id, step):
             if pending is not None:

@@ -241,7 +241,8 @@ class RunOwner:
         return got
 
     async def checkpoint(self, step: int, *, state: Mapping[str, Any], usage: Mapping[str, Any],
-                         answer: str | None = None, pending: Mapping[str, Any] | None = None) -> None:
+                         answer: str | None = None, pending: Mapping[str, Any] | None = None,
+                         tool_calls: list[dict[str, Any]] | None = None) -> None:
         """Checkpoint ``step`` and bump ``row_version`` in one transaction (R-EXEC-3). The
         final step's checkpoint carries the ``answer``, so an attempt that dies between it
         and the final commit is finished without asking the provider again."""
@@ -250,9 +251,10 @@ class RunOwner:
             INSIDE_CHECKPOINT.reach(run_id=self.run_id, step=step, attempt=self.attempt)
             await cur.execute(
                 "INSERT INTO run_checkpoints (run_id, step, generation, attempt, row_version,"
-                " state_json, answer, pending) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                " state_json, answer, pending, tool_calls) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (self.run_id, step, self.generation, self.attempt, int(got[0]), Jsonb(dict(state)),
-                 answer, Jsonb(dict(pending)) if pending is not None else None),
+                 answer, Jsonb(dict(pending)) if pending is not None else None,
+                 Jsonb(tool_calls) if tool_calls else None),
             )
 
         await self._write(
@@ -260,6 +262,54 @@ class RunOwner:
             f" usage = %(usage)s {_FENCE} RETURNING row_version",
             self._params(step=step, usage=Jsonb(dict(usage))),
             what=f"checkpoint {step} of run {self.run_id}", then=insert_checkpoint)
+
+    async def journal(self, invocation: Mapping[str, Any], *, status: str,
+                      result: Mapping[str, Any] | None = None,
+                      usage: Mapping[str, Any] | None = None) -> None:
+        """Insert a tool invocation (R-TOOL-1) in one fenced transaction: ``intent`` before
+        its side effect, ``requested`` for a developer-hosted call, or already settled
+        (``rejected``, ``denied``: nothing ran). ``invocation`` carries ``call_id, step,
+        position, tool, kind, id, arguments, digest, approval_id``. The journal's own
+        trigger refuses a row from anyone but the owner at this row version (QG009)."""
+        settled = status not in ("intent", "requested")
+
+        async def insert(cur: Any, got: Any) -> None:
+            await cur.execute(
+                "INSERT INTO tool_invocations (run_id, call_id, tenant_id, generation, step, position,"
+                " tool, kind, provider_call_id, arguments, arguments_digest, approval_id, status,"
+                " result, intent_attempt, intent_row_version, outcome_row_version, outcome_at,"
+                " settled_by) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
+                " %s, %s, CASE WHEN %s THEN clock_timestamp() END, %s)",
+                (self.run_id, invocation["call_id"], got[1], self.generation, invocation["step"],
+                 invocation["position"], invocation["tool"], invocation["kind"], invocation.get("id"),
+                 Jsonb(dict(invocation["arguments"])), invocation["digest"],
+                 invocation.get("approval_id"), status,
+                 Jsonb(dict(result)) if result is not None else None, self.attempt, int(got[0]),
+                 int(got[0]) if settled else None, settled, "worker" if settled else None))
+
+        await self._write(
+            "UPDATE runs SET row_version = row_version + 1, usage = coalesce(%(usage)s, usage)"
+            f" {_FENCE} RETURNING row_version, tenant_id",
+            self._params(usage=Jsonb(dict(usage)) if usage is not None else None),
+            what=f"{status} of tool call {invocation['call_id']} of run {self.run_id}", then=insert)
+
+    async def tool_outcome(self, call_id: str, *, status: str, result: Mapping[str, Any]) -> None:
+        """Settle this attempt's own intent (``succeeded``/``failed``) in one fenced
+        transaction (R-TOOL-1). LostOwnership when fenced or when the intent is not this
+        attempt's unsettled one."""
+
+        async def settle(cur: Any, got: Any) -> None:
+            await cur.execute(
+                "UPDATE tool_invocations SET status = %s, result = %s, outcome_row_version = %s,"
+                " outcome_at = clock_timestamp(), settled_by = 'worker'"
+                " WHERE run_id = %s AND call_id = %s AND status = 'intent' AND intent_attempt = %s",
+                (status, Jsonb(dict(result)), int(got[0]), self.run_id, call_id, self.attempt))
+            if cur.rowcount != 1:
+                raise LostOwnership(f"outcome of tool call {call_id}: no intent of attempt {self.attempt}")
+
+        await self._write(f"UPDATE runs SET row_version = row_version + 1 {_FENCE} RETURNING row_version",
+                          self._params(), what=f"outcome of tool call {call_id} of run {self.run_id}",
+                          then=settle)
 
     async def count_failure(self) -> int:
         """Count one failed step durably (R-EXEC-6); returns the run's failures so far."""
@@ -284,13 +334,16 @@ class RunOwner:
             what=f"{state} of run {self.run_id}", dict_rows=True)
         return row
 
-    async def park(self, pending: Mapping[str, Any], *, usage: Mapping[str, Any]) -> Row:
+    async def park(self, pending: Mapping[str, Any], *, usage: Mapping[str, Any],
+                   error_code: str | None = None, error_message: str | None = None) -> Row:
         """``awaiting_approval`` (``pending.kind == "approval"``) or ``awaiting_input`` with
-        ``result_json.pending_*`` set (R-READ-2)."""
+        ``result_json.pending_*`` set (R-READ-2); ``error_code``/``error_message`` say why
+        a run is parked when it is not a question (``side_effect_outcome_unknown``, R-TOOL-3)."""
         approval = pending.get("kind") == "approval"
         return await self._end(
             RunState.AWAITING_APPROVAL if approval else RunState.AWAITING_INPUT,
-            result={"pending_approval" if approval else "pending_input": dict(pending)}, usage=usage)
+            result={"pending_approval" if approval else "pending_input": dict(pending)}, usage=usage,
+            error_code=error_code, error_message=error_message)
 
     async def complete(self, answer: str, *, usage: Mapping[str, Any]) -> Row:
         """``completed`` with ``result_json.answer`` (refused after the deadline, QG006)."""

@@ -32,6 +32,7 @@ from qimpl.logs import setup_logging, temporal_runtime
 from qimpl.provider import load_provider
 from qimpl.reconciler import sweep_tenant
 from qimpl.settings import Settings, get_settings
+from qimpl.tools import load_tools
 from qimpl.workflows.activities import AgentActivities
 from qimpl.workflows.agent_run import AgentRunWorkflowV2
 from qimpl.workflows.agent_run_v1 import AgentRunWorkflowV1
@@ -47,7 +48,8 @@ WORKFLOWS = (AgentRunWorkflowV2, AgentRunWorkflowV1)
 def build_worker(client: Client, settings: Settings) -> Worker:
     """A worker for ``settings.task_queue`` with the real activities and the configured provider."""
     provider = load_provider(settings.provider, settings.provider_config)
-    activities = AgentActivities(dsn=settings.database_url, provider=provider,
+    tools = load_tools(settings.tools, settings.tools_config)
+    activities = AgentActivities(dsn=settings.database_url, provider=provider, tools=tools,
                                  slot_limit=settings.concurrency_limit,
                                  lock_timeout_s=settings.api_lock_timeout_s)
     return Worker(

@@ -22,7 +22,7 @@ from qualify.errors import HarnessError
 from qualify.stack.postgres import SHM, PostgresServer, embedded_bin_dir, system_bin_dir
 from qualify.stack.temporal import TemporalServer
 
-__all__ = ["API_ROLE", "CREDENTIALS", "TEMPLATE_DB", "WORKER_ROLE", "EmbeddedStack", "StackInfo",
+__all__ = ["API_ROLE", "CREDENTIALS", "OPERATOR_CREDENTIALS", "TEMPLATE_DB", "WORKER_ROLE", "EmbeddedStack", "StackInfo",
            "make_stack", "open_stack", "with_user"]
 
 TEMPLATE_DB = "qimpl_template"
@@ -52,7 +52,7 @@ def _sweep_stale_stacks() -> None:
 def _schema_key() -> str:
     import qimpl.db.migrate as migrate
 
-    h = hashlib.sha256(repr((API_ROLE, WORKER_ROLE, CREDENTIALS)).encode())
+    h = hashlib.sha256(repr((API_ROLE, WORKER_ROLE, CREDENTIALS, OPERATOR_CREDENTIALS)).encode())
     for path in sorted((Path(migrate.__file__).parent / "migrations").rglob("*.py")):
         h.update(path.name.encode())
         h.update(path.read_bytes())
@@ -70,6 +70,8 @@ CREDENTIALS = (
     ("peer-key", "t-dev", "p-peer", "grant-peer"),
     ("other-key", "t-other", "p-other", "grant-other"),
 )
+#: Operator keys (R-OPS-7): (api key, tenant, principal). No workspace grant.
+OPERATOR_CREDENTIALS = (("ops-key", "t-dev", "p-ops"),)
 
 
 def with_user(dsn: str, user: str) -> str:
@@ -91,6 +93,9 @@ def _provision(db_dsn: str) -> None:
             admin.create_api_key(conn, key=key, tenant_id=tenant, principal_id=principal)
             admin.grant_workspace(conn, tenant_id=tenant, principal_id=principal,
                                   workspace_id="default", grant_token=grant)
+        for key, tenant, principal in OPERATOR_CREDENTIALS:
+            admin.create_api_key(conn, key=key, tenant_id=tenant, principal_id=principal,
+                                 role="operator")
 
 
 def _build_template(dsn: str, name: str = TEMPLATE_DB) -> None:

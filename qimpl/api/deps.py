@@ -1,0 +1,149 @@
+"""What every route shares: the process's services (pool, Temporal client, provider),
+the authenticated principal and the run it owns (R-AUTH-1, R-AUTH-4, R-OPS-7)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Path, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
+
+from qimpl.api.auth import Authenticator, DbKeyAuthenticator, Principal, StaticKeyAuthenticator
+from qimpl.api.errors import ApiError
+from qimpl.db import runs as repo
+from qimpl.db.sessions import bound_session, keepalive_params
+from qimpl.legacy import run_inline
+from qimpl.logs import temporal_runtime
+from qimpl.provider import Provider, load_provider
+from qimpl.settings import Settings
+
+__all__ = ["BEARER", "AgentId", "Services", "operator_principal", "owned_run", "principal_of",
+           "services_of"]
+
+#: Agent ids and idempotency keys are printable identifiers (no control characters).
+AgentId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")]
+
+#: The bearer scheme of ``components.securitySchemes``. It only documents: it never
+#: rejects a request; ``_principal`` answers 401 ``unauthenticated`` itself (R-AUTH-1).
+BEARER = HTTPBearer(
+    scheme_name="bearer", bearerFormat="API key", auto_error=False,
+    description="An API key: `Authorization: Bearer <key>`. Missing or unknown: 401 "
+                "`unauthenticated` (R-AUTH-1).")
+
+
+async def _forget_tenant(conn: Any) -> None:
+    """Pool reset: a connection never carries one request's tenant into the next."""
+    await conn.execute("SELECT set_config('qimpl.tenant', '', false)")
+
+
+class Services:
+    """Process-wide resources, created in the lifespan."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.pool = AsyncConnectionPool(
+            settings.database_url, min_size=1, max_size=settings.api_pool_size, open=False,
+            kwargs={"autocommit": True, "application_name": "qimpl-api",
+                    **keepalive_params(settings.api_lock_timeout_s)},
+            # Every session waits at most api_lock_timeout_s for a run's row and is ended by
+            # PostgreSQL if this process stalls inside a transaction that long (R-EXEC-11).
+            configure=functools.partial(bound_session, lock_timeout_s=settings.api_lock_timeout_s),
+            # A connection that died while idle (server restart) is replaced on checkout
+            # instead of failing the request.
+            check=AsyncConnectionPool.check_connection,
+            reset=_forget_tenant,
+        )
+        self.authenticator: Authenticator = (
+            StaticKeyAuthenticator(settings.api_keys) if settings.auth == "static"
+            else DbKeyAuthenticator(self.pool))
+        self._client: Client | None = None
+        self._client_lock = asyncio.Lock()
+        self._provider: Provider | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def provider(self) -> Provider:
+        """The provider for the legacy inline path and ``/v1/answer``."""
+        if self._provider is None:
+            self._provider = load_provider(self.settings.provider, self.settings.provider_config)
+        return self._provider
+
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` in the background, keeping a reference until it ends."""
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @asynccontextmanager
+    async def tenant(self, tenant_id: str) -> AsyncIterator[Any]:
+        """A pooled connection inside a transaction scoped to ``tenant_id``: row-level
+        security shows and accepts only that tenant's rows (R-AUTH-4). Statements wait at
+        most ``api_lock_timeout_s`` for a row lock — a paused owner's is released within the
+        lease — then fail with LockNotAvailable, answered 503 ``run_busy``."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute("SELECT set_config('qimpl.tenant', %s, true)", (tenant_id,))
+            yield conn
+
+    async def run_legacy(self, run_id: str, tenant_id: str) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant_id,))
+            await run_inline(conn, self.provider, run_id)
+
+    async def temporal(self) -> Client:
+        """The Temporal client, connected on first use (the API starts without Temporal)."""
+        async with self._client_lock:
+            if self._client is None:
+                self._client = await asyncio.wait_for(
+                    Client.connect(self.settings.temporal_address,
+                                   namespace=self.settings.temporal_namespace,
+                                   runtime=temporal_runtime()),
+                    timeout=self.settings.dispatch_timeout_s,
+                )
+            return self._client
+
+
+def services_of(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+async def principal_of(
+    request: Request,
+    _bearer: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None,
+) -> Principal:
+    # The header as sent, not BEARER's parse: the key is what follows "Bearer ", as before.
+    key = (request.headers.get("authorization") or "").removeprefix("Bearer ").strip()
+    principal = await services_of(request).authenticator.authenticate(key) if key else None
+    if principal is None:
+        raise ApiError(401, "unauthenticated", "a valid API key is required")
+    return principal
+
+
+async def operator_principal(
+    request: Request,
+    _bearer: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None,
+) -> Principal:
+    """An operator key's principal (R-OPS-7): 401 ``unauthenticated`` without a valid key,
+    403 ``operator_credential_required`` for a client key."""
+    key = (request.headers.get("authorization") or "").removeprefix("Bearer ").strip()
+    authenticator = services_of(request).authenticator
+    principal = await authenticator.authenticate_operator(key) if key else None
+    if principal is not None:
+        return principal
+    if key and await authenticator.authenticate(key) is not None:
+        raise ApiError(403, "operator_credential_required", "this route needs an operator key")
+    raise ApiError(401, "unauthenticated", "a valid API key is required")
+
+
+async def owned_run(conn: Any, agent_id: str, run_id: uuid.UUID, principal: Principal) -> dict[str, Any]:
+    row = await repo.get_run(conn, str(run_id), tenant_id=principal.tenant_id)
+    if row is None or row["principal_id"] != principal.principal_id or row["agent_id"] != agent_id:
+        raise ApiError(404, "run_not_found", "no such run")
+    return row

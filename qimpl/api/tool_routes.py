@@ -1,0 +1,179 @@
+"""Routes of the tool journal (R-TOOL-3, R-TOOL-4, R-OPS-7):
+
+- ``POST /v1/agents/{agent_id}/runs/{run_id}/tool-results/{call_id}``  a developer-hosted
+  call's result, from the run's principal;
+- ``GET  /v1/operator/runs/{run_id}/tool-invocations``  the run's journal, for an operator;
+- ``POST /v1/operator/runs/{run_id}/tool-invocations/{call_id}/resolution``  what an
+  operator found in the owning system for a call whose outcome is unknown.
+
+Neither resumes the run: the client resumes explicitly once every call is settled.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Request
+
+from qimpl.api.auth import Principal
+from qimpl.api.deps import AgentId, operator_principal, owned_run, principal_of, services_of
+from qimpl.api.errors import ApiError
+from qimpl.api.models import (
+    ErrorBody,
+    Invocation,
+    InvocationList,
+    Resolution,
+    ToolResult,
+    ToolResultAnswer,
+)
+from qimpl.api.validation import VALIDATION_CODES
+from qimpl.db import journal as journal_db
+from qimpl.db import runs as repo
+from qimpl.db.journal import Settlement
+from qimpl.journal import UNSETTLED
+from qimpl.tools import ToolKind, schema_errors
+
+__all__ = ["router"]
+
+log = logging.getLogger("qimpl.api")
+
+router = APIRouter()
+
+CallId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9-]+$")]
+_VALIDATION = ", ".join(VALIDATION_CODES)
+_SETTLE_CONFLICTS = ("tool_call_not_found, tool_call_settled (a different result was already "
+                     "recorded), tool_call_kind_mismatch, run_not_parked")
+RESULT_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "codes: unauthenticated"},
+    404: {"model": ErrorBody, "description": "codes: run_not_found"},
+    409: {"model": ErrorBody, "description": "codes: " + _SETTLE_CONFLICTS},
+    422: {"model": ErrorBody, "description": f"codes: {_VALIDATION}, tool_result_invalid "
+                                             "(``errors`` lists each field and the schema keyword)"},
+}
+OPERATOR_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "codes: unauthenticated"},
+    403: {"model": ErrorBody, "description": "codes: operator_credential_required (R-OPS-7)"},
+    404: {"model": ErrorBody, "description": "codes: run_not_found"},
+    409: {"model": ErrorBody, "description": "codes: " + _SETTLE_CONFLICTS},
+    422: {"model": ErrorBody, "description": f"codes: {_VALIDATION}, resolution_result_required"},
+}
+_CLIENT_KINDS = frozenset({str(ToolKind.DEVELOPER_HOSTED)})
+_OPERATOR_KINDS = frozenset({str(ToolKind.INSTRUMENTED), str(ToolKind.UNINSTRUMENTED)})
+
+
+def _conflict(outcome: str) -> ApiError:
+    messages = {
+        Settlement.UNKNOWN_CALL: "the run has no such tool call",
+        Settlement.ALREADY_SETTLED: "the call is already settled with another result",
+        Settlement.WRONG_KIND: "this route does not settle calls of that kind",
+        Settlement.NOT_PARKED: "the run is not parked waiting for this call",
+    }
+    return ApiError(409, outcome, messages.get(outcome, outcome))
+
+
+@router.post("/v1/agents/{agent_id}/runs/{run_id}/tool-results/{call_id}",
+             response_model=ToolResultAnswer, responses=RESULT_ERRORS)
+async def submit_tool_result(
+    agent_id: AgentId,
+    run_id: uuid.UUID,
+    call_id: CallId,
+    body: ToolResult,
+    request: Request,
+    principal: Annotated[Principal, Depends(principal_of)],
+) -> ToolResultAnswer:
+    """The result of one developer-hosted call (R-TOOL-4), validated against the call's
+    ``result_schema`` (422 ``tool_result_invalid`` with each field and keyword). The same
+    result again is idempotent; another result for a settled call, an unknown call id or
+    a run not parked for it is 409. ``pending`` lists the calls still waiting: resume the
+    run (an empty resume) once it is empty."""
+    async with services_of(request).tenant(principal.tenant_id) as conn:
+        row = await owned_run(conn, agent_id, run_id, principal)
+        rows = {r["call_id"]: r for r in await journal_db.invocations(conn, str(run_id))}
+        found = rows.get(call_id)
+        if found is None:
+            raise _conflict(Settlement.UNKNOWN_CALL)
+        if found["kind"] not in _CLIENT_KINDS:
+            raise _conflict(Settlement.WRONG_KIND)
+        if found["status"] == "requested":
+            pending = (row["result_json"] or {}).get("pending_input") or {}
+            schema = next((c.get("result_schema") for c in pending.get("calls", [])
+                           if c.get("call_id") == call_id), None) or {"type": "object"}
+            errors = schema_errors(schema, body.result)
+            if errors:
+                raise ApiError(422, "tool_result_invalid", "the result does not match the tool's schema",
+                               errors=[{"loc": ["body", "result", *e["field"].split(".")],
+                                        "code": e["code"]} for e in errors])
+        outcome, _ = await journal_db.settle(
+            conn, str(run_id), call_id, status="succeeded", result=body.result,
+            settled_by=f"client:{principal.principal_id}", kinds=_CLIENT_KINDS)
+        if outcome not in (Settlement.SETTLED, Settlement.REPEATED):
+            raise _conflict(outcome)
+        left = [r["call_id"] for r in await journal_db.unsettled(conn, str(run_id))]
+    return ToolResultAnswer(call_id=call_id, status="succeeded", pending=left)
+
+
+async def _operator_run(conn: Any, run_id: uuid.UUID, principal: Principal) -> dict[str, Any]:
+    row = await repo.get_run(conn, str(run_id), tenant_id=principal.tenant_id)
+    if row is None:
+        raise ApiError(404, "run_not_found", "no such run")
+    return row
+
+
+def _invocation(r: dict[str, Any]) -> Invocation:
+    return Invocation(**{k: r[k] for k in Invocation.model_fields})
+
+
+@router.get("/v1/operator/runs/{run_id}/tool-invocations", response_model=InvocationList,
+            responses=OPERATOR_ERRORS)
+async def list_invocations(
+    run_id: uuid.UUID,
+    request: Request,
+    principal: Annotated[Principal, Depends(operator_principal)],
+    unsettled_only: bool = True,
+) -> InvocationList:
+    """The run's tool calls for an operator of its tenant (R-TOOL-3, R-OPS-7): by default
+    only the unsettled ones — ``intent`` (unknown: inspect the owning system by
+    ``call_id``, the call's idempotency key there) and ``requested``."""
+    async with services_of(request).tenant(principal.tenant_id) as conn:
+        row = await _operator_run(conn, run_id, principal)
+        rows = await journal_db.invocations(conn, str(run_id))
+    if unsettled_only:
+        rows = [r for r in rows if r["status"] in UNSETTLED]
+    return InvocationList(run_id=str(run_id), state=row["state"], error_message=row["error_message"],
+                          invocations=[_invocation(r) for r in rows])
+
+
+@router.post("/v1/operator/runs/{run_id}/tool-invocations/{call_id}/resolution",
+             response_model=Invocation, responses=OPERATOR_ERRORS)
+async def resolve_invocation(
+    run_id: uuid.UUID,
+    call_id: CallId,
+    body: Resolution,
+    request: Request,
+    principal: Annotated[Principal, Depends(operator_principal)],
+) -> Invocation:
+    """Record what really happened to a call whose outcome is unknown (R-TOOL-3):
+    ``succeeded`` with the ``result`` seen in the owning system, ``not_executed`` or
+    ``compensated``; audited with the operator's principal and ``note``. Allowed while
+    the run is parked and after it ended (a cancelled run's call, R-Q34-3); the same
+    resolution again is idempotent, another one 409. Nothing runs again: the provider
+    is fed this outcome when the client resumes the run."""
+    if body.outcome == "succeeded" and body.result is None:
+        raise ApiError(422, "resolution_result_required", "a succeeded call needs its result")
+    result = body.result if body.result is not None else {}
+    async with services_of(request).tenant(principal.tenant_id) as conn:
+        await _operator_run(conn, run_id, principal)
+        outcome, settled = await journal_db.settle(
+            conn, str(run_id), call_id, status=body.outcome, result=result,
+            settled_by=f"operator:{principal.principal_id}", note=body.note,
+            kinds=_OPERATOR_KINDS, after_end=True)
+    if outcome not in (Settlement.SETTLED, Settlement.REPEATED) or settled is None:
+        raise _conflict(outcome)
+    if outcome == Settlement.SETTLED:
+        log.info("tool call %s of run %s resolved %s by operator %s", call_id, run_id, body.outcome,
+                 principal.principal_id,
+                 extra={"event": "tool.resolved", "run_id": str(run_id), "call_id": call_id,
+                        "outcome": body.outcome, "operator": principal.principal_id})
+    return _invocation(settled)
