@@ -13,8 +13,29 @@ from qualify.history import Event
 __all__ = ["database_events", "file_events"]
 
 
+#: Every column of ``tool_invocations``, times as epoch seconds on the database's clock
+#: (``t`` is the intent's, ``outcome_t`` the outcome's).
+_TOOL_INVOCATIONS = (
+    "SELECT run_id::text, call_id, tenant_id, generation, step, position, tool, kind,"
+    " provider_call_id, arguments, arguments_digest, approval_id, status, result,"
+    " intent_attempt, intent_row_version, outcome_row_version,"
+    " extract(epoch FROM intent_at)::float8 AS t, extract(epoch FROM outcome_at)::float8 AS outcome_t,"
+    " settled_by, resolution_note, committed_by"
+    " FROM tool_invocations ORDER BY intent_at, run_id, step, position"
+)
+
+#: The fakes' own records (relative to the control directory) and their event types.
+FILE_EVENTS = (
+    ("provider_calls.jsonl", "provider_call"),
+    ("crash_points.jsonl", "crash_point"),
+    ("sink/requests.jsonl", "sink_request"),
+    ("sink/executions.jsonl", "sink_execution"),
+)
+
+
 def database_events(dsn: str) -> list[Event]:
-    """Every run (its deadline), transition (from the database's own audit trigger) and checkpoint."""
+    """Every run (its deadline), transition (from the database's own audit trigger),
+    checkpoint and tool invocation (the journal, R-TOOL-1)."""
     out: list[Event] = []
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
         for row in conn.execute(
@@ -33,13 +54,18 @@ def database_events(dsn: str) -> list[Event]:
             " extract(epoch FROM created_at)::float8 AS t FROM run_checkpoints ORDER BY row_version"
         ):
             out.append({"type": "checkpoint", **row})
+        journal = conn.execute("SELECT to_regclass('tool_invocations') IS NOT NULL AS present").fetchone()
+        if journal and journal["present"]:  # absent before the tool journal's migration
+            for row in conn.execute(_TOOL_INVOCATIONS):
+                out.append({"type": "tool_invocation", **row})
     return out
 
 
 def file_events(control_dir: Path) -> list[Event]:
-    """Provider calls and struck crash points, as the processes recorded them."""
+    """Provider calls and struck crash points, as the processes recorded them, and every
+    request and execution the side-effect sink saw (``sink_request``, ``sink_execution``)."""
     out: list[Event] = []
-    for name, type_ in (("provider_calls.jsonl", "provider_call"), ("crash_points.jsonl", "crash_point")):
+    for name, type_ in FILE_EVENTS:
         path = control_dir / name
         if path.exists():
             for line in path.read_text().splitlines():

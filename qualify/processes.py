@@ -1,8 +1,10 @@
-"""The real ``qimpl`` processes a scenario runs: API (uvicorn) and worker subprocesses.
+"""The real ``qimpl`` processes a scenario runs: API (uvicorn) and worker subprocesses,
+and the side-effect sink their tools call.
 
 Each process is started in its own session with a log file of its own, is ready when a
-probe says so (``/healthz`` for the API, the ``worker.ready`` log line for a worker),
-and is always stopped and reaped by ``Processes.stop_all`` (R-Q-2).
+probe says so (``/healthz`` for the API, the ``worker.ready`` log line for a worker,
+``sink.ready`` for the sink), and is always stopped and reaped by ``Processes.stop_all``
+or ``SinkProcess.stop`` (R-Q-2).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import psutil
 from qualify.errors import HarnessError
 from qualify.procs import free_port, kill_tree, spawn, wait_until
 
-__all__ = ["Deployment", "ManagedProcess", "Processes"]
+__all__ = ["Deployment", "ManagedProcess", "Processes", "SinkProcess"]
 
 READY_TIMEOUT_S = 60.0
+SINK_READY_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +42,13 @@ class Deployment:
     namespace: str = "default"
     heartbeat_timeout_s: float = 1.0
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: The side-effect sink the harness tools call (``qualify.fakes.sink``); empty: no tools.
+    sink_url: str = ""
+
+    @property
+    def sink_dir(self) -> Path:
+        """Where the sink records requests and executions (``requests.jsonl``, ``executions.jsonl``)."""
+        return self.control_dir / "sink"
 
     def app_dsn(self, role: str) -> str:
         """The DSN of a restricted application role (R-AUTH-4)."""
@@ -60,6 +70,9 @@ class Deployment:
             QIMPL_HEARTBEAT_TIMEOUT_S=str(self.heartbeat_timeout_s),
             PYTHONUNBUFFERED="1",
         )
+        if self.sink_url:
+            env.update(QIMPL_TOOLS="qualify.fakes.tools:sink_tools",
+                       QIMPL_TOOLS_CONFIG=json.dumps({"sink_url": self.sink_url}))
         env.update(self.extra_env)
         env.update(overrides)
         return env
@@ -182,3 +195,34 @@ class Processes:
                 errors.append(f"{proc.name}: {exc}")
         if errors:
             raise HarnessError("could not stop: " + "; ".join(errors))
+
+
+class SinkProcess:
+    """The side-effect sink of one scenario (``python -m qualify.fakes.sink``). Its port is
+    chosen at construction, so ``url`` is known before ``start``; ``stop`` is idempotent
+    and always reaps it."""
+
+    def __init__(self, directory: Path, *, log_path: Path, port: int | None = None) -> None:
+        self.dir = directory
+        self.log_path = log_path
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> SinkProcess:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        ready = self.dir / "sink.ready"
+        ready.unlink(missing_ok=True)
+        self.proc = spawn([sys.executable, "-m", "qualify.fakes.sink", "--port", str(self.port),
+                           "--dir", str(self.dir)], log_path=self.log_path,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        wait_until(ready.exists, timeout_s=SINK_READY_TIMEOUT_S, what="sink", proc=self.proc,
+                   interval_s=0.005)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            kill_tree(self.proc, first=signal.SIGTERM, grace_s=3)

@@ -1,9 +1,10 @@
 """Run scenarios against a stack and judge them.
 
 For each scenario: a fresh database cloned from the migrated template, its own task
-queue, control directory and logs; real API and worker processes; the scenario body;
-then — always — every process stopped, the history collected and merged, the checkers
-run and a verdict given.
+queue, control directory and logs; a side-effect sink for the harness tools
+(``qualify.fakes.sink``); real API and worker processes; the scenario body; then —
+always — every process and the sink stopped, the history collected and merged, the
+checkers run and a verdict given.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from qualify.collect import database_events, file_events
 from qualify.errors import HarnessError, InvariantViolation
 from qualify.faults import Nemesis
 from qualify.history import HistoryRecorder, merge
-from qualify.processes import Deployment, Processes
+from qualify.processes import Deployment, Processes, SinkProcess
 from qualify.scenarios import Scenario, ScenarioContext
 from qualify.stack import EmbeddedStack
 from qualify.verdict import Verdict
@@ -93,9 +94,12 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
     control.mkdir(exist_ok=True)
     db_name = "s_" + hashlib.sha256(f"{scenario.id}:{seed}:{time.time_ns()}".encode()).hexdigest()[:12]
     dsn = stack.create_database(db_name)
+    # Its port is fixed now (the processes' tools need the URL); it starts inside the try.
+    sink = SinkProcess(control / "sink", log_path=out_dir / "logs" / "sink.log")
     deployment = Deployment(dsn=dsn, temporal_address=stack.info.temporal_address,
                             task_queue=f"q-{db_name}", control_dir=control,
-                            logs_dir=out_dir / "logs", heartbeat_timeout_s=heartbeat_timeout_s)
+                            logs_dir=out_dir / "logs", heartbeat_timeout_s=heartbeat_timeout_s,
+                            sink_url=sink.url)
     history = HistoryRecorder(out_dir / "history.jsonl")
     history.record("scenario", phase="start", id=scenario.id, seed=seed)
     processes = Processes(deployment)
@@ -107,6 +111,7 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
     error_verdict: Verdict | None = None
     error = ""
     try:
+        sink.start()
         scenario.body(ctx)
     except InvariantViolation as exc:
         ctx.checks.append(Check("scenario invariant", False, str(exc)))
@@ -121,6 +126,11 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
                 processes.stop_all()
             except HarnessError as exc:
                 error_verdict, error = Verdict.CRASHED, str(exc)
+            finally:
+                try:
+                    sink.stop()  # after the workers: none of them can call it any more
+                except Exception as exc:  # noqa: BLE001 - a sink that will not die: crashed
+                    error_verdict, error = Verdict.CRASHED, f"could not stop the sink: {exc}"
     duration = time.monotonic() - t0
     history.record("scenario", phase="end", id=scenario.id)
     try:

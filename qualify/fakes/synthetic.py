@@ -10,14 +10,31 @@ The run's prompt is its script, a JSON object (a plain-text prompt means the def
      "fail": "always" | {"steps": [2], "attempts": [1], "error": "timeout"},
      "answer_bytes": 3000000,                    # an answer of that many bytes
      "usage": {"input_tokens": -1},              # merged into every step's usage
-     "state": {"x": NaN}}                        # merged into every step's state
+     "state": {"x": NaN},                        # merged into every step's state
+     "park": {"step": 2, "kind": "approval"},    # park at step 2 of generation 1
+     "tools": {"2": [{"tool": "charge", "arguments": {"amount": 5}}]}}
+
+``tools`` maps a step (< ``steps``) to the tool calls that step asks for (R-TOOL-1): at that
+step, in every generation and attempt (a pure function of the step), the step returns
+``StepResult(tool_calls=(ToolCall(tool, arguments, id="p<step>-<i>"), ...))`` and no
+answer; the runtime runs them through its journal and the next step sees their results
+in ``ctx.tool_results``. The final answer then ends with a digest of what the provider was
+fed, e.g. ``"synthetic answer [charge:succeeded]"``.
+
+``park`` ``kind: "approval"`` asks for ``send_email``; after an approved decision the
+provider asks for that call (``id="approved-<approval_id>"``, the runtime matches it to
+the approval and journals it) and, once its result is fed back, answers
+``"<answer> (tool ran: send_email)"`` (``(tool <status>: ...)`` if it did not succeed).
+After a denial it re-plans and asks again, at most twice, then gives up.
 
 ``fail.error`` ``"timeout"`` raises ``TimeoutError`` (a provider's own HTTP read
 timeout, R-EXEC-12); the default raises ``SyntheticFailure``.
 
 Every call is recorded *before* anything else as one JSON line in
 ``<control_dir>/provider_calls.jsonl`` — the harness's independent count of what was
-asked of the provider. A call cancelled before it returned (the owner lost its lease,
+asked of the provider (with ``tool_results``, how many settled tool results it was fed).
+The provider runs no tool itself: the side-effect sink (``qualify.fakes.sink``) is the
+record of what the tools did. A call cancelled before it returned (the owner lost its lease,
 R-EXEC-11) is recorded in ``provider_cancellations.jsonl``. At a barrier the worker writes ``barrier.<name>.reached`` (pid,
 run, step, attempt) and holds, still heartbeating, until ``barrier.<name>.release``
 appears or the process is struck. A barrier holds once: a later attempt passes it.
@@ -29,11 +46,12 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from qimpl.provider import Provider, StepContext, StepResult
+from qimpl.tools import ToolCall
 
 __all__ = ["Script", "SyntheticProvider", "make_prompt"]
 
@@ -45,7 +63,7 @@ class Script:
     """A parsed script; unknown keys are refused so a typo cannot make a vacuous test."""
 
     KEYS = frozenset({"steps", "answer", "barrier", "fail", "delay_ms", "park", "answer_bytes",
-                      "usage", "state"})
+                      "usage", "state", "tools"})
 
     def __init__(self, doc: Mapping[str, Any]) -> None:
         unknown = set(doc) - self.KEYS
@@ -66,6 +84,24 @@ class Script:
         #: generation 1. After a resume the run goes on to the answer; after an approval
         #: decision it runs the tool (approved) or re-plans and asks again (denied).
         self.park: Mapping[str, Any] | None = doc.get("park")
+        #: ``{step: [{"tool", "arguments"}, ...]}``: the tool calls asked at that step.
+        self.tools: dict[int, tuple[ToolCall, ...]] = {}
+        tools = doc.get("tools") or {}
+        if not isinstance(tools, Mapping):
+            raise ValueError("tools must map a step to its calls")
+        for key, calls in tools.items():
+            step = int(key)
+            if not 1 <= step < self.steps:
+                raise ValueError(f"tools at step {step}: must be in 1..{self.steps - 1}")
+            if not isinstance(calls, list) or not calls:
+                raise ValueError(f"tools at step {step}: a non-empty list of calls")
+            for call in calls:
+                if not isinstance(call, Mapping) or not isinstance(call.get("tool"), str) \
+                        or set(call) - {"tool", "arguments"}:
+                    raise ValueError(f"tools at step {step}: {call!r} is not {{tool, arguments}}")
+            self.tools[step] = tuple(
+                ToolCall(tool=c["tool"], arguments=dict(c.get("arguments") or {}), id=f"p{step}-{i}")
+                for i, c in enumerate(calls))
 
     @classmethod
     def from_prompt(cls, prompt: str) -> Script:
@@ -101,13 +137,21 @@ class SyntheticFailure(RuntimeError):
     pass
 
 
+def _digest(results: Sequence[Mapping[str, Any]]) -> str:
+    """`` [charge:succeeded shell:failed]`` of the tool results fed so far ('' for none)."""
+    if not results:
+        return ""
+    return " [" + " ".join(f"{r.get('tool')}:{r.get('status')}" for r in results) + "]"
+
+
 class SyntheticProvider(Provider):
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.control = Path(config["control_dir"])
 
     def _record(self, ctx: StepContext) -> None:
         line = json.dumps({"run_id": ctx.run_id, "step": ctx.step, "attempt": ctx.attempt,
-                           "generation": ctx.generation, "pid": os.getpid(), "t": time.time()})
+                           "generation": ctx.generation, "tool_results": len(ctx.tool_results),
+                           "pid": os.getpid(), "t": time.time()})
         with open(self.control / "provider_calls.jsonl", "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
 
@@ -146,19 +190,23 @@ class SyntheticProvider(Provider):
             raise script.error()
         trail = [*ctx.state.get("trail", []), ctx.step]
         usage = {"provider_calls": 1, "input_tokens": 10, "output_tokens": 5, **script.usage}
+        if ctx.step in script.tools:
+            return StepResult(state={"trail": trail, **script.state}, usage=usage,
+                              tool_calls=script.tools[ctx.step])
+        answer = script.answer + _digest(ctx.tool_results)
         if script.state:
             return StepResult(state={"trail": trail, **script.state}, usage=usage,
-                              answer=script.answer if ctx.step >= script.steps else None)
+                              answer=answer if ctx.step >= script.steps else None)
         if script.park and int(script.park["step"]) == ctx.step and ctx.generation == 1:
             kind = str(script.park.get("kind", "input"))
             if kind == "approval":
                 return StepResult(state={"trail": trail}, usage=usage,
                                   pending=self._approval_request(0))
             return StepResult(state={"trail": trail}, usage=usage, pending={"kind": kind})
-        if ctx.decisions:
+        if ctx.decisions and script.park and script.park.get("kind") == "approval":
             return self._after_decision(ctx, script, trail, usage)
         done = ctx.step >= script.steps
-        return StepResult(state={"trail": trail}, answer=script.answer if done else None, usage=usage)
+        return StepResult(state={"trail": trail}, answer=answer if done else None, usage=usage)
 
     @staticmethod
     def _approval_request(revision: int) -> dict[str, Any]:
@@ -171,17 +219,22 @@ class SyntheticProvider(Provider):
 
     def _after_decision(self, ctx: StepContext, script: Script, trail: list[int],
                         usage: dict[str, int]) -> StepResult:
-        """Approved: run the tool (recorded in ``side_effects.jsonl``) and answer. Denied:
-        re-plan and ask again, at most twice; then give up."""
+        """Approved: ask the runtime for the approved call (it matches the approval, runs
+        the tool through its journal and the sink) and, once its result is fed back,
+        answer. Denied: re-plan and ask again, at most twice; then give up."""
         last = ctx.decisions[-1]
         if last.get("approved"):
-            line = json.dumps({"run_id": ctx.run_id, "approval_id": last.get("approval_id"),
-                               "tool": last.get("tool"), "arguments": last.get("arguments"),
-                               "pid": os.getpid(), "t": time.time()})
-            with open(self.control / "side_effects.jsonl", "a", encoding="utf-8") as fh:
-                fh.write(line + "\n")
-            return StepResult(state={"trail": trail}, usage={**usage, "tool_calls": 1},
-                              answer=f"{script.answer} (tool ran: {last.get('tool')})")
+            tool = str(last.get("tool"))
+            call = f"approved-{last.get('approval_id')}"
+            result = next((r for r in ctx.tool_results if r.get("id") == call), None)
+            if result is None:
+                return StepResult(state={"trail": trail}, usage=usage, tool_calls=(
+                    ToolCall(tool=tool, arguments=dict(last.get("arguments") or {}), id=call),))
+            status = result.get("status")
+            outcome = "ran" if status == "succeeded" else str(status)
+            # The runtime counts the call it ran (usage ``tool_calls``), not the provider.
+            return StepResult(state={"trail": trail}, usage=usage,
+                              answer=f"{script.answer} (tool {outcome}: {tool})")
         denials = sum(1 for d in ctx.decisions if not d.get("approved"))
         if denials <= 2:
             return StepResult(state={"trail": trail}, usage=usage,

@@ -24,9 +24,19 @@ def _decide(api: ManagedProcess, run_id: str, approval_id: str, approved: bool, 
 
 
 def _side_effects(ctx: ScenarioContext, run_id: str) -> list[dict[str, Any]]:
-    path = ctx.control / "side_effects.jsonl"
+    """What the side-effect sink executed for ``run_id``, each with the journal's record of
+    the call (``approval_id``, ``arguments``) joined by call id."""
+    path = ctx.control / "sink" / "executions.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
-    return [d for d in map(json.loads, lines) if d["run_id"] == run_id]
+    out = []
+    for d in map(json.loads, filter(str.strip, lines)):
+        if d.get("run_id") != run_id:
+            continue
+        found = ctx.sql("SELECT approval_id, arguments FROM tool_invocations WHERE call_id = %s",
+                        d["call_id"])
+        out.append({**d, "approval_id": found[0][0] if found else None,
+                    "arguments": found[0][1] if found else None})
+    return out
 
 
 def _pending(ctx: ScenarioContext, api: ManagedProcess, run_id: str) -> dict[str, Any]:

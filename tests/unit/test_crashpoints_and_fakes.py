@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from qimpl.crashpoints import CrashPoint, parse_directive
 from qimpl.provider import StepContext
+from qimpl.tools import ToolCall
 from qualify.fakes.synthetic import Script, SyntheticProvider, make_prompt
 
 
@@ -58,3 +61,70 @@ def test_synthetic_provider_records_every_call(tmp_path: Path) -> None:
     r2 = asyncio.run(p.step(ctx(2, dict(r1.state))))
     assert r1.answer is None and r2.answer == "A" and r2.state == {"trail": [1, 2]}
     assert len((tmp_path / "provider_calls.jsonl").read_text().splitlines()) == 2
+
+
+def _ctx(prompt: str, step: int, state: dict, **more: Any) -> StepContext:  # type: ignore[type-arg]
+    return StepContext(run_id="r", tenant_id="t", generation=1, attempt=1, step=step,
+                       prompt=prompt, state=state, **more)
+
+
+@pytest.mark.req("R-Q-3")
+def test_script_tools_are_checked() -> None:
+    make_prompt(steps=3, tools={"2": [{"tool": "charge", "arguments": {"amount": 1}}]})
+    bad: object
+    for bad in ({"3": [{"tool": "charge"}]}, {"0": [{"tool": "charge"}]}, {"1": []},
+                {"1": [{"tool": "charge", "args": {}}]}, {"1": [{"arguments": {}}]}, ["charge"]):
+        with pytest.raises(ValueError):
+            make_prompt(steps=3, tools=bad)
+
+
+@pytest.mark.req("R-TOOL-1")
+def test_synthetic_provider_asks_for_tool_calls_at_its_step(tmp_path: Path) -> None:
+    p = SyntheticProvider({"control_dir": str(tmp_path)})
+    calls = [{"tool": "charge", "arguments": {"amount": 5}}, {"tool": "shell"}]
+    prompt = make_prompt(steps=3, answer="A", tools={"2": calls})
+    r1 = asyncio.run(p.step(_ctx(prompt, 1, {})))
+    r2 = asyncio.run(p.step(_ctx(prompt, 2, dict(r1.state))))
+    assert r1.tool_calls == () and r2.answer is None and r2.pending is None
+    assert r2.tool_calls == (ToolCall(tool="charge", arguments={"amount": 5}, id="p2-0"),
+                             ToolCall(tool="shell", arguments={}, id="p2-1"))
+    # a pure function of the step: the same calls in a later attempt or generation
+    again = asyncio.run(p.step(StepContext(run_id="r", tenant_id="t", generation=2, attempt=3, step=2,
+                                           prompt=prompt, state=dict(r1.state))))
+    assert again.tool_calls == r2.tool_calls
+    fed = ({"call_id": "tc-1", "id": "p2-0", "tool": "charge", "status": "succeeded", "result": {}},
+           {"call_id": "tc-2", "id": "p2-1", "tool": "shell", "status": "failed", "result": {"code": "x"}})
+    r3 = asyncio.run(p.step(_ctx(prompt, 3, dict(r2.state), tool_results=fed)))
+    assert r3.answer == "A [charge:succeeded shell:failed]" and r3.tool_calls == ()
+    recorded = [json.loads(line) for line in (tmp_path / "provider_calls.jsonl").read_text().splitlines()]
+    assert [c["tool_results"] for c in recorded] == [0, 0, 0, 2]
+
+
+@pytest.mark.req("R-APPROVAL-1")
+def test_synthetic_provider_asks_for_the_approved_call_then_answers(tmp_path: Path) -> None:
+    p = SyntheticProvider({"control_dir": str(tmp_path)})
+    prompt = make_prompt(steps=3, answer="A", park={"step": 1, "kind": "approval"})
+    parked = asyncio.run(p.step(_ctx(prompt, 1, {})))
+    assert parked.pending and parked.pending["tool"] == "send_email"
+    decision = {"approval_id": "ap-1", "approved": True, "tool": "send_email",
+                "arguments": parked.pending["arguments"], "action_version": 1}
+
+    def step(n: int, **more: Any) -> Any:
+        return asyncio.run(p.step(StepContext(run_id="r", tenant_id="t", generation=2, attempt=1,
+                                              step=n, prompt=prompt, state={},
+                                              decisions=(decision,), **more)))
+
+    ask = step(2)
+    assert ask.answer is None and ask.tool_calls == (
+        ToolCall(tool="send_email", arguments=decision["arguments"], id="approved-ap-1"),)
+    result = {"call_id": "tc-1", "id": "approved-ap-1", "tool": "send_email", "status": "succeeded",
+              "result": {"receipt": "tc-1"}}
+    done = step(3, tool_results=(result,))
+    assert done.answer == "A (tool ran: send_email)" and done.usage["tool_calls"] == 1
+    failed = step(3, tool_results=({**result, "status": "failed"},))
+    assert failed.answer == "A (tool failed: send_email)"
+    assert not (tmp_path / "side_effects.jsonl").exists()
+    denied = asyncio.run(p.step(StepContext(run_id="r", tenant_id="t", generation=2, attempt=1, step=2,
+                                            prompt=prompt, state={},
+                                            decisions=({**decision, "approved": False},))))
+    assert denied.pending and denied.pending["arguments"]["revision"] == 1 and not denied.tool_calls

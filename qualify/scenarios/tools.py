@@ -1,0 +1,336 @@
+"""The tool invocation journal under faults (R-TOOL-1..5, R-RESUME-3, R-Q34-3): the worker
+struck at each gap of one call, a lost reply, an approved tool struck after its side
+effect, developer-hosted results, a finalising tool, and a cancel while a call is out.
+
+The side-effect sink (``qualify.fakes.sink``) is the independent record: a real
+subprocess that counts every request and execution by call id.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from qualify.errors import HarnessError
+from qualify.fakes.synthetic import make_prompt
+from qualify.processes import ManagedProcess
+from qualify.scenarios.base import ScenarioContext, scenario
+from qualify.scenarios.lifecycle import accepted
+
+BEFORE_INTENT = "tool.before_intent_commit"
+AFTER_INTENT = "tool.after_intent_commit"
+AFTER_REPLY = "tool.after_reply"
+AFTER_OUTCOME = "tool.after_outcome_commit"
+UNKNOWN = "side_effect_outcome_unknown"
+OPERATOR_KEY = "ops-key"
+
+
+def sink_lines(ctx: ScenarioContext, name: str, run_id: str) -> list[dict[str, Any]]:
+    """``requests`` or ``executions`` the sink recorded for ``run_id``."""
+    path: Path = ctx.control / "sink" / f"{name}.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [d for d in map(json.loads, filter(str.strip, lines)) if d.get("run_id") == run_id]
+
+
+def _auth(key: str = "dev-key") -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def resume(ctx: ScenarioContext, api: ManagedProcess, run_id: str,
+           body: dict[str, Any] | None = None) -> httpx.Response:
+    key = f"resume-{run_id}-{time.monotonic_ns()}"
+    ctx.history.record("client", op="resume", phase="invoke", run_id=run_id, key=key)
+    resp = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", json=body or {},
+                      headers={**_auth(), "Idempotency-Key": key}, timeout=30)
+    ctx.history.record("client", op="resume", phase="ok" if resp.status_code == 202 else "fail",
+                       run_id=run_id, status=resp.status_code)
+    return resp
+
+
+def resolve(api: ManagedProcess, run_id: str, call_id: str, outcome: str,
+            result: dict[str, Any] | None = None, key: str = OPERATOR_KEY) -> httpx.Response:
+    body: dict[str, Any] = {"outcome": outcome, "note": "checked in the sink by call id"}
+    if result is not None:
+        body["result"] = result
+    return httpx.post(f"{api.base_url}/v1/operator/runs/{run_id}/tool-invocations/{call_id}/resolution",
+                      json=body, headers=_auth(key), timeout=30)
+
+
+def unsettled(api: ManagedProcess, run_id: str, key: str = OPERATOR_KEY) -> httpx.Response:
+    return httpx.get(f"{api.base_url}/v1/operator/runs/{run_id}/tool-invocations",
+                     headers=_auth(key), timeout=30)
+
+
+def _parked_unknown(ctx: ScenarioContext, api: ManagedProcess, run_id: str) -> dict[str, Any]:
+    run = ctx.wait_state(api, run_id, "awaiting_input", timeout_s=60)
+    pending = (run.get("result_json") or {}).get("pending_input") or {}
+    ctx.expect("parked awaiting_input with error_message side_effect_outcome_unknown",
+               run["error_message"] == UNKNOWN and pending.get("kind") == "reconciliation_required",
+               f"{run['error_message']} {pending}", "R-TOOL-3")
+    return run
+
+
+def _reconcile_and_finish(ctx: ScenarioContext, api: ManagedProcess, run_id: str, *,
+                          answer_has: str) -> dict[str, Any]:
+    """A parked run: a normal resume is 409; an operator records ``succeeded`` with the
+    sink's receipt; an empty resume completes the run from the journal."""
+    refused = resume(ctx, api, run_id, {"additional_prompt": "go on"})
+    ctx.expect("a normal resume answers 409 run_reconciliation_required",
+               refused.status_code == 409 and refused.json().get("code") == "run_reconciliation_required",
+               refused.text[:160], "R-RESUME-3")
+    listed = unsettled(api, run_id)
+    calls = listed.json().get("invocations", []) if listed.status_code == 200 else []
+    ctx.expect("the operator route lists the one unknown call",
+               len(calls) == 1 and calls[0]["status"] == "intent", listed.text[:200], "R-TOOL-3", "R-OPS-7")
+    if not calls:
+        raise HarnessError(f"no unsettled call listed: {listed.text[:200]}")
+    call_id = calls[0]["call_id"]
+    client = resolve(api, run_id, call_id, "succeeded", {"receipt": call_id}, key="dev-key")
+    ctx.expect("a client key cannot reconcile (403 operator_credential_required)",
+               client.status_code == 403 and client.json().get("code") == "operator_credential_required",
+               client.text[:160], "R-OPS-7")
+    done = resolve(api, run_id, call_id, "succeeded", {"receipt": call_id})
+    ctx.expect("the operator records succeeded with the receipt", done.status_code == 200
+               and done.json().get("settled_by") == "operator:p-ops", done.text[:200], "R-TOOL-3")
+    again = resume(ctx, api, run_id)
+    ctx.expect("after reconciliation an empty resume is accepted", again.status_code == 202,
+               again.text[:160], "R-TOOL-3")
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    ctx.expect("the run completes, fed the journaled result",
+               run["state"] == "completed" and answer_has in str((run["result_json"] or {}).get("answer")),
+               f"{run['state']} {(run['result_json'] or {}).get('answer')}", "R-TOOL-2")
+    return run
+
+
+def _struck(point: str, *, executions: int, parked: bool) -> None:
+    sid = "tool-kill-" + point.removeprefix("tool.").replace("_", "-")
+
+    @scenario(
+        sid,
+        title=f"SIGKILL the worker at {point} during an instrumented call: the sink executes it "
+              f"{executions} time(s); the run {'parks side_effect_outcome_unknown and is reconciled' if parked else 'completes reusing the journal'}",
+        requirements=("R-TOOL-1", "R-TOOL-2", "R-TOOL-3", "R-RESUME-3", "R-Q-4", "R-Q-5"),
+        faults=(f"sigkill at {point}",),
+        crash_points=(point,),
+    )
+    def body(ctx: ScenarioContext) -> None:
+        api = ctx.processes.api()
+        run_id = accepted(ctx, api, prompt=make_prompt(
+            steps=3, answer="charged", tools={"1": [{"tool": "charge", "arguments": {"amount": 5}}]}))
+        ctx.strike_worker(point, "worker-1")
+        ctx.processes.worker("worker-2")
+        if parked:
+            _parked_unknown(ctx, api, run_id)
+            ctx.expect(f"the sink executed the call {executions} time(s) before reconciliation",
+                       len(sink_lines(ctx, "executions", run_id)) == executions,
+                       str(sink_lines(ctx, "executions", run_id)), "R-TOOL-3")
+            run = _reconcile_and_finish(ctx, api, run_id, answer_has="charge:succeeded")
+        else:
+            run = ctx.wait_terminal(api, run_id, timeout_s=60)
+            ctx.expect("the run completes, fed the journaled result",
+                       run["state"] == "completed"
+                       and "charge:succeeded" in str((run["result_json"] or {}).get("answer")),
+                       f"{run['state']} {run.get('result_json')}", "R-TOOL-2")
+        execs = sink_lines(ctx, "executions", run_id)
+        reqs = sink_lines(ctx, "requests", run_id)
+        ctx.figures["sink_executions"] = len(execs)
+        ctx.expect(f"the sink executed the call exactly {executions} time(s), requested as often",
+                   len(execs) == executions and len(reqs) == executions,
+                   f"executions {len(execs)}, requests {len(reqs)}", "R-TOOL-2", "R-Q-5")
+        ctx.expect("usage counts the tool calls sent", run["usage"].get("tool_calls", 0) >= executions,
+                   str(run["usage"]), "R-Q34-2")
+
+
+_struck(BEFORE_INTENT, executions=1, parked=False)
+_struck(AFTER_INTENT, executions=0, parked=True)
+_struck(AFTER_REPLY, executions=1, parked=True)
+_struck(AFTER_OUTCOME, executions=1, parked=False)
+
+
+@scenario(
+    "tool-reply-lost",
+    title="The sink performs the effect and withholds its reply past the tool's timeout: the "
+          "run parks side_effect_outcome_unknown, a normal resume is 409, the operator "
+          "records succeeded, a resume completes; the sink executed it once",
+    requirements=("R-TOOL-1", "R-TOOL-2", "R-TOOL-3", "R-RESUME-3", "R-OPS-7", "R-Q-5"),
+)
+def tool_reply_lost(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    ctx.processes.worker()
+    run_id = accepted(ctx, api, prompt=make_prompt(
+        steps=3, answer="charged", tools={"1": [{"tool": "charge",
+                                                 "arguments": {"amount": 7, "sink_hold_s": 3}}]}))
+    run = _parked_unknown(ctx, api, run_id)
+    journal = run.get("tool_invocations") or []
+    ctx.expect("the run record shows the call sent, outcome unknown",
+               len(journal) == 1 and journal[0]["sent"] and journal[0]["outcome"] == "unknown",
+               str(journal), "R-Q34-3")
+    _reconcile_and_finish(ctx, api, run_id, answer_has="charge:succeeded")
+    execs = sink_lines(ctx, "executions", run_id)
+    ctx.figures["sink_executions"] = len(execs)
+    ctx.expect("the sink executed the call exactly once", len(execs) == 1, str(execs), "R-TOOL-2")
+
+
+@scenario(
+    "approved-tool-killed-after-effect",
+    title="An approved tool runs through the journal; the worker is SIGKILLed right after "
+          "its side effect, before the outcome commit: the run parks, is reconciled and "
+          "completes; the sink executed the tool once",
+    requirements=("R-APPROVAL-1", "R-TOOL-1", "R-TOOL-3", "R-Q-4"),
+    faults=(f"sigkill at {AFTER_REPLY}",),
+    crash_points=(AFTER_REPLY,),
+)
+def approved_tool_killed_after_effect(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    doomed = ctx.processes.worker("worker-1", QIMPL_CRASH_POINTS=f"{AFTER_REPLY}:kill")
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=4, answer="sent",
+                                                   park={"step": 1, "kind": "approval"}))
+    run = ctx.wait_state(api, run_id, "awaiting_approval")
+    pending = (run["result_json"] or {}).get("pending_approval") or {}
+    yes = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/tool-approval/{pending.get('approval_id')}",
+                     json={"approved": True, "action_version": pending.get("action_version")},
+                     headers=_auth(), timeout=30)
+    ctx.expect("the approval is accepted", yes.status_code == 200, yes.text[:160], "R-APPROVAL-1")
+    evidence = ctx.wait_crash_point(AFTER_REPLY, doomed)
+    assert doomed.proc is not None
+    ctx.nemesis.crash_point(doomed, evidence, exit_code=doomed.proc.wait(timeout=10))
+    ctx.processes.worker("worker-2")
+    _parked_unknown(ctx, api, run_id)
+    _reconcile_and_finish(ctx, api, run_id, answer_has="tool ran: send_email")
+    execs = sink_lines(ctx, "executions", run_id)
+    ctx.figures["sink_executions"] = len(execs)
+    ctx.expect("the approved tool executed exactly once, with the approved arguments",
+               len(execs) == 1 and execs[0].get("tool") == "send_email", str(execs), "R-APPROVAL-1")
+
+
+def _submit(api: ManagedProcess, run_id: str, call_id: str, result: Any) -> httpx.Response:
+    return httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/tool-results/{call_id}",
+                      json={"result": result}, headers=_auth(), timeout=30)
+
+
+@scenario(
+    "developer-hosted-tool",
+    title="Two developer-hosted calls park tool_result_required; results come out of order, "
+          "one invalid (422), an unknown call id 409; resume is refused until both are "
+          "settled, then the run completes with both results",
+    requirements=("R-TOOL-4", "R-READ-2"),
+)
+def developer_hosted_tool(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    ctx.processes.worker()
+    calls = [{"tool": "lookup_customer", "arguments": {"customer": c}} for c in ("c-1", "c-2")]
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=3, answer="looked up", tools={"1": calls}))
+    run = ctx.wait_state(api, run_id, "awaiting_input")
+    pending = (run["result_json"] or {}).get("pending_input") or {}
+    asked = pending.get("calls") or []
+    ctx.expect("pending_input.kind is tool_result_required with both call ids and schemas",
+               pending.get("kind") == "tool_result_required" and len(asked) == 2
+               and all({"call_id", "arguments_schema", "result_schema"} <= set(c) for c in asked),
+               str(pending)[:300], "R-TOOL-4")
+    if len(asked) != 2:
+        raise HarnessError(f"expected two pending calls: {pending}")
+    first, second = asked[0]["call_id"], asked[1]["call_id"]
+    early = resume(ctx, api, run_id)
+    ctx.expect("resume before any result is 409 tool_results_pending",
+               early.status_code == 409 and early.json().get("code") == "tool_results_pending",
+               early.text[:160], "R-TOOL-4")
+    ok2 = _submit(api, run_id, second, {"name": "Bo", "tier": "pro"})
+    ctx.expect("the second call's result, first: 200 with the first still pending",
+               ok2.status_code == 200 and ok2.json().get("pending") == [first], ok2.text[:160], "R-TOOL-4")
+    bad = _submit(api, run_id, first, {"name": 1, "tier": "gold"})
+    fields = {tuple(e.get("loc", []))[-1:] for e in (bad.json().get("errors") or [])} if bad.status_code == 422 else set()
+    ctx.expect("an invalid result is 422 tool_result_invalid naming each field",
+               bad.status_code == 422 and bad.json().get("code") == "tool_result_invalid"
+               and {("name",), ("tier",)} <= fields, bad.text[:200], "R-TOOL-4")
+    unknown = _submit(api, run_id, "tc-00000000-0000-0000-0000-000000000000", {"name": "x", "tier": "free"})
+    ctx.expect("an unknown call id is 409 tool_call_not_found",
+               unknown.status_code == 409 and unknown.json().get("code") == "tool_call_not_found",
+               unknown.text[:160], "R-TOOL-4")
+    still = resume(ctx, api, run_id)
+    ctx.expect("resume with one call unsettled is still 409", still.status_code == 409, still.text[:160],
+               "R-TOOL-4")
+    ok1 = _submit(api, run_id, first, {"name": "Al", "tier": "free"})
+    same = _submit(api, run_id, first, {"name": "Al", "tier": "free"})
+    other = _submit(api, run_id, first, {"name": "Cy", "tier": "free"})
+    ctx.expect("both settled; the same result again is 200, another one 409 tool_call_settled",
+               ok1.status_code == 200 and ok1.json().get("pending") == [] and same.status_code == 200
+               and other.status_code == 409 and other.json().get("code") == "tool_call_settled",
+               f"{ok1.status_code} {same.status_code} {other.status_code}", "R-TOOL-4")
+    go = resume(ctx, api, run_id)
+    ctx.expect("then an explicit resume is accepted", go.status_code == 202, go.text[:160], "R-TOOL-4")
+    run = ctx.wait_terminal(api, run_id)
+    answer = str((run["result_json"] or {}).get("answer"))
+    ctx.expect("the run completes fed both results", run["state"] == "completed"
+               and answer.count("lookup_customer:succeeded") == 2, answer, "R-TOOL-4")
+    ctx.expect("a developer-hosted call never reaches the sink", not sink_lines(ctx, "requests", run_id),
+               "", "R-TOOL-4")
+
+
+@scenario(
+    "finalising-tool-needs-approval",
+    title="A finalising tool (merge a pull request) never runs without a matching approval: "
+          "the run parks awaiting_approval; denied, nothing runs and the run completes; "
+          "approved on a second run, it runs once",
+    requirements=("R-TOOL-5", "R-APPROVAL-1"),
+)
+def finalising_tool_needs_approval(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    ctx.processes.worker()
+    tools = {"1": [{"tool": "merge_pull_request", "arguments": {"pr": 42}}]}
+    for approved in (False, True):
+        run_id = accepted(ctx, api, prompt=make_prompt(steps=3, answer="merged", tools=tools))
+        run = ctx.wait_state(api, run_id, "awaiting_approval")
+        pending = (run["result_json"] or {}).get("pending_approval") or {}
+        ctx.expect("the finalising call waits for an approval and has not run",
+                   pending.get("tool") == "merge_pull_request" and not sink_lines(ctx, "requests", run_id),
+                   str(pending), "R-TOOL-5")
+        decided = httpx.post(
+            f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/tool-approval/{pending.get('approval_id')}",
+            json={"approved": approved, "action_version": pending.get("action_version")},
+            headers=_auth(), timeout=30)
+        ctx.expect("the decision is accepted", decided.status_code == 200, decided.text[:160], "R-APPROVAL-1")
+        run = ctx.wait_terminal(api, run_id)
+        status = "succeeded" if approved else "denied"
+        execs = sink_lines(ctx, "executions", run_id)
+        ctx.expect(f"{'approved' if approved else 'denied'}: the run completes fed {status}, "
+                   f"the sink executed it {int(approved)} time(s)",
+                   run["state"] == "completed"
+                   and f"merge_pull_request:{status}" in str((run["result_json"] or {}).get("answer"))
+                   and len(execs) == int(approved),
+                   f"{run['state']} {(run['result_json'] or {}).get('answer')} executions {len(execs)}",
+                   "R-TOOL-5")
+
+
+@scenario(
+    "cancel-during-tool-call",
+    title="Cancel while an instrumented call is out: the run is cancelled, nothing is undone, "
+          "the run record lists the call as sent with an unknown outcome; an operator may "
+          "still record what happened",
+    requirements=("R-Q34-3", "R-CANCEL-1", "R-TOOL-3"),
+)
+def cancel_during_tool_call(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    ctx.processes.worker()
+    run_id = accepted(ctx, api, prompt=make_prompt(
+        steps=3, tools={"1": [{"tool": "charge", "arguments": {"amount": 9, "sink_hold_s": 3}}]}))
+    deadline = time.monotonic() + 30
+    while not sink_lines(ctx, "requests", run_id):
+        if time.monotonic() > deadline:
+            raise HarnessError("the call never reached the sink")
+        time.sleep(0.01)
+    ctx.cancel_run(api, run_id)
+    run = ctx.wait_terminal(api, run_id)
+    journal = run.get("tool_invocations") or []
+    ctx.expect("cancelled; the run record lists the call as sent, outcome unknown",
+               run["state"] == "cancelled" and len(journal) == 1 and journal[0]["sent"]
+               and journal[0]["outcome"] == "unknown", f"{run['state']} {journal}", "R-Q34-3")
+    call_id = journal[0]["call_id"] if journal else ""
+    done = resolve(api, run_id, call_id, "succeeded", {"receipt": call_id})
+    ctx.expect("an operator may record what happened after the cancel", done.status_code == 200,
+               done.text[:160], "R-Q34-3")
+    ctx.expect("the sink executed the call once (nothing undone, nothing repeated)",
+               len(sink_lines(ctx, "executions", run_id)) == 1, "", "R-Q34-3")

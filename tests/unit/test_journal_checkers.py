@@ -1,0 +1,140 @@
+"""The tool journal's checkers on good histories and on bad ones they must catch (R-Q-5, R-TOOL-1)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from qualify import checkers as ck
+from qualify.history import merge
+
+R = "run-1"
+
+
+def intent(call: str, tool: str, t: float, *, status: str = "succeeded", kind: str = "instrumented",
+           run: str = R) -> dict[str, Any]:
+    return {"type": "tool_invocation", "run_id": run, "call_id": call, "tool": tool, "kind": kind,
+            "status": status, "step": 2, "position": 0, "generation": 1, "t": t, "outcome_t": t + 0.5}
+
+
+def request(call: str, tool: str, t: float, *, kind: str = "instrumented", attempt: int = 1,
+            repeat: bool = False, run: str = R) -> dict[str, Any]:
+    return {"type": "sink_request", "call_id": call, "run_id": run, "tool": tool, "kind": kind,
+            "attempt": attempt, "pid": 7, "t": t, "repeat": repeat}
+
+
+def execution(call: str, tool: str, t: float, *, kind: str = "instrumented") -> dict[str, Any]:
+    return {"type": "sink_execution", "call_id": call, "run_id": R, "tool": tool, "kind": kind, "t": t}
+
+
+def good() -> list[dict[str, Any]]:
+    """A charge, a shell action, a refused charge (requested once, nothing executed), a
+    developer-hosted call and a denied one (neither reaches the sink)."""
+    return merge([
+        {"type": "run", "run_id": R, "t": 0.9, "deadline_t": 100.0, "state": "completed"},
+        intent("tc-a", "charge", 3.0), request("tc-a", "charge", 3.01), execution("tc-a", "charge", 3.01),
+        intent("tc-b", "shell", 4.0, kind="uninstrumented"),
+        request("tc-b", "shell", 4.01, kind="uninstrumented"),
+        execution("tc-b", "shell", 4.01, kind="uninstrumented"),
+        intent("tc-c", "charge", 5.0, status="failed"), request("tc-c", "charge", 5.01),
+        intent("tc-d", "lookup_customer", 6.0, kind="developer_hosted", status="requested"),
+        intent("tc-e", "send_email", 7.0, status="denied"),
+    ])
+
+
+JOURNAL_CHECKERS = (ck.no_side_effect_repeated, ck.no_execution_without_intent)
+
+
+@pytest.mark.req("R-Q-5")
+@pytest.mark.parametrize("checker", JOURNAL_CHECKERS)
+def test_good_history_passes(checker) -> None:  # type: ignore[no-untyped-def]
+    result = checker(good())
+    assert result.ok is True, result.detail
+
+
+@pytest.mark.req("R-Q-5")
+@pytest.mark.parametrize("checker", JOURNAL_CHECKERS)
+def test_a_history_without_a_sink_passes(checker) -> None:  # type: ignore[no-untyped-def]
+    history = [e for e in good() if not e["type"].startswith("sink_")]
+    assert checker(history).ok is True
+    assert checker([e for e in history if e["type"] != "tool_invocation"]).ok is True
+
+
+@pytest.mark.req("R-Q-5")
+def test_journal_checkers_run_over_every_scenario() -> None:
+    assert set(JOURNAL_CHECKERS) <= set(ck.GENERIC_CHECKERS)
+    assert all(c.ok is True for c in ck.run_checks(good(), JOURNAL_CHECKERS))
+
+
+@pytest.mark.req("R-Q-5")
+def test_catches_an_instrumented_call_requested_twice() -> None:
+    # the sink deduplicated it (one execution), but the call was asked again: a repeat
+    h = merge(good(), [request("tc-a", "charge", 8.0, attempt=2, repeat=True)])
+    result = ck.no_side_effect_repeated(h)
+    assert result.ok is False and "tc-a" in result.detail and "2 times" in result.detail
+    assert "tc-b" not in result.detail
+
+
+@pytest.mark.req("R-Q-5")
+def test_catches_an_uninstrumented_action_executed_twice() -> None:
+    h = merge(good(), [request("tc-b", "shell", 8.0, kind="uninstrumented", repeat=True),
+                       execution("tc-b", "shell", 8.0, kind="uninstrumented")])
+    result = ck.no_side_effect_repeated(h)
+    assert result.ok is False and "tc-b" in result.detail and "executed 2 times" in result.detail
+
+
+@pytest.mark.req("R-Q-5")
+def test_names_every_offender_in_the_detail() -> None:
+    h = merge(good(), [request("tc-a", "charge", 8.0), request("tc-c", "charge", 8.1)])
+    result = ck.no_side_effect_repeated(h)
+    assert result.ok is False and "tc-a" in result.detail and "tc-c" in result.detail
+
+
+@pytest.mark.req("R-TOOL-1")
+def test_catches_an_execution_with_no_intent() -> None:
+    h = merge(good(), [request("tc-x", "charge", 9.0), execution("tc-x", "charge", 9.0)])
+    result = ck.no_execution_without_intent(h)
+    assert result.ok is False and "tc-x" in result.detail and "no intent" in result.detail
+
+
+@pytest.mark.req("R-TOOL-1")
+def test_catches_an_uninstrumented_action_with_no_intent() -> None:
+    h = [e for e in good() if not (e["type"] == "tool_invocation" and e["call_id"] == "tc-b")]
+    result = ck.no_execution_without_intent(h)
+    assert result.ok is False and "tc-b" in result.detail
+
+
+@pytest.mark.req("R-TOOL-1")
+def test_catches_an_intent_for_another_tool() -> None:
+    h = [intent("tc-a", "refund", 3.0) if e.get("call_id") == "tc-a" and e["type"] == "tool_invocation"
+         else e for e in good()]
+    result = ck.no_execution_without_intent(h)
+    assert result.ok is False and "tc-a" in result.detail and "refund" in result.detail
+
+
+@pytest.mark.req("R-TOOL-1")
+def test_catches_an_intent_of_another_run() -> None:
+    h = [intent("tc-a", "charge", 3.0, run="run-2") if e.get("call_id") == "tc-a"
+         and e["type"] == "tool_invocation" else e for e in good()]
+    assert ck.no_execution_without_intent(h).ok is False
+
+
+@pytest.mark.req("R-TOOL-5")
+def test_catches_a_denied_or_developer_hosted_call_that_reached_the_sink() -> None:
+    for call, tool in (("tc-e", "send_email"), ("tc-d", "lookup_customer")):
+        h = merge(good(), [request(call, tool, 9.0)])
+        result = ck.no_execution_without_intent(h)
+        assert result.ok is False and call in result.detail
+
+
+@pytest.mark.req("R-TOOL-1")
+def test_catches_a_call_made_before_its_intent_was_committed() -> None:
+    late = [intent("tc-a", "charge", 3.5) if e.get("call_id") == "tc-a" and e["type"] == "tool_invocation"
+            else e for e in good()]
+    result = ck.no_execution_without_intent(late)
+    assert result.ok is False and "before its intent" in result.detail
+    # within the clocks' slack it is not a violation
+    close = [intent("tc-a", "charge", 3.01 + ck.SINK_CLOCK_SLACK_S / 2)
+             if e.get("call_id") == "tc-a" and e["type"] == "tool_invocation" else e for e in good()]
+    assert ck.no_execution_without_intent(close).ok is True
