@@ -15,7 +15,8 @@ checkpoint) and the owner then runs them in order, each one:
 6. otherwise: ``intent`` committed (fenced), the tool invoked with the call id as its
    idempotency key, bounded by the tool's timeout and the deadline, then the outcome
    committed (fenced). A reply that does not come (timeout, connection lost) or any error
-   of an uninstrumented action leaves the outcome unknown: the run parks.
+   of an uninstrumented action (``ToolFailed`` included) leaves the outcome unknown: the
+   run parks.
 
 Every journal write is an owner write: a superseded attempt cannot commit an intent, so
 it never reaches a tool (R-EXEC-7, R-EXEC-11). Crash points mark each commit boundary.
@@ -163,6 +164,12 @@ class ToolSteps:
             async with asyncio.timeout(max(0.0, min(spec.timeout_s, owner.seconds_left()))):
                 result = await spec.invoke(ctx, invocation["arguments"])
         except ToolFailed as failed:
+            if spec.kind == ToolKind.UNINSTRUMENTED:
+                # An action the runtime cannot make idempotent may have half happened
+                # whatever it says: only an operator can tell (R-TOOL-3).
+                log.warning("uninstrumented action %s (call %s) failed: outcome unknown", spec.name,
+                            ctx.call_id, extra={"run_id": owner.run_id, "event": "tool.no_outcome"})
+                return None
             return "failed", {"code": failed.code}
         except Exception as exc:  # noqa: BLE001 - no definite answer: the outcome is unknown
             log.warning("tool %s (call %s) gave no outcome: %s", spec.name, ctx.call_id,

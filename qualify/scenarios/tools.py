@@ -334,3 +334,50 @@ def cancel_during_tool_call(ctx: ScenarioContext) -> None:
                done.text[:160], "R-Q34-3")
     ctx.expect("the sink executed the call once (nothing undone, nothing repeated)",
                len(sink_lines(ctx, "executions", run_id)) == 1, "", "R-Q34-3")
+
+
+@scenario(
+    "tool-call-outcomes",
+    title="One step asks for five calls: a refused charge is journaled failed, an unknown tool "
+          "and arguments off schema rejected (nothing sent), a refused uninstrumented action "
+          "is an unknown outcome that parks the run; the operator records compensated and "
+          "the run completes fed every outcome",
+    requirements=("R-TOOL-1", "R-TOOL-2", "R-TOOL-3", "R-Q34-2"),
+)
+def tool_call_outcomes(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    ctx.processes.worker()
+    calls = [{"tool": "charge", "arguments": {"amount": 3, "sink_refuse": True}},
+             {"tool": "no_such_tool", "arguments": {}},
+             {"tool": "charge", "arguments": {"amount": 0}},
+             {"tool": "shell", "arguments": {"sink_refuse": True}},
+             {"tool": "charge", "arguments": {"amount": 4}}]
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=3, answer="mixed", tools={"1": calls}))
+    run = _parked_unknown(ctx, api, run_id)
+    view = [(c["tool"], c["outcome"], c["sent"]) for c in run.get("tool_invocations") or []]
+    ctx.expect("journal: charge failed (sent), two rejected (not sent), shell unknown; the call "
+               "after the unknown one not run",
+               view == [("charge", "failed", True), ("no_such_tool", "rejected", False),
+                        ("charge", "rejected", False), ("shell", "unknown", True)],
+               str(view), "R-TOOL-1", "R-TOOL-3")
+    listed = unsettled(api, run_id).json().get("invocations", [])
+    shell = [c["call_id"] for c in listed if c["tool"] == "shell"]
+    ctx.expect("the operator sees only the shell action unsettled", len(listed) == 1 and len(shell) == 1,
+               str(listed)[:200], "R-TOOL-3")
+    if not shell:
+        raise HarnessError("no unsettled shell action")
+    done = resolve(api, run_id, shell[0], "compensated")
+    ctx.expect("the operator records compensated", done.status_code == 200, done.text[:160], "R-TOOL-3")
+    go = resume(ctx, api, run_id)
+    ctx.expect("then a resume is accepted", go.status_code == 202, go.text[:160], "R-TOOL-3")
+    run = ctx.wait_terminal(api, run_id)
+    answer = str((run["result_json"] or {}).get("answer"))
+    ctx.expect("the run completes fed every outcome, the last call run after the resume",
+               run["state"] == "completed" and answer.endswith(
+                   "[charge:failed no_such_tool:rejected charge:rejected shell:compensated charge:succeeded]"),
+               answer, "R-TOOL-2")
+    sent = sink_lines(ctx, "requests", run_id)
+    ctx.expect("the sink saw three requests (refused charge, refused action, last charge), once each",
+               sorted(r["tool"] for r in sent) == ["charge", "charge", "shell"], str(sent), "R-TOOL-2")
+    ctx.expect("usage counts the three calls sent", run["usage"].get("tool_calls") == 3,
+               str(run["usage"]), "R-Q34-2")
