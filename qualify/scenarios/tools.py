@@ -27,6 +27,7 @@ AFTER_REPLY = "tool.after_reply"
 AFTER_OUTCOME = "tool.after_outcome_commit"
 UNKNOWN = "side_effect_outcome_unknown"
 OPERATOR_KEY = "ops-key"
+PARKED_OR_ENDED = ("awaiting_input", "awaiting_approval", "completed", "failed", "expired", "cancelled")
 
 
 def sink_lines(ctx: ScenarioContext, name: str, run_id: str) -> list[dict[str, Any]]:
@@ -65,12 +66,27 @@ def unsettled(api: ManagedProcess, run_id: str, key: str = OPERATOR_KEY) -> http
                      headers=_auth(key), timeout=30)
 
 
+def settles(ctx: ScenarioContext, api: ManagedProcess, run_id: str, *,
+            timeout_s: float = 60.0) -> dict[str, Any]:
+    """The run once it is parked or ended (HarnessError when it is neither in time)."""
+    deadline = time.monotonic() + timeout_s
+    while (run := ctx.read_run(api, run_id))["state"] not in PARKED_OR_ENDED:
+        if time.monotonic() > deadline:
+            raise HarnessError(f"run {run_id} still {run['state']} after {timeout_s} s")
+        time.sleep(0.05)
+    return run
+
+
 def _parked_unknown(ctx: ScenarioContext, api: ManagedProcess, run_id: str) -> dict[str, Any]:
-    run = ctx.wait_state(api, run_id, "awaiting_input", timeout_s=60)
+    """Expect the run parked for an unknown outcome; a run that is not stops the scenario
+    after the failed expectation (the verdict is then ``fail``)."""
+    run = settles(ctx, api, run_id)
     pending = (run.get("result_json") or {}).get("pending_input") or {}
-    ctx.expect("parked awaiting_input with error_message side_effect_outcome_unknown",
-               run["error_message"] == UNKNOWN and pending.get("kind") == "reconciliation_required",
-               f"{run['error_message']} {pending}", "R-TOOL-3")
+    parked = (run["state"] == "awaiting_input" and run["error_message"] == UNKNOWN
+              and pending.get("kind") == "reconciliation_required")
+    if not ctx.expect("parked awaiting_input with error_message side_effect_outcome_unknown", parked,
+                      f"{run['state']} {run['error_message']} {pending}", "R-TOOL-3"):
+        raise HarnessError(f"run {run_id} is {run['state']}, not parked for reconciliation")
     return run
 
 
