@@ -22,6 +22,7 @@ __all__ = [
     "no_execution_without_intent",
     "no_side_effect_repeated",
     "no_step_repeated_after_checkpoint",
+    "no_unapproved_effect",
     "no_write_after_terminal",
     "no_write_by_a_superseded_attempt",
     "one_terminal_state",
@@ -283,6 +284,37 @@ def no_execution_without_intent(history: Sequence[Event]) -> Check:
                  ("R-TOOL-1", "R-Q-5"))
 
 
+def _approval_tools() -> frozenset[str]:
+    """The harness's tools that need an approval (finalising or requires_approval)."""
+    from qualify.fakes.tools import sink_tools
+
+    return frozenset(s.name for s in sink_tools({"sink_url": "http://127.0.0.1:9"}) if s.needs_approval)
+
+
+def no_unapproved_effect(history: Sequence[Event]) -> Check:
+    """Every call of a tool that needs an approval (a finalising tool, R-TOOL-5) that reached
+    the side-effect sink was journaled with an approval that was decided ``approved`` for
+    that run, and no approval was used by two calls. Vacuous without such calls."""
+    name = "no finalising side effect without its own approval"
+    needs = _approval_tools()
+    journal = {str(e["call_id"]): e for e in _of(history, "tool_invocation")}
+    approved = {(str(e["run_id"]), str(e["approval_id"])) for e in _of(history, "approval_decision")
+                if e.get("approved")}
+    bad, used = [], Counter(str(e["approval_id"]) for e in journal.values() if e.get("approval_id"))
+    seen = 0
+    for call, evs in _calls(_of(history, "sink_request")).items():
+        if evs[0].get("tool") not in needs:
+            continue
+        seen += 1
+        row = journal.get(call) or {}
+        key = (str(row.get("run_id")), str(row.get("approval_id")))
+        if not row.get("approval_id") or key not in approved:
+            bad.append(f"{call} ({evs[0].get('tool')}, run {evs[0].get('run_id')}): no approved decision"
+                       f" (approval {row.get('approval_id')})")
+    bad += [f"approval {a} used by {n} calls" for a, n in used.items() if n > 1]
+    return Check(name, not bad, _summary(bad) or f"{seen} calls needing an approval", ("R-TOOL-5", "R-Q-5"))
+
+
 SLOT_STATES = frozenset({"running", "awaiting_approval"})
 
 
@@ -326,6 +358,7 @@ GENERIC_CHECKERS: tuple[Callable[[Sequence[Event]], Check], ...] = (
     stream_events_consistent,
     no_side_effect_repeated,
     no_execution_without_intent,
+    no_unapproved_effect,
 )
 
 

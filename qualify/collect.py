@@ -58,6 +58,11 @@ def database_events(dsn: str) -> list[Event]:
         if journal and journal["present"]:  # absent before the tool journal's migration
             for row in conn.execute(_TOOL_INVOCATIONS):
                 out.append({"type": "tool_invocation", **row})
+        for row in conn.execute(
+            "SELECT run_id::text, approval_id, approved, principal_id,"
+            " extract(epoch FROM decided_at)::float8 AS t FROM approval_decisions ORDER BY decided_at"
+        ):
+            out.append({"type": "approval_decision", **row})
     return out
 
 

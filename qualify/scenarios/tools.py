@@ -299,11 +299,13 @@ def finalising_tool_needs_approval(ctx: ScenarioContext) -> None:
     tools = {"1": [{"tool": "merge_pull_request", "arguments": {"pr": 42}}]}
     for approved in (False, True):
         run_id = accepted(ctx, api, prompt=make_prompt(steps=3, answer="merged", tools=tools))
-        run = ctx.wait_state(api, run_id, "awaiting_approval")
+        run = settles(ctx, api, run_id)
         pending = (run["result_json"] or {}).get("pending_approval") or {}
-        ctx.expect("the finalising call waits for an approval and has not run",
-                   pending.get("tool") == "merge_pull_request" and not sink_lines(ctx, "requests", run_id),
-                   str(pending), "R-TOOL-5")
+        if not ctx.expect("the finalising call waits for an approval and has not run",
+                          run["state"] == "awaiting_approval" and pending.get("tool") == "merge_pull_request"
+                          and not sink_lines(ctx, "requests", run_id),
+                          f"{run['state']} {pending}", "R-TOOL-5"):
+            raise HarnessError(f"run {run_id} is {run['state']}, not waiting for an approval")
         decided = httpx.post(
             f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/tool-approval/{pending.get('approval_id')}",
             json={"approved": approved, "action_version": pending.get("action_version")},

@@ -138,3 +138,23 @@ def test_catches_a_call_made_before_its_intent_was_committed() -> None:
     close = [intent("tc-a", "charge", 3.01 + ck.SINK_CLOCK_SLACK_S / 2)
              if e.get("call_id") == "tc-a" and e["type"] == "tool_invocation" else e for e in good()]
     assert ck.no_execution_without_intent(close).ok is True
+
+
+@pytest.mark.req("R-TOOL-5", "R-Q-5")
+def test_unapproved_finalising_effect_is_caught() -> None:
+    from qualify.checkers import no_unapproved_effect
+
+    journal = {"type": "tool_invocation", "run_id": "r", "call_id": "c1", "tool": "merge_pull_request",
+               "approval_id": "ap-1", "t": 1.0}
+    request = {"type": "sink_request", "run_id": "r", "call_id": "c1", "tool": "merge_pull_request",
+               "t": 2.0}
+    decision = {"type": "approval_decision", "run_id": "r", "approval_id": "ap-1", "approved": True, "t": 0.5}
+    assert no_unapproved_effect([journal, request, decision]).ok
+    assert no_unapproved_effect([]).ok
+    denied = no_unapproved_effect([journal, request, {**decision, "approved": False}])
+    assert not denied.ok and "c1" in denied.detail
+    unapproved = no_unapproved_effect([{**journal, "approval_id": None}, request])
+    assert not unapproved.ok
+    twice = no_unapproved_effect([journal, {**journal, "call_id": "c2"}, request,
+                                  {**request, "call_id": "c2"}, decision])
+    assert not twice.ok and "used by 2 calls" in twice.detail
