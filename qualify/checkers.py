@@ -285,10 +285,12 @@ def no_execution_without_intent(history: Sequence[Event]) -> Check:
 
 
 def _approval_tools() -> frozenset[str]:
-    """The harness's tools that need an approval (finalising or requires_approval)."""
+    """The harness's tools that need an approval, read from their own flags (finalising or
+    requires_approval), never from the implementation's rule under test."""
     from qualify.fakes.tools import sink_tools
 
-    return frozenset(s.name for s in sink_tools({"sink_url": "http://127.0.0.1:9"}) if s.needs_approval)
+    return frozenset(s.name for s in sink_tools({"sink_url": "http://127.0.0.1:9"})
+                     if s.finalising or s.requires_approval)
 
 
 def no_unapproved_effect(history: Sequence[Event]) -> Check:
