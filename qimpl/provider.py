@@ -2,7 +2,9 @@
 
 A provider is loaded by import path (``QIMPL_PROVIDER=module:factory``), exactly as a
 third-party plugin would be; the factory is called with the ``QIMPL_PROVIDER_CONFIG``
-mapping. The real implementation talks to a model; ``EchoProvider`` here is a
+mapping. A provider never runs tools itself: it asks for them (``StepResult.tool_calls``)
+and sees their journaled results in the next step (``StepContext.tool_results``), so a
+retry never repeats a side effect (R-TOOL-1/2, ``qimpl.tools``). The real implementation talks to a model; ``EchoProvider`` here is a
 deterministic stand-in and the synthetic provider of the harness lives in
 ``qualify.fakes``.
 """

@@ -13,6 +13,11 @@ Events are plain dicts with ``t`` (seconds since the epoch) and ``type``:
 - ``provider_call`` one line of the synthetic provider's own record: ``run_id, step, attempt, pid``
 - ``crash_point`` a struck crash point with its context
 - ``barrier``     a synthetic-provider barrier that was reached
+- ``tool_invocation`` one row of the tool journal ``tool_invocations`` (``t`` = intent,
+                  ``outcome_t``), R-TOOL-1
+- ``approval_decision`` one row of ``approval_decisions``: ``run_id, approval_id, approved``
+- ``sink_request`` / ``sink_execution`` one line of the side-effect sink's own record:
+                  ``call_id, run_id, tool, kind`` (every request; the effects it performed)
 
 ``HistoryRecorder`` appends harness events to ``history.jsonl`` as they happen, so a
 crashed run still leaves evidence; ``collect`` merges in what the database and the
