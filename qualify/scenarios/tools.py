@@ -19,6 +19,7 @@ from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
 from qualify.scenarios.base import ScenarioContext, scenario
+from qualify.scenarios.events import read_stream
 from qualify.scenarios.lifecycle import accepted
 
 BEFORE_INTENT = "tool.before_intent_commit"
@@ -135,8 +136,11 @@ def _struck(point: str, *, executions: int, parked: bool) -> None:
     )
     def body(ctx: ScenarioContext) -> None:
         api = ctx.processes.api()
-        run_id = accepted(ctx, api, prompt=make_prompt(
+        created = ctx.create_run(api, prompt=make_prompt(
             steps=3, answer="charged", tools={"1": [{"tool": "charge", "arguments": {"amount": 5}}]}))
+        if created is None or created.status_code != 202:
+            raise HarnessError(f"create failed: {created and created.text[:200]}")
+        run_id, stream_key = created.json()["run_id"], created.json()["stream_key"]
         ctx.strike_worker(point, "worker-1")
         ctx.processes.worker("worker-2")
         if parked:
@@ -151,6 +155,12 @@ def _struck(point: str, *, executions: int, parked: bool) -> None:
                        run["state"] == "completed"
                        and "charge:succeeded" in str((run["result_json"] or {}).get("answer")),
                        f"{run['state']} {run.get('result_json')}", "R-TOOL-2")
+            events = read_stream(ctx, api, run_id, stream_key)
+            tools = [(e.get("event"), json.loads(e.get("data", "{}")).get("status")) for e in events
+                     if e.get("event") in ("tool_call", "tool_result")]
+            ctx.expect("the event stream shows the call's intent and its outcome once each",
+                       tools == [("tool_call", None), ("tool_result", "succeeded")]
+                       and events[-1].get("event") == "terminal", str(tools), "R-TOOL-1", "R-EVENT-1")
         execs = sink_lines(ctx, "executions", run_id)
         reqs = sink_lines(ctx, "requests", run_id)
         ctx.figures["sink_executions"] = len(execs)
