@@ -219,6 +219,33 @@ def _shrink(doc: dict[str, Any], summary: dict[str, Any], report_dir: Path, runs
     return 1
 
 
+@app.command()
+def selftest(
+    mutant: Annotated[list[str] | None, typer.Option("--mutant", "-m", help="mutant name (repeatable); default the whole catalog")] = None,
+    ci: Annotated[bool, typer.Option("--ci", help="only the catalog's CI subset")] = False,
+    seed: Annotated[int, typer.Option(min=0, help="seed of every mutant's scenario")] = 3,
+    reports_dir: ReportsOpt = Path("reports"),
+) -> None:
+    """Break each mechanism of qimpl in a temporary copy and check that qualification fails
+    with the expected check (R-Q-9); writes selftest.json and selftest.md with the kill rate."""
+    from qualify.mutants import CI_SUBSET
+    from qualify.selftest import run_selftest
+
+    interrupt.install()
+
+    def shown(r: dict[str, Any]) -> None:
+        mark = "[green]caught[/]" if r["caught"] else "[red]MISSED[/]"
+        console.print(f"  {esc(r['name'])} … {mark} ({r['duration_s']} s): {esc(r['expected_check'] if r['caught'] else ', '.join(r['failed_checks']) or r['verdict'])}")
+
+    def body() -> int:
+        names = list(mutant or []) or (list(CI_SUBSET) if ci else [])
+        summary, out, code = run_selftest(names, reports_root=reports_dir, seed=seed, progress=shown)
+        console.print(f"kill rate {summary['caught']}/{summary['total']}; report: {out}")
+        return code
+
+    raise typer.Exit(_guarded(body))
+
+
 @app.command("list")
 def list_(
     crash_points: Annotated[bool, typer.Option("--crash-points", help="list the crash points declared in qimpl")] = False,

@@ -163,19 +163,30 @@ def render_markdown(summary: dict[str, Any]) -> str:
                   + "; timeline: report.html"]
         if s["status"] != "pass":
             lines.append(f"repro: `{s['repro']}`")
+    from qualify.coverage import gate
     from qualify.spec_ids import REQUIREMENTS
 
-    covered = [r for r in REQUIREMENTS if r in summary["requirements"]]
+    judged = summary.get("requirement_gate") or gate(summary["scenarios"], REQUIREMENTS)
+    by_checks = judged["covered"]
     lines += ["", "## Requirement coverage", "",
-              f"{len(covered)} of the spec's {len(REQUIREMENTS)} requirements were exercised by these "
-              "scenarios (others may be covered by unit and integration tests, or not built yet).", "",
-              "| requirement | passed in | failed in |", "|---|---|---|"]
+              f"{len(by_checks)} of the spec's {len(REQUIREMENTS)} requirements have a passing check "
+              f"that cites them; {len(judged['waived'])} are waived (reason given); "
+              f"{len(judged['uncovered'])} have neither"
+              + (" — a full run fails on these (R-Q-8)." if judged["uncovered"] else "."), "",
+              "| requirement | passing checks | scenarios citing it (passed / failed) |", "|---|---|---|"]
     for req in REQUIREMENTS:
-        entry = summary["requirements"].get(req)
-        if entry is None:
-            lines.append(f"| {req} | never exercised | |")
+        entry = summary["requirements"].get(req, {"passed": [], "failed": []})
+        cited = f"{', '.join(entry['passed']) or '-'} / {', '.join(entry['failed']) or '-'}"
+        if req in by_checks:
+            checks = by_checks[req]
+            shown = f"{len(checks)} (e.g. {_cell(checks[0])})"
+        elif req in judged["waived"]:
+            shown = f"waived: {_cell(judged['waived'][req])}"
         else:
-            lines.append(f"| {req} | {', '.join(entry['passed']) or '-'} | {', '.join(entry['failed']) or '-'} |")
+            shown = "**none**"
+        lines.append(f"| {req} | {shown} | {cited} |")
+    if judged.get("stale_waivers"):
+        lines += ["", "Stale waivers (now covered; remove them): " + ", ".join(judged["stale_waivers"])]
     if summary["crash_points"]:
         actions, matrix = crash_matrix(summary)
         lines += ["", "## Crash points", "", "| crash point | " + " | ".join(actions) + " |",

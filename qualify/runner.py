@@ -13,6 +13,7 @@ import hashlib
 import random
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from qualify.checkers import GENERIC_CHECKERS, Check, run_checks
 from qualify.collect import database_events, file_events
 from qualify.errors import HarnessError, InvariantViolation
 from qualify.faults import Nemesis
-from qualify.history import HistoryRecorder, merge
+from qualify.history import Event, HistoryRecorder, merge
 from qualify.processes import Deployment, Processes, SinkProcess
 from qualify.scenarios import Scenario, ScenarioContext
 from qualify.stack import EmbeddedStack
@@ -68,6 +69,24 @@ def clean_logs(logs_dir: Path) -> Check:
         bad += [f"{path.name}: {flag}" for flag in LOG_RED_FLAGS if flag in text]
     return Check("no stack trace or fatal error in any process log", not bad, "; ".join(bad),
                  ("R-EXEC-6", "R-READ-3"))
+
+
+def all_reaped(procs: Sequence[Any]) -> Check:
+    """Every process the scenario started (API, workers, the sink) has exited and been
+    reaped by the harness (R-Q-2): ``proc.poll()`` returns its exit code."""
+    alive = [getattr(p, "name", "sink") for p in procs
+             if p.proc is not None and p.proc.poll() is None]
+    return Check("every process the scenario started was stopped and reaped", not alive,
+                 ", ".join(alive) or f"{len(procs)} processes", ("R-Q-1", "R-Q-2"))
+
+
+def crash_points_struck(declared: Sequence[str], events: Sequence[Event]) -> Check:
+    """Each crash point the scenario declares was struck, with the striking process's own
+    evidence line in the history (R-Q-4)."""
+    struck = {e["point"] for e in events if e["type"] == "crash_point"}
+    missing = [p for p in declared if p not in struck]
+    return Check("every declared crash point struck, with the process's evidence", not missing,
+                 ", ".join(missing) or ", ".join(declared), ("R-Q-4",))
 
 
 def judge(checks: list[Check], faults: list[dict[str, Any]], *, expected_faults: int,
@@ -145,7 +164,10 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
     # is a ``fail`` (which outranks ``crashed``), whatever stopped the scenario.
     checks = ctx.checks + (run_checks(events, GENERIC_CHECKERS) if collected else [])
     checks.append(clean_logs(out_dir / "logs"))
+    checks.append(all_reaped([*processes.all.values(), sink]))
     struck = sorted({e["point"] for e in events if e["type"] == "crash_point"})
+    if scenario.crash_points:
+        checks.append(crash_points_struck(scenario.crash_points, events))
     verdict = judge(checks, nemesis.recorded, expected_faults=len(scenario.faults), error=error_verdict)
     return ScenarioResult(
         scenario=scenario, seed=seed, verdict=verdict, duration_s=round(duration, 3), checks=checks,

@@ -15,14 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from qualify import interrupt
+from qualify.coverage import gate
 from qualify.errors import HarnessError, UsageError
 from qualify.procs import kill_tree, spawn
 from qualify.provenance import provenance, utc_stamp
 from qualify.report import build_summary, scenario_doc, write_report
 from qualify.runner import run_scenario
 from qualify.scenarios import REGISTRY, Scenario
+from qualify.spec_ids import REQUIREMENTS
 from qualify.stack import make_stack
-from qualify.verdict import EXIT_CODES, Verdict
+from qualify.verdict import EXIT_CODES, Verdict, merge
 
 __all__ = ["SessionOptions", "crash_point_catalog", "new_report_dir", "resolve", "run_session"]
 
@@ -227,9 +229,15 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
     elif opts.full and not refused:
         uncovered = [p for p, by in summary["crash_points"].items() if not by]
         summary["uncovered_crash_points"] = uncovered
-        if uncovered:
-            summary["verdict"] = str(Verdict.FAIL)
-            summary["error"] = "uncovered crash point: " + ", ".join(uncovered)
+        problems = ["uncovered crash point: " + ", ".join(uncovered)] if uncovered else []
+        # R-Q-8: every requirement needs a passing check that cites it (or a stated waiver).
+        summary["requirement_gate"] = gate(docs, REQUIREMENTS)
+        missing = summary["requirement_gate"]["uncovered"]
+        if missing:
+            problems.append("requirement without a passing check: " + ", ".join(missing))
+        if problems:
+            summary["verdict"] = str(merge([Verdict(summary["verdict"]), Verdict.FAIL]))
+            summary["error"] = "; ".join(problems)
     write_report(report_dir, summary)
     return summary, report_dir, EXIT_CODES[Verdict(summary["verdict"])]
 

@@ -49,8 +49,16 @@ def happy_path(ctx: ScenarioContext) -> None:
     ctx.expect("the worker committed its checkpoints under its restricted role",
                roles == [("qimpl_worker",)], str(roles), "R-AUTH-4")
     calls = _provider_calls(ctx, receipt["run_id"])
-    ctx.expect("each step asked of the provider once", calls == Counter(range(1, STEPS + 1)),
-               dict(sorted(calls.items())).__repr__(), "R-EXEC-3")
+    ctx.expect("each step asked of the synthetic provider, loaded into the real worker by "
+               "configuration, once", calls == Counter(range(1, STEPS + 1)),
+               dict(sorted(calls.items())).__repr__(), "R-EXEC-3", "R-Q-3")
+    fields = {"run_id", "agent_id", "state", "durability", "lifecycle_version", "row_version",
+              "generation", "deadline_at", "accepted_at", "started_at", "completed_at", "result_json",
+              "error_code", "error_message", "usage"}
+    ctx.expect("the read answers the run record's fields, for its run",
+               fields <= set(run) and run["run_id"] == receipt["run_id"]
+               and run["generation"] == 1 and run["lifecycle_version"] == 2,
+               str(sorted(fields - set(run))), "R-READ-1")
 
 
 @scenario(

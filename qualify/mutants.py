@@ -1,0 +1,107 @@
+"""The mutant catalog of ``qualify selftest`` (R-Q-9): one small patch per mechanism the
+contract relies on, the scenario that must catch it and the check that must fire. Pure
+data; ``qualify.selftest`` applies each to a temporary copy of the code and runs it.
+
+A mutant is *caught* when its scenario's verdict is ``fail`` with the named check among
+the failed ones. Every patch must still apply exactly once: the self-test refuses a
+stale catalog (a mutant that no longer applies proves nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CATALOG", "CI_SUBSET", "Mutant", "Patch"]
+
+
+@dataclass(frozen=True)
+class Patch:
+    path: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    mechanism: str
+    patches: tuple[Patch, ...]
+    scenario: str
+    check: str
+
+
+CATALOG: tuple[Mutant, ...] = (
+    Mutant(
+        "skip-checkpoint-restore", "checkpoint restore (R-EXEC-4)",
+        (Patch("qimpl/workflows/activities.py",
+               "checkpoint = await repo.latest_checkpoint(owner.conn, inp.run_id)", "checkpoint = None"),),
+        "worker-killed-mid-activity", "no provider step repeated after its checkpoint"),
+    Mutant(
+        "lease-without-idle-in-transaction-timeout", "ownership lease bound (R-EXEC-11)",
+        (Patch("qimpl/workflows/lease.py",
+               'MANDATORY_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeout", "lock_timeout")',
+               'MANDATORY_SETTINGS = ("idle_session_timeout", "lock_timeout")'),),
+        "owner-paused-inside-checkpoint-transaction", "a new attempt took over within 12 s"),
+    Mutant(
+        "storage-refusal-not-counted", "counted failures (R-EXEC-6, R-EXEC-12)",
+        (Patch("qimpl/workflows/activities.py",
+               'raise _StepFailed(f"unstored_result:{type(exc).__name__}") from None', "raise"),),
+        "unstorable-provider-output", "NUL in the answer: failed agent_attempts_exhausted"),
+    Mutant(
+        "pre-tool-checkpoint-not-restored", "tool journal replay (R-TOOL-2)",
+        (Patch("qimpl/workflows/activities.py",
+               'calls: list[dict[str, Any]] = list(checkpoint["tool_calls"] or []) if checkpoint else []',
+               "calls: list[dict[str, Any]] = []"),),
+        "tool-kill-before-intent-commit", "the sink executed the call exactly 1 time(s), requested as often"),
+    Mutant(
+        "unknown-outcome-taken-as-settled", "unknown outcomes park (R-TOOL-3)",
+        (Patch("qimpl/workflows/tool_steps.py",
+               '                if row["status"] == "intent":',
+               '                if row["status"] == "intent" and False:'),),
+        "tool-kill-after-reply", "parked awaiting_input with error_message side_effect_outcome_unknown"),
+    Mutant(
+        "side-effect-before-intent", "intent before the side effect (R-TOOL-1)",
+        (Patch("qimpl/workflows/tool_steps.py",
+               "            BEFORE_INTENT.reach(run_id=owner.run_id, step=step, attempt=owner.attempt)",
+               "            outcome = await self._invoke(owner, spec, invocation, tenant_id=tenant_id)\n"
+               "            BEFORE_INTENT.reach(run_id=owner.run_id, step=step, attempt=owner.attempt)"),),
+        "tool-kill-before-intent-commit", "no tool execution without a committed intent"),
+    Mutant(
+        "finalising-tool-without-approval", "no automatic finalisation (R-TOOL-5)",
+        (Patch("qimpl/tools.py", "return self.requires_approval or self.finalising",
+               "return self.requires_approval"),),
+        "finalising-tool-needs-approval", "no finalising side effect without its own approval"),
+    Mutant(
+        "resume-past-unknown-outcome", "reconciliation before resume (R-RESUME-3)",
+        (Patch("qimpl/api/app.py", '    unsettled = await journal_db.unsettled(conn, str(row["run_id"]))',
+               "    unsettled: list[dict[str, Any]] = []"),
+         Patch("qimpl/db/migrations/versions/20261130_160000_tool_journal.py",
+               "    IF OLD.state = 'awaiting_input' AND NEW.generation > OLD.generation",
+               "    IF false AND OLD.state = 'awaiting_input' AND NEW.generation > OLD.generation")),
+        "tool-reply-lost", "a normal resume answers 409 run_reconciliation_required"),
+    Mutant(
+        "tenant-slots-ignored", "tenant slots (R-EXEC-9)",
+        (Patch("qimpl/workflows/owner.py", 'if row["state"] == RunState.QUEUED and slot_limit > 0:',
+               'if row["state"] == RunState.QUEUED and slot_limit < 0:'),),
+        "tenant-slots", "?"),
+    Mutant(
+        "stale-action-version-accepted", "approval binding (R-APPROVAL-1)",
+        (Patch("qimpl/db/runs.py", 'if pending.get("action_version") != action_version:', "if False:"),),
+        "approval-flow", "?"),
+    Mutant(
+        "stream-ignores-last-event-id", "stream replay (R-EVENT-2)",
+        (Patch("qimpl/api/app.py", "int(last_event_id or 0)))", "0))"),),
+        "event-stream", "?"),
+    Mutant(
+        "reconciler-expires-nothing", "reconciler expiry (R-EXEC-8, R-OPS-3)",
+        (Patch("qimpl/reconciler.py", 'AND deadline_at <= clock_timestamp()"', 'AND false"'),),
+        "expiry-without-worker", "?"),
+)
+
+#: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).
+CI_SUBSET: tuple[str, ...] = (
+    "skip-checkpoint-restore",
+    "side-effect-before-intent",
+    "finalising-tool-without-approval",
+    "unknown-outcome-taken-as-settled",
+)
