@@ -83,19 +83,19 @@ CATALOG: tuple[Mutant, ...] = (
         "tenant-slots-ignored", "tenant slots (R-EXEC-9)",
         (Patch("qimpl/workflows/owner.py", 'if row["state"] == RunState.QUEUED and slot_limit > 0:',
                'if row["state"] == RunState.QUEUED and slot_limit < 0:'),),
-        "tenant-slots", "?"),
+        "tenant-slots", "never more than 2 slot holders, the limit was reached (the check is not vacuous)"),
     Mutant(
         "stale-action-version-accepted", "approval binding (R-APPROVAL-1)",
         (Patch("qimpl/db/runs.py", 'if pending.get("action_version") != action_version:', "if False:"),),
-        "approval-flow", "?"),
+        "approval-flow", "an unknown action_version is 409 action_version_mismatch and runs nothing"),
     Mutant(
         "stream-ignores-last-event-id", "stream replay (R-EVENT-2)",
         (Patch("qimpl/api/app.py", "int(last_event_id or 0)))", "0))"),),
-        "event-stream", "?"),
+        "event-stream", "stream events complete, ordered and ending in the run's terminal state"),
     Mutant(
         "reconciler-expires-nothing", "reconciler expiry (R-EXEC-8, R-OPS-3)",
         (Patch("qimpl/reconciler.py", 'AND deadline_at <= clock_timestamp()"', 'AND false"'),),
-        "expiry-without-worker", "?"),
+        "expiry-without-worker", "one-shot sweep exits 0 and reports one expiry"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).
