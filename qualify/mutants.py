@@ -96,6 +96,14 @@ CATALOG: tuple[Mutant, ...] = (
         "reconciler-expires-nothing", "reconciler expiry (R-EXEC-8, R-OPS-3)",
         (Patch("qimpl/reconciler.py", 'AND deadline_at <= clock_timestamp()"', 'AND false"'),),
         "expiry-without-worker", "one-shot sweep exits 0 and reports one expiry"),
+    Mutant(
+        "idempotency-key-not-binding", "idempotency keys (R-CREATE-2)",
+        (Patch("qimpl/db/runs.py",
+               "            (tenant_id, principal_id, route, idempotency_key, fingerprint, run_id),",
+               "            (tenant_id, principal_id, route, f'{idempotency_key}-{run_id}', fingerprint, run_id),"),
+         Patch("qimpl/db/runs.py", "                                AND route = %(route)s AND key = %(key)s)",
+               "                                AND route = %(route)s AND key = %(key)s AND false)")),
+        "same-key-twenty-requests", "exactly one run committed"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).
