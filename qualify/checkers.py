@@ -7,6 +7,7 @@ Every checker here has a unit test with a bad history it must catch
 from __future__ import annotations
 
 import itertools
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +19,9 @@ __all__ = [
     "TERMINAL",
     "Check",
     "checkpoints_one_per_step",
+    "deadline_from_acceptance",
     "deadline_respected",
+    "journal_matches_run_record",
     "no_execution_without_intent",
     "no_side_effect_repeated",
     "no_step_repeated_after_checkpoint",
@@ -26,6 +29,7 @@ __all__ = [
     "no_write_after_terminal",
     "no_write_by_a_superseded_attempt",
     "one_terminal_state",
+    "one_workflow_per_generation",
     "row_version_strictly_increasing",
     "run_checks",
     "slot_holders",
@@ -284,6 +288,67 @@ def no_execution_without_intent(history: Sequence[Event]) -> Check:
                  ("R-TOOL-1", "R-Q-5"))
 
 
+def journal_matches_run_record(history: Sequence[Event]) -> Check:
+    """For every run, the last transition the database's own audit recorded equals the run
+    record at collection (state, row_version, generation): no write escaped the journal
+    (R-Q-5, R-EVENT-1)."""
+    name = "every run's last journaled transition equals its run record"
+    last: dict[str, Event] = {}
+    for t in sorted(_of(history, "transition"), key=lambda e: int(e.get("id", 0))):
+        last[str(t["run_id"])] = t
+    bad = []
+    for run in _of(history, "run"):
+        found = last.get(str(run["run_id"]))
+        want = (run["state"], run["row_version"], run["generation"])
+        got = (found["new_state"], found["row_version"], found["generation"]) if found else None
+        if got != want:
+            bad.append(f"{run['run_id']}: journal {got}, record {want}")
+    return Check(name, not bad, _summary(bad) or f"{len(last)} runs", ("R-Q-5", "R-EVENT-1"))
+
+
+def deadline_from_acceptance(history: Sequence[Event]) -> Check:
+    """``deadline_at`` is the acceptance time plus the seconds the client asked for (the
+    spec's default when it asked for none), both on the database's clock (R-EXEC-8). The
+    guard keeps it unchanged across generations; this checks the value it kept."""
+    name = "deadline_at = accepted_at + the requested seconds"
+    asked = {str(e["key"]): e["deadline_seconds"] for e in _of(history, "client")
+             if e.get("op") == "create" and e.get("phase") == "invoke" and "deadline_seconds" in e}
+    created = {str(e["run_id"]): asked[str(e["key"])] for e in _of(history, "client")
+               if e.get("op") == "create" and e.get("phase") == "ok" and e.get("run_id")
+               and str(e.get("key")) in asked}
+    bad = []
+    for run in _of(history, "run"):
+        want = created.get(str(run["run_id"]))
+        if want is not None and abs(float(run["deadline_t"]) - float(run["t"]) - float(want)) > 0.001:
+            bad.append(f"{run['run_id']}: deadline {float(run['deadline_t']) - float(run['t']):.3f} s"
+                       f" after acceptance, asked {want} s")
+    return Check(name, not bad, _summary(bad) or f"{len(created)} runs", ("R-EXEC-8", "R-Q-5"))
+
+
+_WORKFLOW_ID = re.compile(r"^agent-run-(?P<run>[0-9a-f-]{36})-g(?P<gen>[0-9]+)$")
+
+
+def one_workflow_per_generation(history: Sequence[Event]) -> Check:
+    """Temporal holds at most one execution per workflow id, and every durable workflow id
+    names a generation its run reached (R-CREATE-5): dispatch identity held under
+    retries, reconciler sweeps and faults. Vacuous without ``workflow`` events."""
+    name = "one Temporal workflow per run generation"
+    failed = [e["error"] for e in _of(history, "workflow_listing") if e.get("error")]
+    if failed:
+        return Check(name, None, f"Temporal's executions could not be listed: {failed[0]}",
+                     ("R-CREATE-5", "R-Q-5"))
+    generations = {str(e["run_id"]): int(e["generation"]) for e in _of(history, "run")}
+    per_id = Counter(str(e["workflow_id"]) for e in _of(history, "workflow"))
+    bad = [f"{wid}: {n} executions" for wid, n in per_id.items() if n > 1]
+    for wid in per_id:
+        m = _WORKFLOW_ID.match(wid)
+        if m is None:
+            continue  # the version-1 workflow type and other ids are not generations
+        if int(m["gen"]) > generations.get(m["run"], 0):
+            bad.append(f"{wid}: no such generation (run at {generations.get(m['run'])})")
+    return Check(name, not bad, _summary(bad) or f"{len(per_id)} workflows", ("R-CREATE-5", "R-Q-5"))
+
+
 def _approval_tools() -> frozenset[str]:
     """The harness's tools that need an approval, read from their own flags (finalising or
     requires_approval), never from the implementation's rule under test."""
@@ -361,6 +426,9 @@ GENERIC_CHECKERS: tuple[Callable[[Sequence[Event]], Check], ...] = (
     no_side_effect_repeated,
     no_execution_without_intent,
     no_unapproved_effect,
+    journal_matches_run_record,
+    deadline_from_acceptance,
+    one_workflow_per_generation,
 )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import psycopg
@@ -10,7 +11,7 @@ from psycopg.rows import dict_row
 
 from qualify.history import Event
 
-__all__ = ["database_events", "file_events"]
+__all__ = ["database_events", "file_events", "workflow_events"]
 
 
 #: Every column of ``tool_invocations``, times as epoch seconds on the database's clock
@@ -77,3 +78,29 @@ def file_events(control_dir: Path) -> list[Event]:
                 if line.strip():
                     out.append({"type": type_, **json.loads(line)})
     return out
+
+
+def workflow_events(address: str, namespace: str, task_queue: str, *, timeout_s: float = 10.0) -> list[Event]:
+    """Every Temporal workflow execution of the scenario's task queue, from Temporal's own
+    visibility store: ``workflow`` events (``workflow_id, run_id_temporal, status``) and one
+    ``workflow_listing`` event (``count``, or ``error`` when Temporal could not be read, so
+    the checker says unknown instead of passing on nothing)."""
+    import asyncio
+
+    from temporalio.client import Client
+
+    async def listing() -> list[Event]:
+        client = await Client.connect(address, namespace=namespace)
+        out: list[Event] = []
+        async for wf in client.list_workflows(f'TaskQueue = "{task_queue}"'):
+            out.append({"type": "workflow", "workflow_id": wf.id, "run_id_temporal": wf.run_id,
+                        "status": wf.status.name if wf.status else None,
+                        "t": wf.start_time.timestamp()})
+        return out
+
+    try:
+        found = asyncio.run(asyncio.wait_for(listing(), timeout_s))
+    except Exception as exc:  # noqa: BLE001 - recorded: the checker reports unknown
+        return [{"type": "workflow_listing", "t": time.time(),
+                 "error": f"{type(exc).__name__}: {exc}"[:300]}]
+    return [*found, {"type": "workflow_listing", "t": time.time(), "count": len(found)}]

@@ -20,7 +20,7 @@ from typing import Any
 
 from qualify import interrupt
 from qualify.checkers import GENERIC_CHECKERS, Check, run_checks
-from qualify.collect import database_events, file_events
+from qualify.collect import database_events, file_events, workflow_events
 from qualify.errors import HarnessError, InvariantViolation
 from qualify.faults import Nemesis
 from qualify.history import Event, HistoryRecorder, merge
@@ -153,7 +153,9 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
     duration = time.monotonic() - t0
     history.record("scenario", phase="end", id=scenario.id)
     try:
-        collected = database_events(dsn) + file_events(control)
+        collected = (database_events(dsn) + file_events(control)
+                     + workflow_events(deployment.temporal_address, deployment.namespace,
+                                       deployment.task_queue))
     except Exception as exc:  # noqa: BLE001 - no history means no verdict but crashed
         collected = []
         error_verdict, error = Verdict.CRASHED, f"could not collect the history: {exc}"

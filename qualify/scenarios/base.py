@@ -27,6 +27,9 @@ from qualify.faults import Nemesis
 from qualify.history import HistoryRecorder
 from qualify.processes import Deployment, ManagedProcess, Processes
 
+#: The spec's default deadline (R-EXEC-8: 1 h), independent of the implementation's.
+SPEC_DEFAULT_DEADLINE_S = 3600
+
 __all__ = ["REGISTRY", "Scenario", "ScenarioContext", "scenario"]
 
 API_KEY = "dev-key"
@@ -98,7 +101,8 @@ class ScenarioContext:
         body: dict[str, Any] = {"prompt": prompt, "durable_temporal": True}
         if deadline_seconds is not None:
             body["deadline_seconds"] = deadline_seconds
-        self.history.record("client", op="create", phase="invoke", key=key, process=api.name)
+        self.history.record("client", op="create", phase="invoke", key=key, process=api.name,
+                            deadline_seconds=body.get("deadline_seconds", SPEC_DEFAULT_DEADLINE_S))
         try:
             resp = httpx.post(f"{api.base_url}/v1/agents/{agent_id}/runs", json=body,
                               headers={"Authorization": f"Bearer {API_KEY}", "Idempotency-Key": key},

@@ -27,7 +27,8 @@ def call(step: int, t: float, attempt: int = 1) -> dict[str, Any]:
 
 def good() -> list[dict[str, Any]]:
     return merge([
-        {"type": "run", "run_id": R, "t": 0.9, "deadline_t": 100.0, "state": "completed"},
+        {"type": "run", "run_id": R, "t": 0.9, "deadline_t": 100.0, "state": "completed",
+         "row_version": 8, "generation": 1},
         {"type": "client", "op": "create", "phase": "ok", "run_id": R, "t": 0.5},
         tr(1, None, "accepted", 1), tr(2, "accepted", "queued", 2), tr(3, "queued", "running", 3),
         call(1, 3.1), tr(4, "running", "running", 4, 1), cp(1, 4, 4),
