@@ -104,6 +104,11 @@ CATALOG: tuple[Mutant, ...] = (
          Patch("qimpl/db/runs.py", "                                AND route = %(route)s AND key = %(key)s)",
                "                                AND route = %(route)s AND key = %(key)s AND false)")),
         "same-key-twenty-requests", "exactly one run committed"),
+    Mutant(
+        "dispatch-identity-not-the-generation", "dispatch identity (R-CREATE-5)",
+        (Patch("qimpl/lifecycle.py", 'return f"agent-run-{run_id}-g{generation}"',
+               'return f"agent-run-{run_id}-g{generation + 1}"'),),
+        "happy-path", "one Temporal workflow per run generation"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).
