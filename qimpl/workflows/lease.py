@@ -76,6 +76,8 @@ MANDATORY_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeo
 
 #: The errors with which a lease session that PostgreSQL ended reports itself.
 _SESSION_ENDED = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)
+#: States in which the run has ended: its owner stops at its next touch (R-Q34-1).
+_ENDED = frozenset({"completed", "failed", "expired", "cancelled"})
 
 
 class LeaseNotBounded(LockNotAcquired):
@@ -210,7 +212,8 @@ class OwnershipLease:
         return self
 
     async def touch(self) -> None:
-        """Renew the lease (R-EXEC-11); raises LostOwnership when the session is gone.
+        """Renew the lease (R-EXEC-11); raises LostOwnership when the session is gone or
+        the run has ended (cancelled or expired by another writer: R-Q34-1).
 
         Touches only a session that is idle outside a transaction: inside the owner's
         transaction the owner's own statements are what keeps it alive (so a stalled
@@ -222,11 +225,16 @@ class OwnershipLease:
         if conn.info.transaction_status != pq.TransactionStatus.IDLE:
             return
         try:
-            await conn.execute("SELECT 1")
+            cur = await conn.execute("SELECT state FROM runs WHERE run_id = %s", (self.run_id,))
+            found = await cur.fetchone()
         except _SESSION_ENDED as exc:
             raise LostOwnership(f"lease of run {self.run_id} lost: {exc.sqlstate}") from exc
         except psycopg.Error:
             return
+        if found is not None and found[0] in _ENDED:
+            # Cancelled or expired by another writer (R-Q34-1): stop now, inside a provider
+            # or tool call included, rather than at the next fenced write.
+            raise LostOwnership(f"run {self.run_id} is {found[0]}")
 
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None

@@ -338,3 +338,50 @@ def cancel_reaches_running_activity(ctx: ScenarioContext) -> None:
     run = ctx.wait_terminal(api, nxt, timeout_s=30)
     ctx.expect("the single tenant slot was released: the next run completed", run["state"] == "completed",
                run["state"], "R-EXEC-9", "R-Q34-1")
+
+
+def _cancellations(ctx: ScenarioContext, run_id: str) -> list[dict[str, Any]]:
+    path = ctx.control / "provider_cancellations.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [d for d in map(json.loads, lines) if d["run_id"] == run_id]
+
+
+@scenario(
+    "cancel-stops-a-long-step",
+    title="Cancel during one 30-second provider step: the step is stopped within a second of the "
+          "cancel (cancellation delivered to the activity, not noticed at the next fenced "
+          "write), the lock session is gone, and nothing is written after the cancel",
+    requirements=("R-Q34-1", "R-CANCEL-1", "R-EXEC-7"),
+)
+def cancel_stops_a_long_step(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    ctx.processes.worker()
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=2, delay_ms=30_000))
+    deadline = time.monotonic() + 30
+    while not provider_calls(ctx, run_id):
+        if time.monotonic() > deadline:
+            raise HarnessError("the long step never started")
+        time.sleep(0.02)
+    answer = ctx.cancel_run(api, run_id)
+    cancelled_at = time.time()
+    ctx.expect("cancel answered true", answer["cancelled"] is True, str(answer), "R-CANCEL-1")
+    stop_by = time.monotonic() + 10
+    while not _cancellations(ctx, run_id) and time.monotonic() < stop_by:
+        time.sleep(0.02)
+    stopped = _cancellations(ctx, run_id)
+    took = round(stopped[0]["t"] - cancelled_at, 3) if stopped else None
+    ctx.figures["step_stopped_after_cancel_s"] = took if took is not None else -1.0
+    ctx.expect("the provider step was cancelled within 1 s of the cancel",
+               took is not None and took <= 1.0, f"after {took} s", "R-Q34-1")
+    owner = f"qimpl-owner:{run_id}"
+    gone_by = time.monotonic() + 5
+    while ctx.sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", owner)[0][0]:
+        if time.monotonic() > gone_by:
+            break
+        time.sleep(0.05)
+    held = ctx.sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", owner)[0][0]
+    ctx.expect("the owner's lock session is gone", held == 0, f"{held} sessions", "R-Q34-1")
+    after = ctx.sql("SELECT count(*) FROM run_transitions WHERE run_id = %s AND new_state <> 'cancelled'"
+                    " AND at > (SELECT at FROM run_transitions WHERE run_id = %s AND new_state = 'cancelled')",
+                    run_id, run_id)[0][0]
+    ctx.expect("nothing written after the cancel commit", after == 0, f"{after} writes", "R-EXEC-7")
