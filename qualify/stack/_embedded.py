@@ -71,7 +71,7 @@ CREDENTIALS = (
     ("other-key", "t-other", "p-other", "grant-other"),
 )
 #: Operator keys (R-OPS-7): (api key, tenant, principal). No workspace grant.
-OPERATOR_CREDENTIALS = (("ops-key", "t-dev", "p-ops"),)
+OPERATOR_CREDENTIALS = (("ops-key", "t-dev", "p-ops"), ("ops-other-key", "t-other", "p-ops-other"))
 
 
 def with_user(dsn: str, user: str) -> str:
