@@ -73,3 +73,55 @@ def metrics_need_an_operator(ctx: ScenarioContext) -> None:
     for client_key, run_id in created:  # every accepted run ends
         httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/cancel", timeout=15,
                    headers={"Authorization": f"Bearer {client_key}"}).raise_for_status()
+
+
+@scenario(
+    "replay-after-revoke",
+    title="A durable run accepted under key K, then the principal's workspace grant revoked: "
+          "the same request with K returns the original receipt (202, replayed); a new key "
+          "is 403 workspace_access_denied and a resume 403 workspace_access_revoked",
+    requirements=("R-CREATE-2", "R-AUTH-2"),
+)
+def replay_after_revoke(ctx: ScenarioContext) -> None:
+    import psycopg
+
+    from qimpl.db import admin
+
+    api = ctx.processes.api()
+    ctx.processes.worker()
+    prompt = make_prompt(steps=2, park={"step": 1, "kind": "input"})
+    key = f"revoke-{ctx.rng.randrange(10**9)}"
+    first = ctx.create_run(api, prompt=prompt, key=key)
+    if first is None or first.status_code != 202:
+        ctx.expect("the first request is accepted", False,
+                   "unknown" if first is None else f"{first.status_code} {first.text[:120]}")
+        return
+    run_id = first.json()["run_id"]
+    ctx.wait_state(api, run_id, "awaiting_input")
+    with psycopg.connect(ctx.deployment.dsn, autocommit=True) as conn:  # as an operator
+        admin.revoke_workspace(conn, tenant_id="t-dev", principal_id="p-dev", workspace_id="default")
+    again = ctx.create_run(api, prompt=prompt, key=key)
+    ctx.expect("the same key after the revoke: 202 Idempotent-Replayed",
+               again is not None and again.status_code == 202
+               and again.headers.get("Idempotent-Replayed") == "true",
+               "unknown" if again is None else f"{again.status_code} {again.text[:120]}",
+               "R-CREATE-2")
+    if again is not None and again.status_code == 202:
+        ctx.expect("the replay is the original receipt (run, stream key, deadline)",
+                   {k: again.json()[k] for k in ("run_id", "stream_key", "deadline_at")}
+                   == {k: first.json()[k] for k in ("run_id", "stream_key", "deadline_at")},
+                   "", "R-CREATE-2")
+    fresh = ctx.create_run(api, prompt=prompt, key=f"{key}-new")
+    ctx.expect("a new key after the revoke: 403 workspace_access_denied (new work is authorised)",
+               fresh is not None and fresh.status_code == 403
+               and fresh.json().get("code") == "workspace_access_denied",
+               "unknown" if fresh is None else f"{fresh.status_code} {fresh.text[:120]}", "R-AUTH-2")
+    resumed = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", timeout=15,
+                         json={"additional_prompt": "go on"},
+                         headers={"Authorization": "Bearer dev-key", "Idempotency-Key": f"{key}-r"})
+    ctx.expect("a resume after the revoke: 403 workspace_access_revoked",
+               resumed.status_code == 403 and resumed.json().get("code") == "workspace_access_revoked",
+               f"{resumed.status_code} {resumed.text[:120]}", "R-AUTH-2")
+    runs = ctx.sql("SELECT count(*) FROM runs")[0][0]
+    ctx.expect("exactly one run", runs == 1, f"{runs} runs", "R-CREATE-2")
+    ctx.cancel_run(api, run_id)

@@ -17,6 +17,7 @@ import pytest
 
 from qimpl.api.app import create_app
 from qimpl.api.deps import Services
+from qimpl.db import admin
 from qimpl.metrics import RUN_STATS_SQL
 from qimpl.settings import Settings
 from qualify.stack._embedded import API_ROLE, with_user
@@ -89,3 +90,28 @@ def test_metrics_aggregate_is_an_index_only_scan_of_one_tenant(db: str) -> None:
         plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + RUN_STATS_SQL, ("t-dev",)))
     assert "Index Only Scan using runs_tenant_state_accepted" in plan, plan
     assert "Seq Scan" not in plan, plan
+
+
+@pytest.mark.req("R-CREATE-2")
+@pytest.mark.req("R-AUTH-2")
+def test_same_key_after_revoke_replays_the_original_receipt(db: str, stack: Any) -> None:
+    async def test(client: Client) -> None:
+        first = await _create(client, "dev-key", "K")
+        assert first.status_code == 202, first.text
+        with psycopg.connect(db, autocommit=True) as conn:
+            assert admin.revoke_workspace(conn, tenant_id="t-dev", principal_id="p-dev",
+                                          workspace_id="default") == 1
+        again = await _create(client, "dev-key", "K")
+        assert again.status_code == 202, again.text
+        assert again.headers["Idempotent-Replayed"] == "true"
+        assert again.json() == first.json()
+        fresh = await _create(client, "dev-key", "K2")
+        assert (fresh.status_code, fresh.json()["code"]) == (403, "workspace_access_denied")
+        other_body = await _create(client, "dev-key", "K", prompt="another")
+        assert (other_body.status_code, other_body.json()["code"]) == (422, "idempotency_key_reused")
+
+    _with_api(db, stack, test)
+    with psycopg.connect(db, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM runs").fetchone() == (1,)
+
+

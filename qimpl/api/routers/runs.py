@@ -89,7 +89,12 @@ async def create_run(
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Create a durable run (R-CREATE-1..5). 202 with the receipt once Temporal confirmed
-    the start; 503 ``durable_dispatch_unknown`` with the receipt when it could not."""
+    the start; 503 ``durable_dispatch_unknown`` with the receipt when it could not.
+
+    A replay of an accepted request (same principal, key and body) returns the original
+    receipt whatever happened to the principal's workspace grant since (R-CREATE-2): the
+    grant is checked only for new work (403 ``workspace_access_denied``), and a resume
+    checks it again (R-AUTH-2)."""
     if not body.durable_temporal:
         return await create_legacy(svc, agent_id, body, principal, idempotency_key)
     if not idempotency_key:
@@ -97,6 +102,11 @@ async def create_run(
     digest = fingerprint(agent_id, body)
     scope = {"tenant_id": principal.tenant_id, "principal_id": principal.principal_id,
              "route": CREATE_ROUTE, "key": idempotency_key}
+    async with svc.tenant(principal.tenant_id) as conn:
+        record = await repo.lookup_idempotency(conn, **scope)
+        earlier = await replayable(conn, record, digest, svc.settings) if record else None
+    if earlier is not None:
+        return await answer(svc, earlier, replayed=True)
     run_id = str(uuid.uuid4())
     grant = await workspace_grant(svc, principal, body.workspace_id, "workspace_access_denied")
     async with svc.tenant(principal.tenant_id) as conn:
