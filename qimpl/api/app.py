@@ -28,7 +28,7 @@ from qimpl.api import tool_routes
 from qimpl.api.deps import Services
 from qimpl.api.errors import install_error_handlers
 from qimpl.api.routers import controls, events, legacy, operations, runs
-from qimpl.db.roles import warn_if_rls_bypassed
+from qimpl.db.roles import refuse_unsafe_role
 from qimpl.logs import setup_logging
 from qimpl.settings import Settings, get_settings
 
@@ -48,7 +48,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await services.pool.open()
         app.state.services = services
         async with services.pool.connection() as conn:
-            await warn_if_rls_bypassed(conn, "API", log)
+            await refuse_unsafe_role(conn, "API", log)
         yield
         await services.pool.close()
 

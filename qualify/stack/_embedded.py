@@ -98,6 +98,14 @@ def _provision(db_dsn: str) -> None:
                                  role="operator")
 
 
+def _harden(db_dsn: str) -> None:
+    """Database privileges are not copied from the template: revoke TEMPORARY again."""
+    from qimpl.db import admin
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        admin.harden_database(conn)
+
+
 def _build_template(dsn: str, name: str = TEMPLATE_DB) -> None:
     """Create database ``name`` on ``dsn``'s server, migrate it to head, provision the
     harness's roles and credentials, and make it a template."""
@@ -169,6 +177,7 @@ class EmbeddedStack:
         name = name or f"q{self._db_counter}"
         with psycopg.connect(self.postgres.dsn(), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}" TEMPLATE {TEMPLATE_DB} STRATEGY file_copy')
+        _harden(self.postgres.dsn(name))
         return self.postgres.dsn(name)
 
     def stop(self) -> None:
