@@ -5,12 +5,14 @@
     ├── DeadlinePassed         the database refused a write: the run's deadline passed (R-EXEC-8)
     ├── LockNotAcquired        another owner holds the run's advisory lock (R-EXEC-2)
     ├── RunNotFound            run_not_found (R-AUTH-1)
-    └── DispatchUnknown        durable_dispatch_unknown (R-CREATE-5)
+    ├── DispatchUnknown        durable_dispatch_unknown (R-CREATE-5)
+    └── UnsafeDatabaseRole     database_role_unsafe: a process would bypass row-level security (R-AUTH-4)
 """
 
 from __future__ import annotations
 
-__all__ = ["SAFE_MESSAGES", "DeadlinePassed", "DispatchUnknown", "LockNotAcquired", "LostOwnership", "QimplError", "RunNotFound"]
+__all__ = ["SAFE_MESSAGES", "DeadlinePassed", "DispatchUnknown", "LockNotAcquired", "LostOwnership", "QimplError", "RunNotFound",
+           "UnsafeDatabaseRole"]
 
 
 class QimplError(Exception):
@@ -38,6 +40,14 @@ class RunNotFound(QimplError):
 
 class DispatchUnknown(QimplError):
     code = "durable_dispatch_unknown"
+
+
+class UnsafeDatabaseRole(QimplError):
+    """The role a process connects as escapes row-level security (superuser, BYPASSRLS,
+    owner of a tenant table or a member of its owner's role): the process refuses to
+    start (R-AUTH-4)."""
+
+    code = "database_role_unsafe"
 
 
 #: The fixed ``error_message`` of each ``error_code`` a run can end with (R-EXEC-6):

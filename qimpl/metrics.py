@@ -1,7 +1,10 @@
-"""Prometheus metrics for operators (R-OPS-6), shared by the API and the worker.
+"""Prometheus metrics for operators (R-OPS-6, R-OPS-7), shared by the API and the worker.
 
 Counters are process-local; the gauges that describe the runs table are computed from
-the database when scraped (``refresh_from_db``), so every instance reports the same.
+the database when scraped, for the scraping operator's tenant only (``tenant_run_stats``
+under row-level security, rendered by ``run_families`` into a registry of that scrape:
+no process-global gauge ever holds another tenant's labels), so every instance reports
+the same.
 Worker availability (``qimpl_task_queue_pollers``) is computed per scrape from Temporal's
 view of the task queue (``refresh_pollers``), counting only workers heard from recently.
 """
@@ -14,7 +17,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
-from prometheus_client import Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 from temporalio.api.enums.v1 import WorkerStatus
 from temporalio.api.taskqueue.v1 import PollerInfo
 from temporalio.api.worker.v1 import WorkerHeartbeat
@@ -24,16 +29,17 @@ __all__ = [
     "DISPATCH_CONFIRMED",
     "LIVE_WINDOW_S",
     "LONG_POLL_S",
-    "OLDEST_ACCEPTED_AGE",
     "RECONCILE_WARNINGS",
-    "RUNS_BY_STATE",
+    "RUN_STATS_SQL",
     "WORKER_HEARTBEAT_INTERVAL_S",
     "WORKER_POLLERS",
     "latest_heartbeats",
     "live_poller_counts",
     "live_pollers",
-    "refresh_from_db",
     "refresh_pollers",
+    "run_families",
+    "scrape",
+    "tenant_run_stats",
 ]
 
 #: A worker counts as available while Temporal heard from it at most this many seconds
@@ -59,10 +65,6 @@ DISPATCH_CONFIRMED = Counter("qimpl_dispatch_confirmed_total",
 RECONCILE_WARNINGS = Counter("qimpl_reconcile_warnings_total",
                              "Reconciler problems (dispatch unknown, candidate errors)",
                              ["tenant", "kind"])
-OLDEST_ACCEPTED_AGE = Gauge("qimpl_oldest_accepted_run_age_seconds",
-                            "Age of the oldest run still `accepted` (dispatch unconfirmed)",
-                            ["tenant"])
-RUNS_BY_STATE = Gauge("qimpl_runs", "Runs by tenant and state", ["tenant", "state"])
 WORKER_POLLERS = Gauge("qimpl_task_queue_pollers",
                        "Pollers on the task queue whose worker Temporal heard from within "
                        f"{LIVE_WINDOW_S:g} s (worker availability)",
@@ -172,17 +174,55 @@ async def refresh_pollers(client: Any, settings: Any) -> None:
         WORKER_POLLERS.labels(settings.task_queue, kind).set(n)
 
 
-async def refresh_from_db(conn: Any) -> None:
-    """Recompute the gauges that describe the runs table (cheap, indexed queries)."""
-    # Through a SECURITY DEFINER aggregate: the API's role sees one tenant's rows at a time.
-    cur = await conn.execute("SELECT tenant_id, state, runs, oldest_s FROM qimpl_run_stats()")
-    stats = await cur.fetchall()
-    ages = {tenant: oldest for tenant, state, _, oldest in stats if state == "accepted"}
-    for labels in list(OLDEST_ACCEPTED_AGE._metrics):  # tenants whose backlog drained
-        if labels[0] not in ages:
-            OLDEST_ACCEPTED_AGE.labels(*labels).set(0)
-    for tenant, age in ages.items():
-        OLDEST_ACCEPTED_AGE.labels(tenant).set(age)
-    RUNS_BY_STATE.clear()
-    for tenant, state, n, _ in stats:
-        RUNS_BY_STATE.labels(tenant, state).set(n)
+#: The caller's tenant's runs by state, with the age in seconds of the oldest in each
+#: state, by the database's clock. Run inside the tenant's transaction: row-level security
+#: limits it to that tenant, and the index ``runs_tenant_state_accepted`` (tenant_id,
+#: state, accepted_at) answers it by an index-only scan of that tenant's entries, not a
+#: scan of the table (R-OPS-7).
+RUN_STATS_SQL = (
+    "SELECT state, count(*) AS runs,"
+    " extract(epoch FROM clock_timestamp() - min(accepted_at))::float8 AS oldest_s"
+    " FROM runs WHERE tenant_id = %s GROUP BY state")
+
+
+async def tenant_run_stats(conn: Any, tenant_id: str) -> list[tuple[str, int, float]]:
+    """``[(state, runs, oldest_s)]`` of ``tenant_id``'s runs; ``conn`` must be in a
+    transaction scoped to that tenant (``Services.tenant``)."""
+    cur = await conn.execute(RUN_STATS_SQL, (tenant_id,))
+    return [(str(state), int(n), float(age)) for state, n, age in await cur.fetchall()]
+
+
+def run_families(tenant_id: str, stats: Iterable[tuple[str, int, float]]) -> list[GaugeMetricFamily]:
+    """The run gauges of one tenant from ``tenant_run_stats``' rows (pure):
+    ``qimpl_runs{tenant,state}`` and ``qimpl_oldest_accepted_run_age_seconds{tenant}``
+    (seconds; 0 when no run is ``accepted``)."""
+    runs = GaugeMetricFamily("qimpl_runs", "Runs by tenant and state", labels=["tenant", "state"])
+    oldest = GaugeMetricFamily("qimpl_oldest_accepted_run_age_seconds",
+                               "Age of the oldest run still `accepted` (dispatch unconfirmed)",
+                               labels=["tenant"])
+    age = 0.0
+    for state, n, oldest_s in stats:
+        runs.add_metric([tenant_id, state], n)
+        if state == "accepted":
+            age = oldest_s
+    oldest.add_metric([tenant_id], age)
+    return [runs, oldest]
+
+
+class _Families(Collector):
+    def __init__(self, families: list[GaugeMetricFamily]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        return self._families
+
+
+def scrape(families: list[GaugeMetricFamily], *, pollers: bool) -> bytes:
+    """One scrape's exposition (Prometheus text format): ``families``, plus
+    ``qimpl_task_queue_pollers`` when ``pollers`` (it carries no tenant label). A fresh
+    registry per scrape: nothing of one operator's scrape reaches another's."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families))
+    if pollers:
+        registry.register(WORKER_POLLERS)
+    return generate_latest(registry)

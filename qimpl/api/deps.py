@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Path, Request, Security
+from fastapi import Depends, Path, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
@@ -24,8 +24,8 @@ from qimpl.logs import temporal_runtime
 from qimpl.provider import Provider, load_provider
 from qimpl.settings import Settings
 
-__all__ = ["BEARER", "AgentId", "Services", "operator_principal", "owned_run", "principal_of",
-           "services_of"]
+__all__ = ["BEARER", "AgentId", "CurrentPrincipal", "OperatorPrincipal", "Services", "Svc",
+           "operator_principal", "owned_run", "principal_of", "services_of"]
 
 #: Agent ids and idempotency keys are printable identifiers (no control characters).
 AgentId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")]
@@ -110,6 +110,7 @@ class Services:
 
 
 def services_of(request: Request) -> Services:
+    """The process's services (set in the lifespan); also the ``Svc`` dependency."""
     services: Services = request.app.state.services
     return services
 
@@ -147,3 +148,10 @@ async def owned_run(conn: Any, agent_id: str, run_id: uuid.UUID, principal: Prin
     if row is None or row["principal_id"] != principal.principal_id or row["agent_id"] != agent_id:
         raise ApiError(404, "run_not_found", "no such run")
     return row
+
+
+#: Route parameters: ``svc: Svc``, ``principal: CurrentPrincipal`` (401 without a valid
+#: key), ``principal: OperatorPrincipal`` (R-OPS-7).
+Svc = Annotated[Services, Depends(services_of)]
+CurrentPrincipal = Annotated[Principal, Depends(principal_of)]
+OperatorPrincipal = Annotated[Principal, Depends(operator_principal)]

@@ -1,5 +1,8 @@
 """Operator actions on credentials: API keys (stored hashed) and workspace grants.
-Run with the schema owner's connection (``python -m qimpl.scripts.api_keys``)."""
+Run with the schema owner's connection (``python -m qimpl.scripts.api_keys``).
+
+Row-level security is FORCEd, so it binds the owner too (R-AUTH-4): a write to a tenant
+table sets ``qimpl.tenant`` for its own transaction first."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["create_api_key", "grant_workspace", "key_hash", "revoke_workspace"]
+__all__ = ["create_api_key", "grant_workspace", "harden_database", "key_hash", "revoke_workspace"]
 
 Conn = psycopg.Connection[Any]
 
@@ -31,16 +34,35 @@ def create_api_key(conn: Conn, *, key: str, tenant_id: str, principal_id: str,
 def grant_workspace(conn: Conn, *, tenant_id: str, principal_id: str, workspace_id: str,
                     grant_token: str) -> None:
     """Give a principal access to a workspace with an authorisation grant (R-AUTH-2)."""
-    conn.execute(
-        "INSERT INTO workspace_grants (tenant_id, principal_id, workspace_id, grant_token)"
-        " VALUES (%s, %s, %s, %s) ON CONFLICT (tenant_id, principal_id, workspace_id)"
-        " DO UPDATE SET grant_token = EXCLUDED.grant_token, revoked_at = NULL",
-        (tenant_id, principal_id, workspace_id, grant_token))
+    with conn.transaction():
+        _as_tenant(conn, tenant_id)
+        conn.execute(
+            "INSERT INTO workspace_grants (tenant_id, principal_id, workspace_id, grant_token)"
+            " VALUES (%s, %s, %s, %s) ON CONFLICT (tenant_id, principal_id, workspace_id)"
+            " DO UPDATE SET grant_token = EXCLUDED.grant_token, revoked_at = NULL",
+            (tenant_id, principal_id, workspace_id, grant_token))
 
 
 def revoke_workspace(conn: Conn, *, tenant_id: str, principal_id: str, workspace_id: str) -> int:
-    cur = conn.execute(
-        "UPDATE workspace_grants SET revoked_at = clock_timestamp() WHERE tenant_id = %s"
-        " AND principal_id = %s AND workspace_id = %s AND revoked_at IS NULL",
-        (tenant_id, principal_id, workspace_id))
-    return cur.rowcount
+    """Revoke a principal's workspace grant; returns how many grants were live (0 or 1).
+    A resume is then refused 403 ``workspace_access_revoked`` (R-AUTH-2)."""
+    with conn.transaction():
+        _as_tenant(conn, tenant_id)
+        cur = conn.execute(
+            "UPDATE workspace_grants SET revoked_at = clock_timestamp() WHERE tenant_id = %s"
+            " AND principal_id = %s AND workspace_id = %s AND revoked_at IS NULL",
+            (tenant_id, principal_id, workspace_id))
+        return cur.rowcount
+
+
+def harden_database(conn: Conn) -> None:
+    """Revoke TEMPORARY on ``conn``'s database from PUBLIC, as the migration does: no
+    application role can create a temporary relation to shadow a real one (R-AUTH-4).
+    Database privileges are not copied from a template: apply this to every database
+    created from a migrated template. Needs the database's owner or a superuser."""
+    conn.execute("DO $$ BEGIN EXECUTE format('REVOKE TEMPORARY ON DATABASE %I FROM PUBLIC',"
+                 " current_database()); END $$")
+
+
+def _as_tenant(conn: Conn, tenant_id: str) -> None:
+    conn.execute("SELECT set_config('qimpl.tenant', %s, true)", (tenant_id,))

@@ -9,7 +9,7 @@ from alembic.config import Config
 
 __all__ = ["BASELINE", "HEAD", "alembic_config", "downgrade", "upgrade"]
 
-HEAD = "20261130_160000_tool_journal"
+HEAD = "20261201_100000_hardening"
 BASELINE = "20261001_000000_baseline"
 _DIR = Path(__file__).with_name("migrations")
 

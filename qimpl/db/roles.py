@@ -1,20 +1,57 @@
-"""Start-up check of the database role a process connects as (R-AUTH-4)."""
+"""Start-up check of the database role a process connects as (R-AUTH-4).
+
+Row-level security isolates tenants only for a role it applies to. A superuser and a
+BYPASSRLS role skip it; a table's owner skips it unless the table FORCEs it, and even
+then may switch FORCE off or drop the policy, as may every member of the owner's role
+(with ``pg_has_role(..., 'MEMBER')``, which is how managed PostgreSQL often grants its
+administrators). So the API and the worker refuse to start as any of them.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["warn_if_rls_bypassed"]
+from qimpl.errors import UnsafeDatabaseRole
+
+__all__ = ["ROLE_SQL", "refuse_unsafe_role", "role_problems"]
+
+#: ``(rolsuper, rolbypassrls, [tables with row-level security whose owner's role the
+#: current user is, or is a member of])`` for the connected role.
+ROLE_SQL = """
+SELECT r.rolsuper, r.rolbypassrls,
+       coalesce(array_agg(c.relname::text ORDER BY c.relname)
+                FILTER (WHERE c.oid IS NOT NULL), '{}')
+FROM pg_roles r
+LEFT JOIN pg_class c ON c.relrowsecurity AND c.relkind = 'r' AND pg_table_is_visible(c.oid)
+     AND pg_has_role(r.oid, c.relowner, 'MEMBER')
+WHERE r.rolname = current_user
+GROUP BY r.rolsuper, r.rolbypassrls
+"""
 
 
-async def warn_if_rls_bypassed(conn: Any, who: str, log: logging.Logger) -> bool:
-    """Log a warning and return True when ``conn``'s role is a superuser or BYPASSRLS:
-    row-level security would not isolate tenants for this process."""
-    cur = await conn.execute("SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user")
+def role_problems(*, superuser: bool, bypassrls: bool, owned: Sequence[str]) -> list[str]:
+    """Why a role escapes row-level security (pure): an empty list for a safe role."""
+    problems = []
+    if superuser:
+        problems.append("a superuser")
+    if bypassrls:
+        problems.append("BYPASSRLS")
+    if owned:
+        problems.append("the owner (or a member of the owner's role) of " + ", ".join(owned))
+    return problems
+
+
+async def refuse_unsafe_role(conn: Any, who: str, log: logging.Logger) -> None:
+    """Raise UnsafeDatabaseRole (code ``database_role_unsafe``), after logging why, when
+    ``conn``'s role escapes row-level security (``role_problems``)."""
+    cur = await conn.execute(ROLE_SQL)
     row = await cur.fetchone()
-    bypass = bool(row and row[0])
-    if bypass:
-        log.warning("the %s connects as a superuser or BYPASSRLS role: row-level security does not "
-                    "apply; use a role in qimpl_app (docs/operations.md)", who)
-    return bypass
+    problems = role_problems(superuser=bool(row and row[0]), bypassrls=bool(row and row[1]),
+                             owned=list(row[2]) if row else [])
+    if problems:
+        message = (f"the {who} connects as {' and '.join(problems)}: row-level security would not "
+                   "isolate tenants; connect as a login role in qimpl_app (docs/operations.md)")
+        log.error(message, extra={"event": "database_role_unsafe"})
+        raise UnsafeDatabaseRole(message)

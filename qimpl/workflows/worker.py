@@ -26,8 +26,9 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from qimpl import metrics
-from qimpl.db.roles import warn_if_rls_bypassed
+from qimpl.db.roles import refuse_unsafe_role
 from qimpl.db.sessions import keepalive_params
+from qimpl.errors import UnsafeDatabaseRole
 from qimpl.logs import setup_logging, temporal_runtime
 from qimpl.provider import load_provider
 from qimpl.reconciler import sweep_tenant
@@ -117,7 +118,10 @@ async def check_session_pooling(settings: Settings) -> None:
         async with await connect() as b:
             other = await backend_pid(b)
             again = await backend_pid(a)
-        await warn_if_rls_bypassed(a, "worker", log)
+        try:
+            await refuse_unsafe_role(a, "worker", log)
+        except UnsafeDatabaseRole as exc:
+            raise SystemExit(f"qimpl worker: {exc} ({exc.code})") from None
     if other == first or again != first:
         raise SystemExit(
             "qimpl worker: the database connection does not keep one server session across "

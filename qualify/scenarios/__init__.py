@@ -14,6 +14,7 @@ from qualify.scenarios import (  # noqa: F401  (registers)
     lifecycle,
     reconciler,
     schema,
+    security,
     tools,
 )
 from qualify.scenarios.base import REGISTRY, Scenario, ScenarioContext, scenario

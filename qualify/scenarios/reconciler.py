@@ -23,6 +23,7 @@ from qualify.scenarios.base import API_KEY, TERMINAL, ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted, provider_calls
 
 TENANT = "t-dev"
+OPERATOR_KEY = "ops-key"  # an operator of TENANT
 AFTER_ACCEPT = "api.after_acceptance_commit"
 RECONCILE = {"DURABLE_AGENT_RECONCILE_TENANTS": json.dumps([TENANT]),
              "QIMPL_RECONCILE_INTERVAL_S": "1", "QIMPL_RECONCILE_GRACE_S": "1"}
@@ -219,7 +220,8 @@ def tenant_slots(ctx: ScenarioContext) -> None:
 
 
 def _oldest_accepted_age(api: ManagedProcess) -> float:
-    text = httpx.get(f"{api.base_url}/metrics", timeout=10).text
+    text = httpx.get(f"{api.base_url}/metrics", timeout=10,  # an operator key (R-OPS-7)
+                     headers={"Authorization": f"Bearer {OPERATOR_KEY}"}).text
     found = re.search(rf'qimpl_oldest_accepted_run_age_seconds{{tenant="{TENANT}"}} ([0-9.e+-]+)', text)
     return float(found.group(1)) if found else 0.0
 

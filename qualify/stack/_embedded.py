@@ -71,7 +71,7 @@ CREDENTIALS = (
     ("other-key", "t-other", "p-other", "grant-other"),
 )
 #: Operator keys (R-OPS-7): (api key, tenant, principal). No workspace grant.
-OPERATOR_CREDENTIALS = (("ops-key", "t-dev", "p-ops"),)
+OPERATOR_CREDENTIALS = (("ops-key", "t-dev", "p-ops"), ("ops-other-key", "t-other", "p-ops-other"))
 
 
 def with_user(dsn: str, user: str) -> str:
@@ -96,6 +96,14 @@ def _provision(db_dsn: str) -> None:
         for key, tenant, principal in OPERATOR_CREDENTIALS:
             admin.create_api_key(conn, key=key, tenant_id=tenant, principal_id=principal,
                                  role="operator")
+
+
+def _harden(db_dsn: str) -> None:
+    """Database privileges are not copied from the template: revoke TEMPORARY again."""
+    from qimpl.db import admin
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        admin.harden_database(conn)
 
 
 def _build_template(dsn: str, name: str = TEMPLATE_DB) -> None:
@@ -169,6 +177,7 @@ class EmbeddedStack:
         name = name or f"q{self._db_counter}"
         with psycopg.connect(self.postgres.dsn(), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}" TEMPLATE {TEMPLATE_DB} STRATEGY file_copy')
+        _harden(self.postgres.dsn(name))
         return self.postgres.dsn(name)
 
     def stop(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from qualify.errors import HarnessError, UsageError
-from qualify.stack._embedded import TEMPLATE_DB, StackInfo, _build_template, _schema_key
+from qualify.stack._embedded import TEMPLATE_DB, StackInfo, _build_template, _harden, _schema_key
 
 __all__ = ["ExistingStack", "TestcontainersStack"]
 
@@ -49,6 +49,7 @@ class _DsnStack:
         with psycopg.connect(self._dsn, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{self._template}"')
         self._created.append(name)
+        _harden(self._dsn.rsplit("/", 1)[0] + f"/{name}")
         return self._dsn.rsplit("/", 1)[0] + f"/{name}"
 
     def _versions(self) -> tuple[str, str]:

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from qualify.procs import free_port, kill_tree, spawn, wait_until
+from qualify.stack._embedded import WORKER_ROLE, with_user
 from qualify.stack.postgres import SHM
 from tests.integration.test_lease import paused_owner_takeover_s
 
@@ -39,7 +40,7 @@ def pgbouncer(stack: Any, request: pytest.FixtureRequest) -> Iterator[Bouncer]:
     work = Path(tempfile.mkdtemp(dir=SHM, prefix="qualify-pgbouncer-"))
     work.chmod(0o755)
     port = free_port()
-    (work / "userlist.txt").write_text('"postgres" ""\n')
+    (work / "userlist.txt").write_text(f'"postgres" ""\n"{WORKER_ROLE}" ""\n')
     (work / "pgbouncer.ini").write_text(
         f"[databases]\n* = host=127.0.0.1 port={stack.postgres.port}\n"
         f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nauth_type = trust\n"
@@ -65,7 +66,8 @@ def pgbouncer(stack: Any, request: pytest.FixtureRequest) -> Iterator[Bouncer]:
 
 
 def _worker(stack: Any, dsn: str, timeout_s: float) -> subprocess.CompletedProcess[str] | None:
-    env = {**os.environ, "QIMPL_DATABASE_URL": dsn, "QIMPL_TEMPORAL_ADDRESS": stack.info.temporal_address,
+    # As the worker's restricted role: it refuses to start as a superuser (R-AUTH-4).
+    env = {**os.environ, "QIMPL_DATABASE_URL": with_user(dsn, WORKER_ROLE), "QIMPL_TEMPORAL_ADDRESS": stack.info.temporal_address,
            "QIMPL_TASK_QUEUE": "pgbouncer-check"}
     proc = subprocess.Popen([sys.executable, "-m", "qimpl.workflows.worker"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

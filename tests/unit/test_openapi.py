@@ -13,8 +13,9 @@ import httpx
 import pytest
 from fastapi import FastAPI, Response
 
-from qimpl.api import app as app_module
-from qimpl.api.app import Services, create_app
+from qimpl.api.app import create_app
+from qimpl.api.deps import Services
+from qimpl.api.routers import runs as runs_module
 from qimpl.api.validation import VALIDATION_CODES
 from qimpl.settings import Settings
 
@@ -103,7 +104,7 @@ def app(monkeypatch: pytest.MonkeyPatch) -> FastAPI:
     async def legacy(*_: Any) -> Response:
         return Response(status_code=202)
 
-    monkeypatch.setattr(app_module, "_create_legacy", legacy)
+    monkeypatch.setattr(runs_module, "create_legacy", legacy)
     return app
 
 

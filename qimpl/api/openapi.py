@@ -1,0 +1,84 @@
+"""What the OpenAPI document says about each route beyond its signature: the error codes a
+route can return, by status, and the headers it requires (documented as required while
+the handler's own parameter stays optional, so that a request without one gets the
+route's coded error rather than FastAPI's 422)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Header
+
+from qimpl.api.models import ErrorBody
+from qimpl.api.validation import VALIDATION_CODES
+
+__all__ = [
+    "ANSWER_ERRORS", "APPROVAL_ERRORS", "CANCEL_ERRORS", "CREATE_ERRORS", "CREATE_HEADERS",
+    "EVENTS_ERRORS", "EVENTS_HEADERS", "LEGACY_ERRORS", "READ_ERRORS", "RESUME_ERRORS",
+    "RESUME_HEADERS", "STREAM_KEY_MAX", "IdempotencyKey", "errors",
+]
+
+_KEY_PATTERN, _KEY_MAX = r"^[\x21-\x7e]+$", 255
+#: Optional to FastAPI, so that a missing key gets the route's own 400
+#: ``idempotency_key_required``; documented as required (``_required_header``).
+IdempotencyKey = Annotated[str | None, Header(max_length=_KEY_MAX, pattern=_KEY_PATTERN,
+                                              include_in_schema=False)]
+STREAM_KEY_MAX = 128
+
+
+def _required_header(name: str, description: str, **schema: Any) -> dict[str, Any]:
+    """OpenAPI ``openapi_extra`` documenting header ``name`` as required. The handler's
+    own parameter stays optional (``include_in_schema=False``) so that a request without
+    it gets the route's coded error (400 ``idempotency_key_required``, 401
+    ``stream_key_required``) rather than FastAPI's 422: runtime behaviour is unchanged."""
+    return {"parameters": [{"name": name, "in": "header", "required": True,
+                            "description": description, "schema": {"type": "string", **schema}}]}
+
+
+_IDEMPOTENCY = {"maxLength": _KEY_MAX, "pattern": _KEY_PATTERN}
+CREATE_HEADERS = _required_header(
+    "Idempotency-Key", "Required for a durable run (`durable_temporal: true`); without it 400 "
+    "`idempotency_key_required` (R-CREATE-2). Keys are scoped to tenant, principal and route. "
+    "The legacy inline path (R-CREATE-6) also accepts a request without one.", **_IDEMPOTENCY)
+RESUME_HEADERS = _required_header(
+    "Idempotency-Key", "A new key per resume; without it 400 `idempotency_key_required` "
+    "(R-RESUME-1). Replaying a key returns the same receipt.", **_IDEMPOTENCY)
+EVENTS_HEADERS = _required_header(
+    "X-Stream-Key", "The run's stream key from its receipt; without it 401 "
+    "`stream_key_required` (R-AUTH-3).", maxLength=STREAM_KEY_MAX)
+
+
+def errors(**by_status: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` listing every error code a route can return, by status:
+    ``errors(s404="run_not_found")``."""
+    return {int(k.removeprefix("s")): {"model": ErrorBody, "description": "codes: " + v}
+            for k, v in by_status.items()}
+
+
+_VALIDATION = ", ".join(VALIDATION_CODES)
+_AUTH = "unauthenticated"
+_NOT_FOUND = "run_not_found"
+CREATE_ERRORS = errors(
+    s400="idempotency_key_required", s401=_AUTH, s409="idempotency_key_in_flight",
+    s422=f"{_VALIDATION}, idempotency_key_reused",
+    s503="durable_dispatch_unknown (the body carries the receipt; retryable: false)")
+READ_ERRORS = errors(s401=_AUTH, s404=_NOT_FOUND, s422=_VALIDATION)
+_BUSY = "run_busy (the run's row stayed locked past the lock timeout; retryable: true)"
+CANCEL_ERRORS = errors(s401=_AUTH, s404=_NOT_FOUND, s422=_VALIDATION, s503=_BUSY)
+RESUME_ERRORS = errors(
+    s400="idempotency_key_required", s401=_AUTH, s404=_NOT_FOUND,
+    s409="run_active, run_terminal (also when the deadline passed: the run is expired), "
+         "run_not_resumable, run_resume_conflict, run_reconciliation_required (a tool call's "
+         "outcome is unknown, R-RESUME-3), tool_results_pending (R-TOOL-4)",
+    s422=f"{_VALIDATION}, idempotency_key_reused",
+    s503=f"durable_dispatch_unknown (the body carries the receipt), {_BUSY}")
+ANSWER_ERRORS = errors(s401=_AUTH, s422=_VALIDATION, s502="answer_failed")
+EVENTS_ERRORS = errors(s401="stream_key_required", s404=_NOT_FOUND, s422=_VALIDATION)
+APPROVAL_ERRORS = errors(
+    s401=_AUTH, s404=f"{_NOT_FOUND}, approval_not_found",
+    s409="action_version_mismatch, approval_conflict, approval_not_pending, run_terminal "
+         "(also when the deadline passed: the run is expired)",
+    s422=_VALIDATION, s503=_BUSY)
+LEGACY_ERRORS = errors(s401=_AUTH, s404=_NOT_FOUND, s422=_VALIDATION,
+                       s409="durable_lifecycle_conflict (lifecycle_version 2 runs)",
+                       s501="legacy_control_unavailable (lifecycle_version 1 runs)")

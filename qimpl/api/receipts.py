@@ -1,0 +1,147 @@
+"""What creating and resuming a run share (R-CREATE-2..5, R-RESUME-1, R-AUTH-2): the
+receipt, the dispatch of an accepted generation and its confirmation, idempotent replay,
+the workspace grant check and the answer to a control the deadline refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from qimpl.api.auth import Principal
+from qimpl.api.deps import Services
+from qimpl.api.errors import ApiError
+from qimpl.api.models import CreateRunRequest, ErrorBody, Receipt
+from qimpl.crashpoints import declare
+from qimpl.db import runs as repo
+from qimpl.dispatch import dispatch
+from qimpl.errors import SAFE_MESSAGES, DispatchUnknown
+from qimpl.lifecycle import RunState
+from qimpl.settings import Settings
+
+__all__ = ["AFTER_ACCEPT", "AFTER_DISPATCH", "CREATE_ROUTE", "DISPATCH_FAILURES", "RESUME_ROUTE",
+           "answer", "expire_refused", "fingerprint", "receipt", "replayable", "workspace_grant"]
+
+log = logging.getLogger("qimpl.api")
+
+AFTER_ACCEPT = declare("api.after_acceptance_commit", "the run is committed `accepted`, dispatch not yet asked")
+AFTER_DISPATCH = declare("api.after_dispatch", "Temporal accepted the workflow, `queued` not yet committed")
+
+CREATE_ROUTE = "POST /v1/agents/{agent_id}/runs"
+RESUME_ROUTE = "POST /v1/agents/{agent_id}/runs/{run_id}/resume"
+
+#: What an unconfirmed start looks like: Temporal's answer unknown, or no client at all.
+DISPATCH_FAILURES = (DispatchUnknown, TimeoutError, OSError, RuntimeError)
+
+
+def fingerprint(agent_id: str, body: CreateRunRequest) -> str:
+    """The SHA-256 hex digest of a create request, compared on an idempotent replay."""
+    canonical = json.dumps({"agent_id": agent_id, **body.model_dump()}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def receipt(row: dict[str, Any]) -> Receipt:
+    """The receipt of a run row: ``queued`` once its dispatch is confirmed, else ``accepted``."""
+    confirmed = row["dispatch_confirmed_at"] is not None
+    return Receipt(
+        agent_id=row["agent_id"],
+        run_id=str(row["run_id"]),
+        stream_key=row["stream_key"],
+        state=RunState.QUEUED if confirmed else RunState.ACCEPTED,
+        lifecycle_version=row["lifecycle_version"],
+        durability=row["durability"],
+        deadline_at=row["deadline_at"],
+    )
+
+
+async def _confirm(services: Services, row: dict[str, Any]) -> dict[str, Any]:
+    """Dispatch an ``accepted`` run's generation and commit ``queued``; raises
+    DispatchUnknown. A run whose deadline passed meanwhile is expired (R-EXEC-8); one
+    whose workflow is already closed without it is failed ``workflow_vanished`` (R-OPS-8)."""
+    client = await services.temporal()
+    run_id, generation = str(row["run_id"]), int(row["generation"])
+    started = await dispatch(client, row, services.settings)
+    AFTER_DISPATCH.reach(run_id=run_id)
+    async with services.tenant(row["tenant_id"]) as conn:
+        if started == "closed":
+            confirmed = await repo.end_unowned(
+                conn, run_id, generation=generation, state=RunState.FAILED,
+                error_code="workflow_vanished", error_message=SAFE_MESSAGES["workflow_vanished"])
+        else:
+            confirmed = await repo.confirm_dispatch(conn, run_id, generation)
+        if confirmed is None:
+            confirmed = await repo.expire_if_overdue(conn, run_id)
+        if confirmed is None:  # a worker already moved it on, or a newer generation exists
+            confirmed = await repo.get_run(conn, run_id)
+    assert confirmed is not None
+    return confirmed
+
+
+async def answer(services: Services, row: dict[str, Any], *, replayed: bool) -> JSONResponse:
+    """202 with the receipt, dispatching an ``accepted`` run first; 503
+    ``durable_dispatch_unknown`` carrying the receipt when the dispatch is unconfirmed
+    (R-CREATE-3, R-CREATE-5). ``Idempotent-Replayed: true`` on a replay."""
+    headers = {"Idempotent-Replayed": "true"} if replayed else {}
+    if row["state"] == RunState.ACCEPTED:
+        try:
+            row = await _confirm(services, row)
+        except DISPATCH_FAILURES as exc:
+            log.warning("dispatch unknown for run %s: %s", row["run_id"], exc,
+                        extra={"run_id": str(row["run_id"])})
+            body = ErrorBody(
+                code="durable_dispatch_unknown",
+                message="the run is accepted; its dispatch could not be confirmed",
+                retryable=False, receipt=receipt(row),
+            )
+            return JSONResponse(body.model_dump(mode="json", exclude_none=True), 503, headers)
+    return JSONResponse(receipt(row).model_dump(mode="json"), 202, headers)
+
+
+async def expire_refused(svc: Services, tenant_id: str, run_id: str) -> None:
+    """The guard refused a control because the run's deadline passed (R-EXEC-8): expire
+    the run now (unless it already ended) and answer 409 ``run_terminal`` with the run's
+    own state and code (nothing of the request was written)."""
+    async with svc.tenant(tenant_id) as conn:
+        row = await repo.expire_if_overdue(conn, run_id) or await repo.get_run(conn, run_id)
+    state, code = (row["state"], row["error_code"]) if row else ("expired", "deadline_exceeded")
+    raise ApiError(409, "run_terminal", f"the run's deadline passed; the run is {state}",
+                   error_code=code)
+
+
+async def workspace_grant(svc: Services, principal: Principal, workspace_id: str, code: str) -> str:
+    """The principal's live grant for ``workspace_id``; 403 ``code`` without one (R-AUTH-2).
+    The grant never leaves the server (R-READ-3)."""
+    async with svc.tenant(principal.tenant_id) as conn:
+        cur = await conn.execute(
+            "SELECT grant_token FROM workspace_grants WHERE tenant_id = %s AND principal_id = %s"
+            " AND workspace_id = %s AND revoked_at IS NULL",
+            (principal.tenant_id, principal.principal_id, workspace_id))
+        row = await cur.fetchone()
+    if row is None:
+        raise ApiError(403, code, "no access to this workspace")
+    return str(row[0])
+
+
+async def replayable(conn: Any, record: dict[str, Any] | None, fingerprint: str,
+                     settings: Settings) -> dict[str, Any]:
+    """The run to replay for an existing key, or the error the IETF draft prescribes:
+    422 for another body, 409 (with Retry-After) while the first request is in flight.
+    A first request that died unanswered stops counting as in flight after the dispatch
+    timeout, and its run is then replayed (and dispatched)."""
+    if record is None:
+        raise ApiError(409, "idempotency_key_in_flight", "retry shortly", retry_after=1)
+    if record["fingerprint"] != fingerprint:
+        raise ApiError(422, "idempotency_key_reused",
+                       "this Idempotency-Key was used with a different request")
+    in_flight_s = settings.dispatch_timeout_s + 1
+    if record["completed_at"] is None and record["age_s"] < in_flight_s:
+        raise ApiError(409, "idempotency_key_in_flight", "the first request with this key is "
+                       "still being answered; retry shortly",
+                       retry_after=max(1, int(in_flight_s - record["age_s"]) + 1))
+    row = await repo.get_run(conn, str(record["run_id"]))
+    if row is None:
+        raise ApiError(404, "run_not_found", "no such run")
+    return dict(row)

@@ -1,0 +1,10 @@
+"""One ``APIRouter`` per resource, assembled by ``qimpl.api.app.create_app``:
+
+- ``runs``        create and read a run (R-CREATE-1..6, R-READ-1)
+- ``controls``    resume, cancel and approval decisions (R-RESUME-1..3, R-CANCEL-1, R-APPROVAL-1)
+- ``events``      the run's event stream (R-EVENT-2, R-AUTH-3)
+- ``legacy``      ``/v1/answer`` and the legacy controls (R-CREATE-7, R-LEGACY-1)
+- ``operations``  ``/metrics`` and ``/healthz`` (R-OPS-6, R-OPS-7)
+
+The tool journal's routes are ``qimpl.api.tool_routes`` (R-TOOL-3/4).
+"""

@@ -1,0 +1,50 @@
+"""The run's event stream for the holder of its stream key (R-EVENT-2/3, R-AUTH-3); the
+stream itself is ``qimpl.api.events``."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Response
+from sse_starlette.sse import EventSourceResponse
+
+from qimpl.api.deps import AgentId, Svc
+from qimpl.api.errors import ApiError
+from qimpl.api.events import stream_events
+from qimpl.api.openapi import EVENTS_ERRORS, EVENTS_HEADERS, STREAM_KEY_MAX
+from qimpl.db import runs as repo
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+@router.get("/v1/agents/{agent_id}/runs/{run_id}/events", responses=EVENTS_ERRORS,
+            response_class=EventSourceResponse, openapi_extra=EVENTS_HEADERS)
+async def run_events(
+    agent_id: AgentId,
+    run_id: uuid.UUID,
+    svc: Svc,
+    x_stream_key: Annotated[str | None, Header(max_length=STREAM_KEY_MAX,
+                                               include_in_schema=False)] = None,
+    last_event_id: Annotated[str | None, Header(max_length=32, pattern=r"^[0-9]+$")] = None,
+) -> Response:
+    """The run's events as SSE for the holder of its stream key (``X-Stream-Key``):
+    another run's key, or another tenant's, is 404 ``run_not_found`` (R-AUTH-3).
+    ``Last-Event-ID`` resumes after that event; the stream ends with a ``terminal``
+    event matching the run record (R-EVENT-2, R-EVENT-3)."""
+    if not x_stream_key:
+        raise ApiError(401, "stream_key_required", "send the run's stream key in X-Stream-Key")
+    async with svc.pool.connection() as conn:
+        cur = await conn.execute("SELECT qimpl_stream_tenant(%s, %s)", (str(run_id), x_stream_key))
+        found = await cur.fetchone()
+    tenant_id = found[0] if found else None
+    if tenant_id is None:
+        raise ApiError(404, "run_not_found", "no such run")
+    async with svc.tenant(tenant_id) as conn:
+        row = await repo.get_run(conn, str(run_id), tenant_id=tenant_id)
+    if row is None or row["agent_id"] != agent_id:
+        raise ApiError(404, "run_not_found", "no such run")
+    return EventSourceResponse(stream_events(lambda: svc.tenant(tenant_id), str(run_id),
+                                             int(last_event_id or 0)))

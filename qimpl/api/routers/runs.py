@@ -1,0 +1,144 @@
+"""Create and read runs (R-CREATE-1..6, R-READ-1, R-AUTH-1)."""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+
+from qimpl import journal
+from qimpl.api.auth import Principal
+from qimpl.api.deps import AgentId, CurrentPrincipal, Services, Svc, owned_run
+from qimpl.api.errors import ApiError
+from qimpl.api.models import CreateRunRequest, Receipt, RunView
+from qimpl.api.openapi import CREATE_ERRORS, CREATE_HEADERS, READ_ERRORS, IdempotencyKey
+from qimpl.api.receipts import (
+    AFTER_ACCEPT,
+    CREATE_ROUTE,
+    answer,
+    fingerprint,
+    replayable,
+    workspace_grant,
+)
+from qimpl.db import journal as journal_db
+from qimpl.db import runs as repo
+from qimpl.lifecycle import RunState, workflow_id
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+def _view(row: dict[str, Any], invocations: list[dict[str, Any]]) -> RunView:
+    return RunView(
+        run_id=str(row["run_id"]), agent_id=row["agent_id"], state=row["state"],
+        durability=row["durability"], lifecycle_version=row["lifecycle_version"],
+        row_version=row["row_version"], generation=row["generation"],
+        deadline_at=row["deadline_at"], accepted_at=row["accepted_at"],
+        started_at=row["started_at"], completed_at=row["completed_at"],
+        result_json=row["result_json"], error_code=row["error_code"],
+        error_message=row["error_message"], usage=_usage(row),
+        tool_invocations=journal.summary(invocations),
+    )
+
+
+def _usage(row: dict[str, Any]) -> dict[str, Any]:
+    """Observed usage (R-Q34-2): the counters the owner committed (provider calls, tokens,
+    tool calls) and the wall time from start to end (or to now, while live)."""
+    usage = dict(row["usage"] or {})
+    if row["started_at"] is not None:
+        end = row["completed_at"] or datetime.now(UTC)
+        usage["wall_s"] = round((end - row["started_at"]).total_seconds(), 3)
+    return usage
+
+
+async def create_legacy(svc: Services, agent_id: str, body: CreateRunRequest, principal: Principal,
+                        key: str | None) -> Response:
+    """R-CREATE-6: the legacy inline path, executed in this process (no restart promise)."""
+    run_id = str(uuid.uuid4())
+    grant = await workspace_grant(svc, principal, body.workspace_id, "workspace_access_denied")
+    async with svc.tenant(principal.tenant_id) as conn:
+        row = await repo.insert_run_or_none(
+            conn, run_id=run_id, tenant_id=principal.tenant_id, principal_id=principal.principal_id,
+            agent_id=agent_id, prompt=body.prompt, request=body.model_dump(),
+            stream_key=secrets.token_urlsafe(24), deadline_s=body.deadline_seconds, workflow_id=None,
+            route=CREATE_ROUTE, idempotency_key=key, fingerprint=fingerprint(agent_id, body),
+            lifecycle_version=1, workspace_id=body.workspace_id, grant_token=grant)
+        if row is None:
+            raise ApiError(409, "idempotency_key_in_flight", "this key is already in use")
+    svc.spawn(svc.run_legacy(run_id, principal.tenant_id))
+    receipt = Receipt(agent_id=agent_id, run_id=run_id, stream_key=row["stream_key"],
+                      state=RunState.QUEUED, lifecycle_version=1, durability="legacy",
+                      deadline_at=row["deadline_at"])
+    return JSONResponse(receipt.model_dump(mode="json"), 202)
+
+
+@router.post(
+    "/v1/agents/{agent_id}/runs", status_code=202, response_model=Receipt, responses=CREATE_ERRORS,
+    openapi_extra=CREATE_HEADERS,
+)
+async def create_run(
+    agent_id: AgentId,
+    body: CreateRunRequest,
+    svc: Svc,
+    principal: CurrentPrincipal,
+    idempotency_key: IdempotencyKey = None,
+) -> Response:
+    """Create a durable run (R-CREATE-1..5). 202 with the receipt once Temporal confirmed
+    the start; 503 ``durable_dispatch_unknown`` with the receipt when it could not.
+
+    A replay of an accepted request (same principal, key and body) returns the original
+    receipt whatever happened to the principal's workspace grant since (R-CREATE-2): the
+    grant is checked only for new work (403 ``workspace_access_denied``), and a resume
+    checks it again (R-AUTH-2)."""
+    if not body.durable_temporal:
+        return await create_legacy(svc, agent_id, body, principal, idempotency_key)
+    if not idempotency_key:
+        raise ApiError(400, "idempotency_key_required", "durable creation needs an Idempotency-Key")
+    digest = fingerprint(agent_id, body)
+    scope = {"tenant_id": principal.tenant_id, "principal_id": principal.principal_id,
+             "route": CREATE_ROUTE, "key": idempotency_key}
+    async with svc.tenant(principal.tenant_id) as conn:
+        record = await repo.lookup_idempotency(conn, **scope)
+        earlier = await replayable(conn, record, digest, svc.settings) if record else None
+    if earlier is not None:
+        return await answer(svc, earlier, replayed=True)
+    run_id = str(uuid.uuid4())
+    grant = await workspace_grant(svc, principal, body.workspace_id, "workspace_access_denied")
+    async with svc.tenant(principal.tenant_id) as conn:
+        row = await repo.insert_run_or_none(
+            conn, run_id=run_id, tenant_id=principal.tenant_id,
+            principal_id=principal.principal_id, agent_id=agent_id, prompt=body.prompt,
+            request=body.model_dump(), stream_key=secrets.token_urlsafe(24),
+            deadline_s=body.deadline_seconds, workflow_id=workflow_id(run_id, 1),
+            route=CREATE_ROUTE, idempotency_key=idempotency_key, fingerprint=digest,
+            workspace_id=body.workspace_id, grant_token=grant,
+        )
+        replayed = row is None
+        if row is None:
+            record = await repo.lookup_idempotency(conn, **scope)
+            row = await replayable(conn, record, digest, svc.settings)
+    if not replayed:
+        AFTER_ACCEPT.reach(run_id=run_id)
+    response = await answer(svc, row, replayed=replayed)
+    if not replayed:
+        async with svc.tenant(principal.tenant_id) as conn:
+            await repo.complete_idempotency(conn, **scope)
+    return response
+
+
+@router.get("/v1/agents/{agent_id}/runs/{run_id}", response_model=RunView, responses=READ_ERRORS)
+async def read_run(
+    agent_id: AgentId,
+    run_id: uuid.UUID,
+    svc: Svc,
+    principal: CurrentPrincipal,
+) -> RunView:
+    """Read a run (R-READ-1); another principal or tenant gets 404 (R-AUTH-1)."""
+    async with svc.tenant(principal.tenant_id) as conn:
+        row = await owned_run(conn, agent_id, run_id, principal)
+        return _view(row, await journal_db.invocations(conn, str(run_id)))

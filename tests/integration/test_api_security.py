@@ -1,0 +1,117 @@
+"""The API's security surface against the real database, in process (issue 13): ``/metrics``
+is an operator surface showing the operator's own tenant only, through an indexed
+per-tenant query (R-OPS-7); a same-key replay after a revoke returns the original
+receipt while new work is still authorised (R-CREATE-2, R-AUTH-2)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from qimpl.api.app import create_app
+from qimpl.api.deps import Services
+from qimpl.db import admin
+from qimpl.metrics import RUN_STATS_SQL
+from qimpl.settings import Settings
+from qualify.stack._embedded import API_ROLE, with_user
+
+Client = httpx.AsyncClient
+
+
+@pytest.fixture
+def db(stack: Any) -> str:
+    return str(stack.create_database())
+
+
+def _with_api(db: str, stack: Any, test: Callable[[Client], Awaitable[None]]) -> None:
+    """Run ``test`` against the app in process, connected as the API's restricted role;
+    Temporal is the stack's, on a task queue no worker polls (runs stay queued)."""
+    settings = Settings(database_url=with_user(db, API_ROLE), auth="db",
+                        temporal_address=stack.info.temporal_address,
+                        task_queue=f"sec-{uuid.uuid4().hex[:8]}")
+
+    async def main() -> None:
+        app = create_app(settings)
+        services = Services(settings)
+        await services.pool.open()
+        app.state.services = services
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                         base_url="http://api") as client:
+                await test(client)
+        finally:
+            await services.pool.close()
+
+    asyncio.run(main())
+
+
+async def _create(client: Client, key: str, idem: str, prompt: str = "hello") -> httpx.Response:
+    return await client.post("/v1/agents/a-1/runs", json={"prompt": prompt, "durable_temporal": True},
+                             headers={"Authorization": f"Bearer {key}", "Idempotency-Key": idem})
+
+
+@pytest.mark.req("R-OPS-7")
+@pytest.mark.req("R-AUTH-4")
+def test_metrics_need_an_operator_key_and_show_its_tenant_only(db: str, stack: Any) -> None:
+    async def test(client: Client) -> None:
+        for key in ("dev-key", "other-key"):
+            assert (await _create(client, key, f"m-{key}")).status_code == 202
+        anonymous = await client.get("/metrics")
+        assert (anonymous.status_code, anonymous.json()["code"]) == (401, "unauthenticated")
+        assert "t-dev" not in anonymous.text and "qimpl_runs" not in anonymous.text
+        for key in ("dev-key", "other-key"):
+            refused = await client.get("/metrics", headers={"Authorization": f"Bearer {key}"})
+            assert (refused.status_code, refused.json()["code"]) == (403, "operator_credential_required")
+        for key, tenant in (("ops-key", "t-dev"), ("ops-other-key", "t-other")):
+            scrape = await client.get("/metrics", headers={"Authorization": f"Bearer {key}"})
+            assert scrape.status_code == 200
+            assert set(re.findall(r'tenant="([^"]*)"', scrape.text)) == {tenant}, scrape.text
+            assert f'qimpl_runs{{state="queued",tenant="{tenant}"}} 1.0' in scrape.text
+            assert f'qimpl_oldest_accepted_run_age_seconds{{tenant="{tenant}"}} 0.0' in scrape.text
+
+    _with_api(db, stack, test)
+
+
+@pytest.mark.req("R-OPS-7")
+def test_metrics_aggregate_is_an_index_only_scan_of_one_tenant(db: str) -> None:
+    with psycopg.connect(with_user(db, API_ROLE), autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.UndefinedFunction):  # no cross-tenant aggregate
+            conn.execute("SELECT * FROM qimpl_run_stats()")
+    with psycopg.connect(with_user(db, API_ROLE)) as conn:
+        conn.execute("SELECT set_config('qimpl.tenant', 't-dev', true)")
+        conn.execute("SET LOCAL enable_seqscan = off")  # tiny table: show the index serves it
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + RUN_STATS_SQL, ("t-dev",)))
+    assert "Index Only Scan using runs_tenant_state_accepted" in plan, plan
+    assert "Seq Scan" not in plan, plan
+
+
+@pytest.mark.req("R-CREATE-2")
+@pytest.mark.req("R-AUTH-2")
+def test_same_key_after_revoke_replays_the_original_receipt(db: str, stack: Any) -> None:
+    async def test(client: Client) -> None:
+        first = await _create(client, "dev-key", "K")
+        assert first.status_code == 202, first.text
+        with psycopg.connect(db, autocommit=True) as conn:
+            assert admin.revoke_workspace(conn, tenant_id="t-dev", principal_id="p-dev",
+                                          workspace_id="default") == 1
+        again = await _create(client, "dev-key", "K")
+        assert again.status_code == 202, again.text
+        assert again.headers["Idempotent-Replayed"] == "true"
+        assert again.json() == first.json()
+        fresh = await _create(client, "dev-key", "K2")
+        assert (fresh.status_code, fresh.json()["code"]) == (403, "workspace_access_denied")
+        other_body = await _create(client, "dev-key", "K", prompt="another")
+        assert (other_body.status_code, other_body.json()["code"]) == (422, "idempotency_key_reused")
+
+    _with_api(db, stack, test)
+    with psycopg.connect(db, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM runs").fetchone() == (1,)
+
+

@@ -1,0 +1,75 @@
+"""The routers refactor (issue 13, item 10) changes no route of the OpenAPI document: every
+operation keeps its path, method, operationId, parameters, body, security and each
+response code with its documented error codes. ``tests/data/openapi_routes.json`` is that
+contract as served *before* the refactor (generated from the closure-based ``create_app``);
+regenerate it only for an intended change of the document:
+
+    python -m tests.unit.test_openapi_layout > tests/data/openapi_routes.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.routing import APIRoute
+
+from qimpl.api.app import create_app
+from qimpl.settings import Settings
+
+SNAPSHOT = Path(__file__).parents[1] / "data" / "openapi_routes.json"
+
+
+def contract(doc: dict[str, Any]) -> dict[str, Any]:
+    """The comparable part of an OpenAPI document: ``{"METHOD path": {...}}`` plus the
+    component schema names (their bodies are pydantic's, unchanged by the layout)."""
+    ops: dict[str, Any] = {}
+    for path, by_method in doc["paths"].items():
+        for method, op in by_method.items():
+            ops[f"{method.upper()} {path}"] = {
+                "operationId": op["operationId"],
+                "summary": op.get("summary"),
+                "parameters": [[p["in"], p["name"], p.get("required", False)]
+                               for p in op.get("parameters", [])],
+                "requestBody": json.dumps(op.get("requestBody"), sort_keys=True),
+                "security": op.get("security"),
+                "responses": {code: r.get("description", "") for code, r in op["responses"].items()},
+            }
+    return {"operations": ops, "schemas": sorted(doc["components"]["schemas"])}
+
+
+@pytest.mark.req("R-CREATE-1")
+def test_openapi_document_unchanged_by_the_router_layout() -> None:
+    expected = json.loads(SNAPSHOT.read_text())
+    actual = json.loads(json.dumps(contract(create_app(Settings()).openapi())))
+    assert sorted(actual["operations"]) == sorted(expected["operations"])
+    for op, want in expected["operations"].items():
+        assert actual["operations"][op] == want, op
+    assert actual["schemas"] == expected["schemas"]
+
+
+def _api_routes(routes: list[Any]) -> list[APIRoute]:
+    found: list[APIRoute] = []
+    for route in routes:
+        if isinstance(route, APIRoute):
+            found.append(route)
+        elif hasattr(route, "original_router"):  # an included router (FastAPI >= 0.16x)
+            found.extend(_api_routes(route.original_router.routes))
+    return found
+
+
+def test_create_app_only_assembles_routers() -> None:
+    """Every route (the 16 documented ones, ``/metrics`` and ``/healthz``) comes from a
+    resource router module; none is defined in ``qimpl.api.app``."""
+    routes = _api_routes(create_app(Settings()).routes)
+    assert len(routes) == 18, [r.path for r in routes]
+    modules = {r.endpoint.__module__ for r in routes}
+    assert "qimpl.api.app" not in modules, modules
+
+
+if __name__ == "__main__":
+    json.dump(contract(create_app(Settings()).openapi()), sys.stdout, indent=1, sort_keys=True)
+    sys.stdout.write("\n")
