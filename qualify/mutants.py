@@ -73,7 +73,7 @@ CATALOG: tuple[Mutant, ...] = (
         "finalising-tool-needs-approval", "no finalising side effect without its own approval"),
     Mutant(
         "resume-past-unknown-outcome", "reconciliation before resume (R-RESUME-3)",
-        (Patch("qimpl/api/app.py", '    unsettled = await journal_db.unsettled(conn, str(row["run_id"]))',
+        (Patch("qimpl/api/routers/controls.py", '    unsettled = await journal_db.unsettled(conn, str(row["run_id"]))',
                "    unsettled: list[dict[str, Any]] = []"),
          Patch("qimpl/db/migrations/versions/20261130_160000_tool_journal.py",
                "    IF OLD.state = 'awaiting_input' AND NEW.generation > OLD.generation",
@@ -90,7 +90,7 @@ CATALOG: tuple[Mutant, ...] = (
         "approval-flow", "an unknown action_version is 409 action_version_mismatch and runs nothing"),
     Mutant(
         "stream-ignores-last-event-id", "stream replay (R-EVENT-2)",
-        (Patch("qimpl/api/app.py", "int(last_event_id or 0)))", "0))"),),
+        (Patch("qimpl/api/routers/events.py", "int(last_event_id or 0)))", "0))"),),
         "event-stream", "stream events complete, ordered and ending in the run's terminal state"),
     Mutant(
         "reconciler-expires-nothing", "reconciler expiry (R-EXEC-8, R-OPS-3)",
