@@ -86,12 +86,24 @@ class EchoProvider(Provider):
 
 
 def load_provider(path: str, config: Mapping[str, Any]) -> Provider:
-    """Instantiate ``module:attribute`` with ``config``; ValueError on a bad path."""
+    """Instantiate ``module:attribute`` with ``config``. Raises ValueError with a message
+    fit for an operator (no traceback, no config value) when the path is malformed, the
+    module or attribute does not exist, the factory raises, or it returns no Provider;
+    the API and the worker turn it into exit code 64 at start."""
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"provider must be 'module:attribute', got {path!r}")
-    factory = getattr(importlib.import_module(module_name), attr)
-    provider = factory(config)
+        raise ValueError(f"must be 'module:factory', got {path!r}")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except ImportError as exc:
+        raise ValueError(f"{path!r}: cannot import module {exc.name or module_name!r}") from None
+    except AttributeError:
+        raise ValueError(f"{path!r}: module {module_name!r} has no {attr!r}") from None
+    try:
+        provider = factory(config)
+    except Exception as exc:  # noqa: BLE001 - reported by type: a message may echo the config
+        raise ValueError(f"{path!r}: the factory raised {type(exc).__name__} "
+                         "(check QIMPL_PROVIDER_CONFIG)") from None
     if not isinstance(provider, Provider):
-        raise ValueError(f"{path} did not produce a Provider")
+        raise ValueError(f"{path!r} did not produce a Provider")
     return provider

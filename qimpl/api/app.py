@@ -62,7 +62,7 @@ from qimpl.errors import SAFE_MESSAGES, DeadlinePassed, DispatchUnknown
 from qimpl.legacy import answer_inline
 from qimpl.lifecycle import TERMINAL, RunState, workflow_id
 from qimpl.logs import setup_logging
-from qimpl.settings import Settings, get_settings
+from qimpl.settings import ApiSettings, Settings, exit_config, load_or_exit, plugin_error
 
 __all__ = ["create_app"]
 
@@ -316,14 +316,30 @@ async def _replayable(conn: Any, record: dict[str, Any] | None, fingerprint: str
     return dict(row)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the application; settings default to the environment's."""
-    settings = settings or get_settings()
-    services = Services(settings)
+def create_app(settings: ApiSettings | None = None) -> FastAPI:
+    """Build the application.
+
+    Without ``settings`` (how ``uvicorn --factory`` calls it) this is the process's start:
+    logging is set up first, so that every line, uvicorn's own start lines included, is
+    JSON; the settings are read from the environment (``ApiSettings``) and the provider
+    (``QIMPL_PROVIDER``) is loaded. A missing or malformed setting, or a provider that
+    does not load, stops the process with one line on stderr naming the variable and exit
+    code 64 (``qimpl.settings.EXIT_CONFIG``). With ``settings`` (tests) the caller's
+    logging is left alone and a bad provider raises ValueError."""
+    if settings is None:
+        setup_logging()
+        settings = load_or_exit(ApiSettings, "api")
+        services = Services(settings)
+        try:
+            services.provider  # noqa: B018 - loaded now: a bad plugin stops the start
+        except ValueError as exc:
+            exit_config(plugin_error(ApiSettings, "provider", exc), "api")
+    else:
+        services = Services(settings)
+        services.provider  # noqa: B018 - validated at build time
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        setup_logging()
         await services.pool.open()
         app.state.services = services
         async with services.pool.connection() as conn:
