@@ -24,7 +24,15 @@ __all__ = ["EchoProvider", "Provider", "StepContext", "StepResult", "load_provid
 
 @dataclass(frozen=True, kw_only=True)
 class StepContext:
-    """What a step may see: the run's identity, its prompt(s) and the checkpointed state."""
+    """What a step may see: the run's identity, its prompt(s), the checkpointed state, and
+    the workspace the run reads with the principal's authorisation grant for it.
+
+    ``grant_token`` is a credential: it is read by the worker from ``workspace_grants``
+    (the run's principal and workspace, under the tenant's row-level security) at every
+    attempt, is never stored in the run, its checkpoints, events or logs, and is left out
+    of ``repr`` (R-READ-3). A provider must not put it into its ``StepResult``. ``None``:
+    the grant was revoked since the run was accepted (or the legacy ``/v1/answer`` path,
+    which has no run)."""
 
     run_id: str
     tenant_id: str
@@ -44,6 +52,10 @@ class StepContext:
     #: ``denied`` (its approval was denied: nothing ran), ``not_executed`` and
     #: ``compensated`` (recorded by an operator). ``id`` is the provider's own id.
     tool_results: tuple[Mapping[str, Any], ...] = ()
+    #: The run's workspace (the request's ``workspace_id``, default ``"default"``, R-AUTH-2).
+    workspace_id: str = "default"
+    #: The principal's live authorisation grant for ``workspace_id`` (never projected, R-READ-3).
+    grant_token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, kw_only=True)

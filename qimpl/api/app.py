@@ -244,14 +244,14 @@ async def _create_legacy(svc: Services, agent_id: str, body: CreateRunRequest, p
                          key: str | None) -> Response:
     """R-CREATE-6: the legacy inline path, executed in this process (no restart promise)."""
     run_id = str(uuid.uuid4())
-    grant = await _workspace_grant(svc, principal, body.workspace_id, "workspace_access_denied")
+    await _require_grant(svc, principal, body.workspace_id, "workspace_access_denied")
     async with svc.tenant(principal.tenant_id) as conn:
         row = await repo.insert_run_or_none(
             conn, run_id=run_id, tenant_id=principal.tenant_id, principal_id=principal.principal_id,
             agent_id=agent_id, prompt=body.prompt, request=body.model_dump(),
             stream_key=secrets.token_urlsafe(24), deadline_s=body.deadline_seconds, workflow_id=None,
             route=CREATE_ROUTE, idempotency_key=key, fingerprint=_fingerprint(agent_id, body),
-            lifecycle_version=1, workspace_id=body.workspace_id, grant_token=grant)
+            lifecycle_version=1, workspace_id=body.workspace_id)
         if row is None:
             raise ApiError(409, "idempotency_key_in_flight", "this key is already in use")
     svc.spawn(svc.run_legacy(run_id, principal.tenant_id))
@@ -280,18 +280,16 @@ async def _journal_settled(conn: Any, row: dict[str, Any]) -> bool:
     return True
 
 
-async def _workspace_grant(svc: Services, principal: Principal, workspace_id: str, code: str) -> str:
-    """The principal's live grant for ``workspace_id``; 403 ``code`` without one (R-AUTH-2).
-    The grant never leaves the server (R-READ-3)."""
+async def _require_grant(svc: Services, principal: Principal, workspace_id: str, code: str) -> None:
+    """403 ``code`` unless the principal has a live grant for ``workspace_id`` (R-AUTH-2).
+    The grant itself is not copied into the run: the worker reads it from
+    ``workspace_grants`` for the provider at every attempt (R-READ-3)."""
     async with svc.tenant(principal.tenant_id) as conn:
-        cur = await conn.execute(
-            "SELECT grant_token FROM workspace_grants WHERE tenant_id = %s AND principal_id = %s"
-            " AND workspace_id = %s AND revoked_at IS NULL",
-            (principal.tenant_id, principal.principal_id, workspace_id))
-        row = await cur.fetchone()
-    if row is None:
+        grant = await repo.workspace_grant(conn, tenant_id=principal.tenant_id,
+                                           principal_id=principal.principal_id,
+                                           workspace_id=workspace_id)
+    if grant is None:
         raise ApiError(403, code, "no access to this workspace")
-    return str(row[0])
 
 
 async def _replayable(conn: Any, record: dict[str, Any] | None, fingerprint: str,
@@ -472,7 +470,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         scope = {"tenant_id": principal.tenant_id, "principal_id": principal.principal_id,
                  "route": CREATE_ROUTE, "key": idempotency_key}
         run_id = str(uuid.uuid4())
-        grant = await _workspace_grant(svc, principal, body.workspace_id, "workspace_access_denied")
+        await _require_grant(svc, principal, body.workspace_id, "workspace_access_denied")
         async with svc.tenant(principal.tenant_id) as conn:
             row = await repo.insert_run_or_none(
                 conn, run_id=run_id, tenant_id=principal.tenant_id,
@@ -480,7 +478,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
                 request=body.model_dump(), stream_key=secrets.token_urlsafe(24),
                 deadline_s=body.deadline_seconds, workflow_id=workflow_id(run_id, 1),
                 route=CREATE_ROUTE, idempotency_key=idempotency_key, fingerprint=fingerprint,
-                workspace_id=body.workspace_id, grant_token=grant,
+                workspace_id=body.workspace_id,
             )
             replayed = row is None
             if row is None:
@@ -532,7 +530,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             row = await owned_run(conn, agent_id, run_id, principal)
         if row["state"] == RunState.AWAITING_INPUT:
             # R-AUTH-2: access to the run's workspace is checked again at every resume.
-            await _workspace_grant(svc, principal, row["workspace_id"], "workspace_access_revoked")
+            await _require_grant(svc, principal, row["workspace_id"], "workspace_access_revoked")
         resumed: dict[str, Any] | None = None
         expired = False
         async with svc.tenant(principal.tenant_id) as conn:
