@@ -31,6 +31,7 @@ import psycopg
 from fastapi import Depends, FastAPI, Header, Path, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from psycopg_pool import PoolTimeout
 from sse_starlette.sse import EventSourceResponse
 
 from qimpl import journal, metrics
@@ -70,6 +71,9 @@ log = logging.getLogger("qimpl.api")
 
 AFTER_ACCEPT = declare("api.after_acceptance_commit", "the run is committed `accepted`, dispatch not yet asked")
 AFTER_DISPATCH = declare("api.after_dispatch", "Temporal accepted the workflow, `queued` not yet committed")
+
+#: How long the API's start waits for its first database connection.
+DB_START_TIMEOUT_S = 10.0
 
 CREATE_ROUTE = "POST /v1/agents/{agent_id}/runs"
 _KEY_PATTERN, _KEY_MAX = r"^[\x21-\x7e]+$", 255
@@ -338,7 +342,16 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await services.pool.open()
+        try:
+            # Wait for one connection: an unreachable database stops the start here, in
+            # seconds, with one line naming it (not a pool timeout at the first request).
+            await services.pool.open(wait=True, timeout=DB_START_TIMEOUT_S)
+        except PoolTimeout:
+            log.error("the API cannot reach the database (QIMPL_DATABASE_URL) within %s s",
+                      DB_START_TIMEOUT_S, extra={"event": "api.database_unreachable"})
+            await services.pool.close()
+            raise
+
         app.state.services = services
         async with services.pool.connection() as conn:
             await warn_if_rls_bypassed(conn, "API", log)
