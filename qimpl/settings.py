@@ -230,7 +230,7 @@ class AdminSettings(BaseSettings):
 
 #: Which process reads which model (the table's last column), in table order.
 PROCESSES: dict[str, type[BaseSettings]] = {
-    "API": ApiSettings, "worker": WorkerSettings, "sweep": Settings, "api_keys": AdminSettings}
+    "API": ApiSettings, "worker": WorkerSettings, "sweep": Settings, "api_keys, migrate": AdminSettings}
 
 S = TypeVar("S", bound=BaseSettings)
 

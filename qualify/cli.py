@@ -65,6 +65,12 @@ def _progress(kind: str, data: Any) -> None:
         console.print("[yellow]--keep: the stack stays up; Ctrl-C to tear it down[/]")
         console.print(f"  psql {data['pg_dsn']}    (databases: {data['databases']})")
         console.print(f"  temporal workflow list --address {data['temporal_address']}")
+        console.print("  attach an API and a worker to a scenario's database (<db> from psql's \\l):")
+        for role, command in (("qimpl_worker", "python -m qimpl.workflows.worker"),
+                              ("qimpl_api", "uvicorn --factory qimpl.api.app:create_app --port 8000")):
+            dsn = data["pg_dsn"].split("://", 1)[1].split("@", 1)[-1].rsplit("/", 1)[0]
+            console.print(f"    QIMPL_DATABASE_URL=postgresql://{role}@{dsn}/<db> QIMPL_TEMPORAL_ADDRESS="
+                          f"{data['temporal_address']} QIMPL_TASK_QUEUE=<queue> {command}")
     elif kind in ("shrunk", "shrink_try"):
         console.print(f"  shrink: {kind} size={data['size']} {data.get('verdict', '')}")
 

@@ -157,3 +157,14 @@ def test_the_sweep_calls_a_usage_error_64(args: list[str], variables: dict[str, 
     done = _start(["-m", "qimpl.scripts.agent_runs", *args], **variables)
     assert done.returncode == 64, done.stderr
     assert says in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["-m", "qimpl.db.migrate"], "QIMPL_ADMIN_DATABASE_URL"),
+    (["-m", "qimpl.scripts.api_keys", "grant", "--tenant", "t", "--principal", "p", "--workspace", "w",
+      "--grant-token", ""], "--grant-token is empty"),
+], ids=["migrate-without-dsn", "empty-grant-token"])
+def test_the_operator_scripts_call_a_usage_error_64(argv: list[str], says: str) -> None:
+    done = _start(argv, QIMPL_DATABASE_URL="") if "grant" not in argv else _start(argv, QIMPL_DATABASE_URL=DSN)
+    assert done.returncode == 64, (done.stdout, done.stderr)
+    assert says in done.stderr and "Traceback" not in done.stderr
