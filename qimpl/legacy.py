@@ -14,6 +14,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from qimpl.db.runs import workspace_grant
 from qimpl.lifecycle import TERMINAL, RunState
 from qimpl.provider import Provider, StepContext
 
@@ -25,13 +26,16 @@ log = logging.getLogger("qimpl.legacy")
 MAX_STEPS = 100
 
 
-async def answer_inline(provider: Provider, *, prompt: str, run_id: str, tenant_id: str) -> dict[str, Any]:
-    """Run the provider to an answer in this process; returns ``{answer, steps, usage}``."""
+async def answer_inline(provider: Provider, *, prompt: str, run_id: str, tenant_id: str,
+                        workspace_id: str = "default", grant_token: str | None = None) -> dict[str, Any]:
+    """Run the provider to an answer in this process; returns ``{answer, steps, usage}``.
+    ``grant_token`` reaches the provider only (R-READ-3)."""
     state: dict[str, Any] = {}
     usage: dict[str, int] = {}
     for step in range(1, MAX_STEPS + 1):
         result = await provider.step(StepContext(run_id=run_id, tenant_id=tenant_id, generation=1,
-                                                 attempt=1, step=step, prompt=prompt, state=state))
+                                                 attempt=1, step=step, prompt=prompt, state=state,
+                                                 workspace_id=workspace_id, grant_token=grant_token))
         state = dict(result.state)
         for k, v in result.usage.items():
             usage[k] = usage.get(k, 0) + int(v)
@@ -63,7 +67,10 @@ async def run_inline(conn: psycopg.AsyncConnection[Any], provider: Provider, run
     if not await _move(conn, run_id, RunState.RUNNING):
         return "cancelled"
     try:
-        out = await answer_inline(provider, prompt=row["prompt"], run_id=run_id, tenant_id=row["tenant_id"])
+        grant = await workspace_grant(conn, tenant_id=row["tenant_id"], principal_id=row["principal_id"],
+                                      workspace_id=row["workspace_id"])
+        out = await answer_inline(provider, prompt=row["prompt"], run_id=run_id, tenant_id=row["tenant_id"],
+                                  workspace_id=row["workspace_id"], grant_token=grant)
     except Exception as exc:  # noqa: BLE001 - the run records a safe code, the log the type
         log.warning("legacy run %s failed: %s", run_id, type(exc).__name__)
         await _move(conn, run_id, RunState.FAILED, error_code="agent_failed",

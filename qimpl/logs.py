@@ -88,6 +88,8 @@ def temporal_runtime() -> Runtime:
 
 def setup_logging(level: int = logging.INFO) -> None:
     """Every log line of the process as one JSON object on stdout (``JsonFormatter``).
+    The API calls it when uvicorn builds the app (``create_app`` as a factory), before
+    uvicorn's first line of its own; the worker first thing in ``main``.
 
     uvicorn installs plain-text handlers on its loggers (``UVICORN_LOGGERS``) before it
     builds the app; they are replaced with the same JSON handler here, so that uvicorn's

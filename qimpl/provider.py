@@ -24,7 +24,15 @@ __all__ = ["EchoProvider", "Provider", "StepContext", "StepResult", "load_provid
 
 @dataclass(frozen=True, kw_only=True)
 class StepContext:
-    """What a step may see: the run's identity, its prompt(s) and the checkpointed state."""
+    """What a step may see: the run's identity, its prompt(s), the checkpointed state, and
+    the workspace the run reads with the principal's authorisation grant for it.
+
+    ``grant_token`` is a credential: it is read by the worker from ``workspace_grants``
+    (the run's principal and workspace, under the tenant's row-level security) at every
+    attempt, is never stored in the run, its checkpoints, events or logs, and is left out
+    of ``repr`` (R-READ-3). A provider must not put it into its ``StepResult``. ``None``:
+    the grant was revoked since the run was accepted (or the legacy ``/v1/answer`` path,
+    which has no run)."""
 
     run_id: str
     tenant_id: str
@@ -44,6 +52,10 @@ class StepContext:
     #: ``denied`` (its approval was denied: nothing ran), ``not_executed`` and
     #: ``compensated`` (recorded by an operator). ``id`` is the provider's own id.
     tool_results: tuple[Mapping[str, Any], ...] = ()
+    #: The run's workspace (the request's ``workspace_id``, default ``"default"``, R-AUTH-2).
+    workspace_id: str = "default"
+    #: The principal's live authorisation grant for ``workspace_id`` (never projected, R-READ-3).
+    grant_token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,12 +98,24 @@ class EchoProvider(Provider):
 
 
 def load_provider(path: str, config: Mapping[str, Any]) -> Provider:
-    """Instantiate ``module:attribute`` with ``config``; ValueError on a bad path."""
+    """Instantiate ``module:attribute`` with ``config``. Raises ValueError with a message
+    fit for an operator (no traceback, no config value) when the path is malformed, the
+    module or attribute does not exist, the factory raises, or it returns no Provider;
+    the API and the worker turn it into exit code 64 at start."""
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"provider must be 'module:attribute', got {path!r}")
-    factory = getattr(importlib.import_module(module_name), attr)
-    provider = factory(config)
+        raise ValueError(f"must be 'module:factory', got {path!r}")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except ImportError as exc:
+        raise ValueError(f"{path!r}: cannot import module {exc.name or module_name!r}") from None
+    except AttributeError:
+        raise ValueError(f"{path!r}: module {module_name!r} has no {attr!r}") from None
+    try:
+        provider = factory(config)
+    except Exception as exc:  # noqa: BLE001 - reported by type: a message may echo the config
+        raise ValueError(f"{path!r}: the factory raised {type(exc).__name__} "
+                         "(check QIMPL_PROVIDER_CONFIG)") from None
     if not isinstance(provider, Provider):
-        raise ValueError(f"{path} did not produce a Provider")
+        raise ValueError(f"{path!r} did not produce a Provider")
     return provider

@@ -1,79 +1,357 @@
-"""Deployment settings, read once from the environment (pydantic-settings).
+"""Deployment settings, read once from the environment (pydantic-settings): one model per
+process, each validating only what that process reads.
+
+    Settings             what every process that reaches PostgreSQL and Temporal shares
+    │                    (the one-shot sweep's model; dispatch and the reconciler read it)
+    ├── ApiSettings      + provider (legacy paths), authentication, pool
+    └── WorkerSettings   + provider, tools, activities, reconciler, metrics port
+    AdminSettings        the schema owner's DSN (``python -m qimpl.scripts.api_keys``)
 
 Names the spec fixes keep their names (``AGENT_CONCURRENCY_LIMIT``,
-``DURABLE_AGENT_RECONCILE_TENANTS``); everything else is prefixed ``QIMPL_``.
+``DURABLE_AGENT_RECONCILE_TENANTS``); everything else is prefixed ``QIMPL_``. Each field
+carries its description and an example (``json_schema_extra``): the settings table of
+``docs/operations.md`` is generated from them (``python -m qimpl.settings``, checked by a
+unit test), and a missing or malformed setting stops a process at once with one line
+naming the variable and that example, exit code 64 (``load_or_exit``).
 """
 
 from __future__ import annotations
 
+import json
+import sys
+from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any
+from typing import Annotated, Any, NoReturn, TypeVar
 
-from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
-__all__ = ["Settings", "get_settings"]
+__all__ = ["EXIT_CONFIG", "AdminSettings", "ApiSettings", "ConfigError", "Settings",
+           "WorkerSettings", "config_error", "env_name", "exit_config", "get_settings", "load", "load_or_exit",
+           "plugin_error", "settings_table"]
+
+#: Exit code of a process stopped by its configuration (EX_USAGE, sysexits.h).
+EXIT_CONFIG = 64
+
+_DSN_SCHEMES = ("postgresql://", "postgres://")
+_CONFIG = SettingsConfigDict(env_prefix="QIMPL_", extra="ignore", frozen=True)
+
+
+def _example(value: str) -> dict[str, Any]:
+    return {"example": value}
+
+
+def _json_value(value: Any, kind: type) -> Any:
+    """Decode a JSON environment value ourselves (``NoDecode``), so that a malformed one
+    is a ValidationError that names its field instead of a SettingsError."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else kind()
+        except ValueError:
+            raise ValueError(f"not valid JSON (expected a JSON {kind.__name__ if kind is not dict else 'object'})") from None
+    if not isinstance(value, kind):
+        raise ValueError(f"expected a JSON {'object' if kind is dict else 'list'}, got {type(value).__name__}")
+    return value
+
+
+def _check_dsn(value: str) -> str:
+    if not value.startswith(_DSN_SCHEMES):
+        raise ValueError("must be a PostgreSQL URL postgresql://user:password@host:port/database")
+    return value
+
+
+def _import_path(value: str) -> str:
+    module, _, attr = value.partition(":")
+    if not module or not attr or not all(p.isidentifier() for p in [*module.split("."), attr]):
+        raise ValueError(f"must be an import path 'module:factory', got {value!r}")
+    return value
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="QIMPL_", extra="ignore", frozen=True)
+    """What every process shares. ``QIMPL_DATABASE_URL`` has no default: a process never
+    guesses a database."""
 
-    database_url: str = "postgresql://postgres@127.0.0.1:5432/qimpl"
-    temporal_address: str = "127.0.0.1:7233"
-    temporal_namespace: str = "default"
-    task_queue: str = "agent-runs"
-    #: Import path ``module:attribute`` of the provider factory (R-EXEC-1, R-Q-3).
-    provider: str = "qimpl.provider:EchoProvider"
-    provider_config: dict[str, Any] = Field(default_factory=dict)
-    #: Import path ``module:factory`` of the worker's tools (R-TOOL-1); empty: no tools.
-    tools: str = ""
-    #: JSON object given to the tools factory.
-    tools_config: dict[str, Any] = Field(default_factory=dict)
-    #: Activity heartbeat timeout; the ownership lease is derived from it (R-EXEC-2).
-    heartbeat_timeout_s: float = 2.0
-    #: Provider failures (counted durably in the run) after which the run is ``failed``
-    #: (R-EXEC-6). Crashes, pauses and lost locks never count: only the deadline bounds them.
-    provider_max_failures: int = 5
-    #: Seconds the API waits for Temporal to confirm a start before answering 503 (R-CREATE-5).
-    dispatch_timeout_s: float = 5.0
-    #: ``db``: API keys hashed in PostgreSQL (production); ``static``: ``api_keys`` below.
-    auth: str = "db"
-    #: JSON object ``{api_key: {"tenant": ..., "principal": ...}}`` (``auth=static`` only);
-    #: ``"role": "operator"`` marks an operator key (R-OPS-7), the default is ``client``.
-    api_keys: dict[str, dict[str, str]] = Field(
-        default_factory=lambda: {"dev-key": {"tenant": "t-dev", "principal": "p-dev"}}
-    )
-    #: Crash-point directive ``name:action[,name:action]``; inert when empty (R-Q-4).
-    crash_points: str = ""
-    #: Where crash points and the synthetic provider leave evidence and wait for release.
-    control_dir: str = ""
+    model_config = _CONFIG
+
+    database_url: str = Field(
+        description="PostgreSQL DSN of the process's login role (a member of `qimpl_app`; never the owner or a superuser)",
+        json_schema_extra=_example("postgresql://qimpl_api:secret@127.0.0.1:5432/qimpl"))
+    temporal_address: str = Field(
+        default="127.0.0.1:7233", description="Temporal frontend `host:port`",
+        json_schema_extra=_example("127.0.0.1:7233"))
+    temporal_namespace: str = Field(default="default", description="Temporal namespace",
+                                    json_schema_extra=_example("default"))
+    task_queue: str = Field(default="agent-runs",
+                            description="the queue workers poll and the API dispatches to",
+                            json_schema_extra=_example("agent-runs"))
+    heartbeat_timeout_s: float = Field(
+        default=2.0, gt=0,
+        description="activity heartbeat timeout **and** the ownership lease, seconds (see \"The ownership lease\"); set it alike on the API and the workers (R-EXEC-2)",
+        json_schema_extra=_example("2"))
+    provider_max_failures: int = Field(
+        default=5, ge=1,
+        description="provider failures (counted in the run) before it ends `failed` (R-EXEC-6)",
+        json_schema_extra=_example("5"))
+    dispatch_timeout_s: float = Field(
+        default=5.0, gt=0,
+        description="how long the API waits for Temporal before answering 503 `durable_dispatch_unknown` (R-CREATE-5); a key whose first request is unanswered for this long + 1 s stops answering 409 `idempotency_key_in_flight`",
+        json_schema_extra=_example("5"))
     concurrency_limit: int = Field(
-        default=0, validation_alias=AliasChoices("AGENT_CONCURRENCY_LIMIT", "QIMPL_CONCURRENCY_LIMIT")
-    )
-    #: Activities one worker runs at once; each holds one lease connection (connection budget).
-    max_concurrent_activities: int = 20
-    #: Longest an API or reconciler statement waits for a run's row lock (seconds); the
-    #: API then answers 503 ``run_busy``. Keep it above the heartbeat timeout (the lease):
-    #: a paused owner's locks are released within the lease (R-EXEC-11).
-    api_lock_timeout_s: float = 5.0
-    #: Size of the API's connection pool (connection budget).
-    api_pool_size: int = 10
-    #: How long idempotency keys are remembered (R-CREATE-2); pruned by the reconciler.
-    idempotency_retention_s: int = 86400
-    #: Seconds between reconciler sweeps (R-OPS-3).
-    reconcile_interval_s: float = 5.0
-    #: An ``accepted`` run is the reconciler's to dispatch only after this many seconds,
-    #: so that it does not race the API's own dispatch (which waits dispatch_timeout_s).
-    reconcile_grace_s: float = 6.0
-    #: Port of the worker's Prometheus endpoint; 0 disables it (R-OPS-6).
-    metrics_port: int = 0
-    reconcile_tenants: list[str] = Field(
+        default=0, ge=0, validation_alias=AliasChoices("AGENT_CONCURRENCY_LIMIT", "QIMPL_CONCURRENCY_LIMIT"),
+        description="execution slots per tenant (`running` + `awaiting_approval`); 0: no limit (R-EXEC-9)",
+        json_schema_extra=_example("10"))
+    api_lock_timeout_s: float = Field(
+        default=5.0, gt=0,
+        description="longest an API request or a sweep waits for a run's row lock; the API then answers 503 `run_busy` (retryable). Keep it above the lease",
+        json_schema_extra=_example("5"))
+    idempotency_retention_s: int = Field(
+        default=86400, gt=0,
+        description="how long `Idempotency-Key`s are remembered, seconds (pruned by the reconciler, R-CREATE-2)",
+        json_schema_extra=_example("86400"))
+    reconcile_grace_s: float = Field(
+        default=6.0, ge=0,
+        description="a generation is dispatched by the reconciler only this long after it was handed to dispatch (creation, resume, approval); a live run's workflow is checked only this long after its dispatch was confirmed",
+        json_schema_extra=_example("6"))
+    crash_points: str = Field(
+        default="", description="harness only: crash-point directive `name:action[,name:action]`; inert when empty (R-Q-4)",
+        json_schema_extra=_example("activity.after_claim:kill"))
+    control_dir: str = Field(
+        default="", description="harness only: where crash points leave evidence and wait for release",
+        json_schema_extra=_example("/tmp/qualify-control"))
+
+    @field_validator("database_url")
+    @classmethod
+    def _dsn(cls, value: str) -> str:
+        return _check_dsn(value)
+
+
+class _ProviderSettings(BaseSettings):
+    """The provider, read by both the API (legacy inline path, ``/v1/answer``) and the
+    worker (durable runs): set it alike on both (R-EXEC-1)."""
+
+    model_config = _CONFIG
+
+    provider: str = Field(
+        default="qimpl.provider:EchoProvider",
+        description="provider plugin `module:factory` (`qimpl/provider.py`), loaded and validated at start by **both** the API (legacy paths, `/v1/answer`) and the worker: set it alike on both. The default echoes the prompt",
+        json_schema_extra=_example("qualify.fakes.synthetic:SyntheticProvider"))
+    provider_config: Annotated[dict[str, Any], NoDecode] = Field(
+        default_factory=dict, description="JSON object given to the provider factory (echo: `{\"steps\": 3}`)",
+        json_schema_extra=_example('{"steps": 3}'))
+
+    @field_validator("provider")
+    @classmethod
+    def _provider_path(cls, value: str) -> str:
+        return _import_path(value)
+
+    @field_validator("provider_config", mode="before")
+    @classmethod
+    def _provider_json(cls, value: Any) -> Any:
+        return _json_value(value, dict)
+
+
+class ApiSettings(_ProviderSettings, Settings):
+    """The API process (``uvicorn --factory qimpl.api.app:create_app``)."""
+
+    auth: str = Field(
+        default="db", pattern="^(db|static)$",
+        description="`db`: hashed API keys in PostgreSQL (`python -m qimpl.scripts.api_keys`); `static`: `QIMPL_API_KEYS` (development only)",
+        json_schema_extra=_example("db"))
+    #: ``"role": "operator"`` marks an operator key (R-OPS-7), the default is ``client``.
+    api_keys: Annotated[dict[str, dict[str, str]], NoDecode] = Field(
+        default_factory=lambda: {"dev-key": {"tenant": "t-dev", "principal": "p-dev"}},
+        description="`QIMPL_AUTH=static` only: JSON object `{key: {\"tenant\", \"principal\", \"role\"?}}` (`role`: `client`, the default, or `operator`)",
+        json_schema_extra=_example('{"dev-key": {"tenant": "acme", "principal": "alice"}}'))
+    api_pool_size: int = Field(default=10, ge=1, description="API connection pool size",
+                               json_schema_extra=_example("10"))
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _keys_json(cls, value: Any) -> Any:
+        return _json_value(value, dict)
+
+
+class WorkerSettings(_ProviderSettings, Settings):
+    """The worker process (``python -m qimpl.workflows.worker``), reconciler included."""
+
+    tools: str = Field(
+        default="", description="the worker's tool registry, `module:factory` returning `ToolSpec`s (`qimpl/tools.py`); empty: no tools",
+        json_schema_extra=_example("qualify.fakes.tools:sink_tools"))
+    tools_config: Annotated[dict[str, Any], NoDecode] = Field(
+        default_factory=dict, description="JSON object given to the tools factory",
+        json_schema_extra=_example('{"sink_url": "http://127.0.0.1:9000"}'))
+    max_concurrent_activities: int = Field(
+        default=20, ge=1, description="activities per worker; each holds one lease connection",
+        json_schema_extra=_example("20"))
+    reconcile_interval_s: float = Field(default=5.0, gt=0, description="seconds between sweeps (R-OPS-3)",
+                                        json_schema_extra=_example("5"))
+    metrics_port: int = Field(
+        default=0, ge=0, le=65535,
+        description="the worker's Prometheus port on 127.0.0.1; 0: off (the API serves `/metrics` itself, to operator keys)",
+        json_schema_extra=_example("9464"))
+    reconcile_tenants: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         validation_alias=AliasChoices("DURABLE_AGENT_RECONCILE_TENANTS", "QIMPL_RECONCILE_TENANTS"),
-    )
+        description="JSON list of tenants this worker reconciles; `[]`: no sweep (R-OPS-3)",
+        json_schema_extra=_example('["acme"]'))
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_path(cls, value: str) -> str:
+        return _import_path(value) if value else value
+
+    @field_validator("tools_config", mode="before")
+    @classmethod
+    def _tools_json(cls, value: Any) -> Any:
+        return _json_value(value, dict)
+
+    @field_validator("reconcile_tenants", mode="before")
+    @classmethod
+    def _tenants_json(cls, value: Any) -> Any:
+        return _json_value(value, list)
+
+
+class AdminSettings(BaseSettings):
+    """The schema owner's connection (``python -m qimpl.scripts.api_keys``); falls back to
+    ``QIMPL_DATABASE_URL``."""
+
+    model_config = SettingsConfigDict(extra="ignore", frozen=True)
+
+    admin_database_url: str = Field(
+        validation_alias=AliasChoices("QIMPL_ADMIN_DATABASE_URL", "QIMPL_DATABASE_URL"),
+        description="the schema owner's DSN, for migrations and `python -m qimpl.scripts.api_keys` (falls back to `QIMPL_DATABASE_URL`)",
+        json_schema_extra=_example("postgresql://qimpl_owner:secret@127.0.0.1:5432/qimpl"))
+
+    @field_validator("admin_database_url")
+    @classmethod
+    def _dsn(cls, value: str) -> str:
+        return _check_dsn(value)
+
+
+#: Which process reads which model (the table's last column), in table order.
+PROCESSES: dict[str, type[BaseSettings]] = {
+    "API": ApiSettings, "worker": WorkerSettings, "sweep": Settings, "api_keys, migrate": AdminSettings}
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def env_name(model: type[BaseSettings], field: str) -> str:
+    """The environment variable of ``field`` in ``model`` (its first alias, else prefix + name)."""
+    info = model.model_fields[field]
+    alias = info.validation_alias
+    if isinstance(alias, AliasChoices):
+        return str(alias.choices[0])
+    if isinstance(alias, str):
+        return alias
+    return f"{model.model_config.get('env_prefix', '')}{field}".upper()
+
+
+def _example_of(model: type[BaseSettings], field: str) -> str:
+    extra = model.model_fields[field].json_schema_extra
+    return str(extra.get("example", "")) if isinstance(extra, Mapping) else ""
+
+
+class ConfigError(Exception):
+    """A missing or malformed setting: ``code`` (``setting_missing``, ``setting_invalid``),
+    the ``variable``, a ``reason`` and an ``example`` value."""
+
+    def __init__(self, *, code: str, variable: str, reason: str, example: str) -> None:
+        super().__init__(f"{variable}: {reason}")
+        self.code, self.variable, self.reason, self.example = code, variable, reason, example
+
+    def line(self, process: str) -> str:
+        """The one stderr line: JSON, like every log line, readable as it stands."""
+        example = f"{self.variable}='{self.example}'" if self.example else ""
+        return json.dumps({
+            "level": "error", "logger": f"qimpl.{process}", "event": "config.invalid",
+            "code": self.code, "variable": self.variable,
+            "msg": f"{process}: {self.variable} {self.reason}; for example {example}",
+            "example": example})
+
+
+def config_error(model: type[BaseSettings], exc: ValidationError | SettingsError) -> ConfigError:
+    """The first problem of ``exc`` as a ConfigError naming its environment variable."""
+    if isinstance(exc, SettingsError):  # a value the source itself could not decode
+        field = next((f for f in model.model_fields if f'"{f}"' in str(exc)), "")
+        var = env_name(model, field) if field else "a setting"
+        return ConfigError(code="setting_invalid", variable=var, reason="is not valid JSON",
+                           example=_example_of(model, field) if field else "")
+    err = exc.errors()[0]
+    loc = str(err["loc"][0]) if err["loc"] else ""
+    field = loc if loc in model.model_fields else next(
+        (f for f, i in model.model_fields.items()
+         if isinstance(i.validation_alias, AliasChoices) and loc in i.validation_alias.choices), "")
+    var = env_name(model, field) if field else loc
+    if err["type"] == "missing":
+        return ConfigError(code="setting_missing", variable=var, reason="is not set",
+                           example=_example_of(model, field))
+    reason = str(err["msg"]).removeprefix("Value error, ")
+    return ConfigError(code="setting_invalid", variable=var, reason=f"is invalid: {reason}",
+                       example=_example_of(model, field) if field else "")
+
+
+def load(model: type[S], **values: Any) -> S:
+    """``model`` read from the environment (and ``values``); ConfigError on a bad setting."""
+    try:
+        return model(**values)
+    except (ValidationError, SettingsError) as exc:
+        raise config_error(model, exc) from None
+
+
+def exit_config(error: ConfigError, process: str) -> NoReturn:
+    """Print ``error``'s one line on stderr and exit ``EXIT_CONFIG`` (64), no traceback."""
+    print(error.line(process), file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_CONFIG)
+
+
+def load_or_exit(model: type[S], process: str) -> S:
+    """``model`` from the environment, or exit ``EXIT_CONFIG`` (64) after one JSON line on
+    stderr naming the variable and an example: no traceback, no partial start."""
+    try:
+        return load(model)
+    except ConfigError as exc:
+        exit_config(exc, process)
+
+
+def plugin_error(model: type[BaseSettings], field: str, exc: Exception) -> ConfigError:
+    """A plugin setting (``provider``, ``tools``) whose import path does not load."""
+    return ConfigError(code="setting_invalid", variable=env_name(model, field),
+                       reason=f"does not load: {exc}", example=_example_of(model, field))
 
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process-wide settings (cached; tests build ``Settings`` directly)."""
-    return Settings()
+    """The shared settings of this process (cached; processes use their own model)."""
+    return load(Settings)
+
+
+def settings_table() -> str:
+    """The Markdown settings table of ``docs/operations.md``, generated from the models:
+    variable, default, which processes read it, meaning."""
+    rows: dict[str, tuple[str, str, list[str], str]] = {}
+    for process, model in PROCESSES.items():
+        for field, info in model.model_fields.items():
+            var = env_name(model, field)
+            if var in rows:
+                rows[var][2].append(process)
+                continue
+            if info.is_required():
+                default = "— (required)"
+            else:
+                value = info.get_default(call_default_factory=True)
+                default = f"`{json.dumps(value) if isinstance(value, (dict, list)) else value}`"
+                if value in ("", {}, []) and not isinstance(value, bool):
+                    default = "empty" if value == "" else default
+            extra = ""
+            if isinstance(info.validation_alias, AliasChoices) and len(info.validation_alias.choices) > 1:
+                extra = " (also read as " + ", ".join(
+                    f"`{c}`" for c in info.validation_alias.choices[1:]) + ")"
+            rows[var] = (f"`{var}`", default, [process], (info.description or "") + extra)
+    lines = ["| variable | default | read by | meaning |", "|---|---|---|---|"]
+    for var, default, procs, meaning in rows.values():
+        lines.append(f"| {var} | {default} | {', '.join(procs)} | {meaning} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(settings_table())

@@ -1,4 +1,4 @@
-"""The ``qualify`` command: ``run``, ``repro``, ``list``.
+"""The ``qualify`` command: ``run``, ``repro``, ``list``, and ``up`` (a running service).
 
 Exit codes (``run`` and ``repro``): 0 pass, 1 fail, 2 crashed, 3 unknown, 4 vacuous,
 5 flaky, 64 usage error (bad option, unknown scenario or stack), 130 interrupted.
@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,6 +20,7 @@ from rich.markup import escape as esc
 
 from qualify import interrupt
 from qualify.errors import HarnessError, UsageError
+from qualify.up import UpOptions
 
 #: Exit code of a wrong command line (EX_USAGE), distinct from every verdict's.
 EXIT_USAGE = 64
@@ -29,6 +31,9 @@ console = Console(highlight=False, soft_wrap=True)
 
 _STYLE = {"pass": "green", "fail": "bold red", "crashed": "bold magenta", "unknown": "yellow",
           "vacuous": "yellow", "flaky": "yellow"}
+#: What the ``up`` loop waits on between checks of its children (never set: a pause that
+#: a signal still interrupts at once, as the handler raises in the main thread).
+_PAUSE = threading.Event()
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "corpus.jsonl"
 
 
@@ -60,6 +65,12 @@ def _progress(kind: str, data: Any) -> None:
         console.print("[yellow]--keep: the stack stays up; Ctrl-C to tear it down[/]")
         console.print(f"  psql {data['pg_dsn']}    (databases: {data['databases']})")
         console.print(f"  temporal workflow list --address {data['temporal_address']}")
+        console.print("  attach an API and a worker to a scenario's database (<db> from psql's \\l):")
+        for role, command in (("qimpl_worker", "python -m qimpl.workflows.worker"),
+                              ("qimpl_api", "uvicorn --factory qimpl.api.app:create_app --port 8000")):
+            dsn = data["pg_dsn"].split("://", 1)[1].split("@", 1)[-1].rsplit("/", 1)[0]
+            console.print(f"    QIMPL_DATABASE_URL=postgresql://{role}@{dsn}/<db> QIMPL_TEMPORAL_ADDRESS="
+                          f"{data['temporal_address']} QIMPL_TASK_QUEUE=<queue> {command}")
     elif kind in ("shrunk", "shrink_try"):
         console.print(f"  shrink: {kind} size={data['size']} {data.get('verdict', '')}")
 
@@ -244,6 +255,72 @@ def selftest(
         return code
 
     raise typer.Exit(_guarded(body))
+
+
+@app.command()
+def up(
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="keep the database, Temporal's file, the key and the logs here between runs (default: a temporary directory removed at exit)")] = None,
+    provider: Annotated[str, typer.Option("--provider", help="synthetic | echo | a plugin module:factory (set on both the API and the worker)")] = "synthetic",
+    provider_config: Annotated[str, typer.Option("--provider-config", help="JSON object for the provider factory")] = "{}",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="the API's port (0: a free one)")] = 0,
+    tenant: Annotated[str, typer.Option(help="the tenant of the printed key (and the worker's reconciler assignment)")] = "acme",
+    principal: Annotated[str, typer.Option(help="the principal of the printed key")] = "alice",
+    workspace: Annotated[str, typer.Option(help="the workspace the principal is granted")] = "default",
+) -> None:
+    """Start PostgreSQL, Temporal, the API and a worker, and print how to call them; Ctrl-C stops everything."""
+    interrupt.install()
+    try:
+        config = json.loads(provider_config)
+    except ValueError:
+        raise typer.BadParameter("--provider-config must be a JSON object") from None
+    if not isinstance(config, dict):
+        raise typer.BadParameter("--provider-config must be a JSON object")
+    opts = UpOptions(data_dir=data_dir, provider=provider, provider_config=config, port=port,
+                     tenant=tenant, principal=principal, workspace=workspace)
+    raise typer.Exit(_guarded(lambda: _up(opts)))
+
+
+def _up(opts: UpOptions) -> int:
+    from qualify.up import UpEnvironment, curl_command
+
+    env = UpEnvironment(opts)
+    try:
+        ready = env.start()
+        # The machine-readable line first (tests and scripts wait for it), then the human one.
+        print(f"ready {ready.as_json()}", flush=True)
+        console.print(f"[green]qimpl is up[/] in {ready.boot_s:.1f} s "
+                      f"({'kept in' if ready.persistent else 'temporary,'} {esc(ready.data_dir)})")
+        console.print(f"  API        {ready.base_url}   (OpenAPI: {ready.base_url}/docs)")
+        console.print(f"  API key    {ready.api_key}   (tenant {esc(ready.tenant)}, principal "
+                      f"{esc(ready.principal)}, workspace {esc(ready.workspace)})")
+        console.print(f"  provider   {esc(ready.provider)}   (API and worker)")
+        console.print(f"  database   psql {ready.owner_dsn}   (schema owner)")
+        console.print(f"  temporal   {ready.temporal_address}   (task queue {ready.task_queue})")
+        console.print(f"  logs       {esc(ready.logs_dir)}")
+        console.print("create a run:")
+        print(f"  {curl_command(ready)}", flush=True)
+        console.print("then read it: curl -sS -H 'Authorization: Bearer <key>' "
+                      f"{ready.base_url}/v1/agents/{ready.agent}/runs/<run_id>")
+        console.print("[yellow]Ctrl-C stops everything[/]")
+        while True:
+            dead = env.dead()
+            if dead is not None:
+                console.print(f"[magenta]{dead.name} exited with {dead.proc.poll() if dead.proc else '?'}; "
+                              f"see {esc(str(dead.log_path))}[/]")
+                return 2
+            server = env.servers_dead()
+            if server is not None:
+                console.print(f"[magenta]{server} exited; see {esc(str(env.logs_dir))}[/]")
+                return 2
+            interrupt.check()
+            _PAUSE.wait(0.25)
+    except KeyboardInterrupt:
+        console.print("stopping …")
+        env.stop()
+        console.print("stopped: every process is gone")
+        return 0
+    finally:
+        env.stop()
 
 
 @app.command("list")

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,6 +92,7 @@ class ManagedProcess:
         self.port = port
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
+        self._offset = 0
 
     @property
     def pid(self) -> int:
@@ -107,14 +109,26 @@ class ManagedProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> ManagedProcess:
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        """Spawn the process and wait until it is ready (``spawn`` + ``wait_ready``)."""
+        return self.spawn().wait_ready()
+
+    def spawn(self) -> ManagedProcess:
+        """Start the process without waiting: several can then boot at once."""
+        self._offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.proc = spawn(self.argv, log_path=self.log_path, env=self.env)
         self.started_at = time.time()
+        return self
+
+    def wait_ready(self) -> ManagedProcess:
+        """Return once the spawned process is ready; HarnessError if it exits first or
+        is not ready within READY_TIMEOUT_S."""
+        if self.proc is None:
+            raise HarnessError(f"{self.name} was never spawned")
         if self.kind == "api":
             wait_until(self._healthy, timeout_s=READY_TIMEOUT_S, what=self.name, proc=self.proc,
                        interval_s=0.05)
         else:
-            wait_until(lambda: self._logged("worker.ready", offset), timeout_s=READY_TIMEOUT_S,
+            wait_until(lambda: self._logged("worker.ready", self._offset), timeout_s=READY_TIMEOUT_S,
                        what=self.name, proc=self.proc, interval_s=0.05)
         return self
 
@@ -166,25 +180,38 @@ class Processes:
         return self.deployment.logs_dir / f"{name}.log"
 
     def api(self, name: str = "api-1", **env: str) -> ManagedProcess:
-        port = free_port()
+        """An API process on a free port, started and ready."""
+        return self.spawn_api(name, env=env).wait_ready()
+
+    def worker(self, name: str = "worker-1", **env: str) -> ManagedProcess:
+        """A worker process, started and ready."""
+        return self.spawn_worker(name, env=env).wait_ready()
+
+    def spawn_api(self, name: str = "api-1", *, port: int = 0,
+                  env: Mapping[str, str] | None = None) -> ManagedProcess:
+        """An API process on ``port`` (0: a free port) with ``env`` over the deployment's,
+        spawned, not yet ready (``wait_ready``): several processes can then boot at once."""
+        port = port or free_port()
         proc = ManagedProcess(
             name=name, kind="api", port=port, log_path=self._log(name),
-            env=self.deployment.env("qimpl_api", **env),
+            env=self.deployment.env("qimpl_api", **(env or {})),
             argv=[sys.executable, "-m", "uvicorn", "--factory", "qimpl.api.app:create_app",
                   "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
                   "--no-access-log"],
         )
         self.all[name] = proc
-        return proc.start()
+        return proc.spawn()
 
-    def worker(self, name: str = "worker-1", **env: str) -> ManagedProcess:
+    def spawn_worker(self, name: str = "worker-1", *,
+                     env: Mapping[str, str] | None = None) -> ManagedProcess:
+        """A worker process, spawned, not yet ready (``wait_ready``)."""
         proc = ManagedProcess(
             name=name, kind="worker", log_path=self._log(name),
-            env=self.deployment.env("qimpl_worker", **env),
+            env=self.deployment.env("qimpl_worker", **(env or {})),
             argv=[sys.executable, "-m", "qimpl.workflows.worker"],
         )
         self.all[name] = proc
-        return proc.start()
+        return proc.spawn()
 
     def stop_all(self) -> None:
         errors = []

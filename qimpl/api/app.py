@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from psycopg_pool import PoolTimeout
 
 from qimpl.api import tool_routes
 from qimpl.api.deps import Services
@@ -30,22 +31,49 @@ from qimpl.api.errors import install_error_handlers
 from qimpl.api.routers import controls, events, legacy, operations, runs
 from qimpl.db.roles import refuse_unsafe_role
 from qimpl.logs import setup_logging
-from qimpl.settings import Settings, get_settings
+from qimpl.settings import ApiSettings, exit_config, load_or_exit, plugin_error
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("qimpl.api")
 
+#: How long the API's start waits for its first database connection.
+DB_START_TIMEOUT_S = 10.0
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the application; settings default to the environment's."""
-    settings = settings or get_settings()
-    services = Services(settings)
+
+def create_app(settings: ApiSettings | None = None) -> FastAPI:
+    """Build the application.
+
+    Without ``settings`` (how ``uvicorn --factory`` calls it) this is the process's start:
+    logging is set up first, so that every line, uvicorn's own start lines included, is
+    JSON; the settings are read from the environment (``ApiSettings``) and the provider
+    (``QIMPL_PROVIDER``) is loaded. A missing or malformed setting, or a provider that
+    does not load, stops the process with one line on stderr naming the variable and exit
+    code 64 (``qimpl.settings.EXIT_CONFIG``). With ``settings`` (tests) the caller's
+    logging is left alone and a bad provider raises ValueError."""
+    if settings is None:
+        setup_logging()
+        settings = load_or_exit(ApiSettings, "api")
+        services = Services(settings)
+        try:
+            services.provider  # noqa: B018 - loaded now: a bad plugin stops the start
+        except ValueError as exc:
+            exit_config(plugin_error(ApiSettings, "provider", exc), "api")
+    else:
+        services = Services(settings)
+        services.provider  # noqa: B018 - validated at build time
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        setup_logging()
-        await services.pool.open()
+        try:
+            # Wait for one connection: an unreachable database stops the start here, in
+            # seconds, with one line naming it (not a pool timeout at the first request).
+            await services.pool.open(wait=True, timeout=DB_START_TIMEOUT_S)
+        except PoolTimeout:
+            log.error("the API cannot reach the database (QIMPL_DATABASE_URL) within %s s",
+                      DB_START_TIMEOUT_S, extra={"event": "api.database_unreachable"})
+            await services.pool.close()
+            raise
         app.state.services = services
         async with services.pool.connection() as conn:
             await refuse_unsafe_role(conn, "API", log)

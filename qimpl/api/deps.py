@@ -22,7 +22,7 @@ from qimpl.db.sessions import bound_session, keepalive_params
 from qimpl.legacy import run_inline
 from qimpl.logs import temporal_runtime
 from qimpl.provider import Provider, load_provider
-from qimpl.settings import Settings
+from qimpl.settings import ApiSettings
 
 __all__ = ["BEARER", "AgentId", "CurrentPrincipal", "OperatorPrincipal", "Services", "Svc",
            "operator_principal", "owned_run", "principal_of", "services_of"]
@@ -46,7 +46,7 @@ async def _forget_tenant(conn: Any) -> None:
 class Services:
     """Process-wide resources, created in the lifespan."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: ApiSettings) -> None:
         self.settings = settings
         self.pool = AsyncConnectionPool(
             settings.database_url, min_size=1, max_size=settings.api_pool_size, open=False,

@@ -23,7 +23,7 @@ from qimpl.lifecycle import RunState
 from qimpl.settings import Settings
 
 __all__ = ["AFTER_ACCEPT", "AFTER_DISPATCH", "CREATE_ROUTE", "DISPATCH_FAILURES", "RESUME_ROUTE",
-           "answer", "expire_refused", "fingerprint", "receipt", "replayable", "workspace_grant"]
+           "answer", "expire_refused", "fingerprint", "receipt", "replayable", "require_grant"]
 
 log = logging.getLogger("qimpl.api")
 
@@ -111,18 +111,16 @@ async def expire_refused(svc: Services, tenant_id: str, run_id: str) -> None:
                    error_code=code)
 
 
-async def workspace_grant(svc: Services, principal: Principal, workspace_id: str, code: str) -> str:
-    """The principal's live grant for ``workspace_id``; 403 ``code`` without one (R-AUTH-2).
-    The grant never leaves the server (R-READ-3)."""
+async def require_grant(svc: Services, principal: Principal, workspace_id: str, code: str) -> None:
+    """403 ``code`` unless the principal has a live grant for ``workspace_id`` (R-AUTH-2).
+    The grant itself is not copied into the run: the worker reads it from
+    ``workspace_grants`` for the provider at every attempt (R-READ-3)."""
     async with svc.tenant(principal.tenant_id) as conn:
-        cur = await conn.execute(
-            "SELECT grant_token FROM workspace_grants WHERE tenant_id = %s AND principal_id = %s"
-            " AND workspace_id = %s AND revoked_at IS NULL",
-            (principal.tenant_id, principal.principal_id, workspace_id))
-        row = await cur.fetchone()
-    if row is None:
+        grant = await repo.workspace_grant(conn, tenant_id=principal.tenant_id,
+                                           principal_id=principal.principal_id,
+                                           workspace_id=workspace_id)
+    if grant is None:
         raise ApiError(403, code, "no access to this workspace")
-    return str(row[0])
 
 
 async def replayable(conn: Any, record: dict[str, Any] | None, fingerprint: str,

@@ -32,7 +32,29 @@ def downgrade(dsn: str, revision: str) -> None:
     command.downgrade(alembic_config(dsn), revision)
 
 
+def main(argv: list[str]) -> int:
+    """``python -m qimpl.db.migrate [DSN]`` (default ``QIMPL_ADMIN_DATABASE_URL``, else
+    ``QIMPL_DATABASE_URL``): upgrade to head and print ``migrated to <revision>``. Exit
+    codes: 0 done, 2 the database refused or cannot be reached (one line, the error's
+    type), 64 no DSN."""
+    import sys
+
+    from qimpl.settings import AdminSettings, load_or_exit
+
+    if len(argv) > 1:
+        print("usage: python -m qimpl.db.migrate [DSN]", file=sys.stderr)
+        return 64
+    dsn = argv[0] if argv else load_or_exit(AdminSettings, "migrate").admin_database_url
+    try:
+        upgrade(dsn)
+    except Exception as exc:  # noqa: BLE001 - one line, never a traceback (it may hold the DSN)
+        print(f"migrate: failed: {type(exc).__name__}", file=sys.stderr)
+        return 2
+    print(f"migrated to {HEAD}")
+    return 0
+
+
 if __name__ == "__main__":
     import sys
 
-    upgrade(sys.argv[1])
+    sys.exit(main(sys.argv[1:]))

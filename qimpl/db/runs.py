@@ -42,6 +42,7 @@ __all__ = [
     "prune_idempotency",
     "resume",
     "resume_or_none",
+    "workspace_grant",
 ]
 
 Row = dict[str, Any]
@@ -73,6 +74,18 @@ def _deadline_refusal() -> Iterator[None]:
         if exc.sqlstate == DEADLINE_SQLSTATE:
             raise DeadlinePassed(f"deadline passed: {exc.sqlstate}") from exc
         raise
+
+
+async def workspace_grant(conn: AConn, *, tenant_id: str, principal_id: str,
+                          workspace_id: str) -> str | None:
+    """The principal's live (unrevoked) grant token for ``workspace_id``, or None. ``conn``
+    must be scoped to ``tenant_id`` (row-level security shows no other tenant's grants).
+    The token is a credential: callers hand it to the provider only (R-READ-3)."""
+    cur = await conn.execute(
+        "SELECT grant_token FROM workspace_grants WHERE tenant_id = %s AND principal_id = %s"
+        " AND workspace_id = %s AND revoked_at IS NULL", (tenant_id, principal_id, workspace_id))
+    found = await cur.fetchone()
+    return str(found[0]) if found else None
 
 
 async def get_run(conn: AConn, run_id: str, *, tenant_id: str | None = None) -> Row | None:

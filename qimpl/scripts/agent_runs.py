@@ -1,38 +1,55 @@
 """One-shot operator sweep (R-OPS-4): ``python -m qimpl.scripts.agent_runs --tenant T``.
 
 Runs one reconciler sweep per ``--tenant`` with the same code the worker runs, prints one
-JSON line per tenant with what it did, and exits 0. Exits 2 with a clear message when the
-database cannot be reached, 3 when Temporal cannot (nothing is changed then).
+JSON line per tenant with what it did on stdout, and a warning line on stderr for a
+tenant that has no runs at all (a typo, or a tenant that never created one: tenants are
+case-sensitive). Exit codes (nothing is changed unless it is 0):
+
+    0   done
+    2   the database cannot be reached
+    3   Temporal cannot be reached
+    64  usage error: a bad command line, or a missing or malformed setting
+        (one line naming the variable, as the API and the worker print it)
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import socket
 import sys
+from typing import Any
 
 import psycopg
 from temporalio.client import Client
 
 from qimpl.logs import temporal_runtime
 from qimpl.reconciler import SWEEP_LIMIT, sweep_tenant
-from qimpl.settings import get_settings
+from qimpl.scripts import EXIT_USAGE, UsageParser
+from qimpl.settings import Settings, load_or_exit
 
-__all__ = ["main"]
+__all__ = ["EXIT_DATABASE", "EXIT_TEMPORAL", "EXIT_USAGE", "main"]
+
+EXIT_DATABASE, EXIT_TEMPORAL = 2, 3
 
 
-async def _run(tenants: list[str], limit: int) -> int:
-    settings = get_settings()
+async def _has_runs(conn: psycopg.AsyncConnection[Any], tenant: str) -> bool:
+    """Whether ``tenant`` has any run (``conn`` is scoped to it by the sweep; the filter
+    holds also for a role that bypasses row-level security)."""
+    cur = await conn.execute("SELECT EXISTS (SELECT 1 FROM runs WHERE tenant_id = %s)", (tenant,))
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+async def _run(settings: Settings, tenants: list[str], limit: int) -> int:
     try:
         conn = await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True,
                                                      connect_timeout=5,
                                                      application_name="qimpl-sweep")
     except psycopg.Error as exc:
         print(f"agent_runs: cannot reach the database: {type(exc).__name__}", file=sys.stderr)
-        return 2
+        return EXIT_DATABASE
     try:
         try:
             client = await asyncio.wait_for(
@@ -42,28 +59,41 @@ async def _run(tenants: list[str], limit: int) -> int:
         except Exception as exc:  # noqa: BLE001 - reported as a clear message and exit code
             print(f"agent_runs: cannot reach Temporal at {settings.temporal_address}: "
                   f"{type(exc).__name__}", file=sys.stderr)
-            return 3
+            return EXIT_TEMPORAL
         name = f"sweep:{socket.gethostname()}:{os.getpid()}"
         for tenant in tenants:
             res = await sweep_tenant(conn, client, settings, tenant, reconciler=name, limit=limit,
                                      grace_s=settings.reconcile_grace_s)
-            print(json.dumps(res.as_dict()))
+            print(json.dumps(res.as_dict()), flush=True)
+            if not await _has_runs(conn, tenant):
+                print(f"agent_runs: warning: tenant {tenant!r} has no runs (is the name right? "
+                      "tenants are case-sensitive)", file=sys.stderr, flush=True)
         return 0
+    except psycopg.OperationalError as exc:
+        print(f"agent_runs: lost the database: {type(exc).__name__}", file=sys.stderr)
+        return EXIT_DATABASE
     finally:
         await conn.close()
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m qimpl.scripts.agent_runs",
-                                     description="Run one reconciler sweep now.")
+    """Parse ``argv``, read the settings (``Settings``), sweep; returns the exit code."""
+    parser = UsageParser(prog="python -m qimpl.scripts.agent_runs",
+                     description="Run one reconciler sweep now.")
     parser.add_argument("--tenant", action="append", required=True, help="tenant id (repeatable)")
     parser.add_argument("--limit", type=int, default=SWEEP_LIMIT, help="candidates per tenant")
     args = parser.parse_args(argv)
-    return asyncio.run(_run(args.tenant, args.limit))
+    if args.limit < 1:
+        parser.error("--limit must be at least 1")
+    settings = load_or_exit(Settings, "agent_runs")
+    return asyncio.run(_run(settings, args.tenant, args.limit))
 
 
 if __name__ == "__main__":
-    code = main()
+    try:
+        code = main()
+    except SystemExit as exc:  # usage and configuration errors: already reported
+        code = int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # no interpreter finalisation under the Temporal core's threads

@@ -7,24 +7,26 @@
     revoke --tenant T --principal P --workspace W
 
 Uses ``QIMPL_ADMIN_DATABASE_URL`` (the schema owner), else ``QIMPL_DATABASE_URL``.
+Exit codes: 0 done, 2 database error, 64 usage error (an empty ``--grant-token`` too) or
+a missing setting.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import secrets
 import sys
 
 import psycopg
 
 from qimpl.db import admin
+from qimpl.scripts import UsageParser
+from qimpl.settings import AdminSettings, load_or_exit
 
 __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m qimpl.scripts.api_keys")
+    parser = UsageParser(prog="python -m qimpl.scripts.api_keys")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("create", "grant", "revoke"):
         p = sub.add_parser(name)
@@ -39,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         if name == "grant":
             p.add_argument("--grant-token", required=True)
     args = parser.parse_args(argv)
-    dsn = os.environ.get("QIMPL_ADMIN_DATABASE_URL") or os.environ.get("QIMPL_DATABASE_URL", "")
+    if args.command == "grant" and not args.grant_token.strip():
+        parser.error("--grant-token is empty: give the credential the worker hands the provider")
+    dsn = load_or_exit(AdminSettings, "api_keys").admin_database_url
     try:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
             if args.command == "create":

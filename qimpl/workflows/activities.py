@@ -201,6 +201,11 @@ class AgentActivities:
         decisions = tuple((row["request_json"] or {}).get("decisions", []))
         usage: dict[str, Any] = dict(row["usage"] or {})
         results = tool_results(await journal_db.invocations(owner.conn, inp.run_id))
+        # Read at every attempt, under the tenant's row-level security: a revoked grant is
+        # None from the next attempt on. Never stored, logged or projected (R-READ-3).
+        workspace_id = str(row["workspace_id"])
+        grant = await repo.workspace_grant(owner.conn, tenant_id=inp.tenant_id,
+                                           principal_id=row["principal_id"], workspace_id=workspace_id)
         while answer is None and pending is None:
             if calls:
                 async with _counted(inp.run_id, step):
@@ -218,7 +223,8 @@ class AgentActivities:
             result = await self._ask(owner, StepContext(
                 run_id=inp.run_id, tenant_id=inp.tenant_id, generation=inp.generation,
                 attempt=owner.attempt, step=step, prompt=row["prompt"], state=state,
-                inputs=inputs, decisions=decisions, tool_results=results))
+                inputs=inputs, decisions=decisions, tool_results=results,
+                workspace_id=workspace_id, grant_token=grant))
             if result is None:  # the deadline passed during the call (R-EXEC-8)
                 return repo.outcome(await owner.expire())
             async with _counted(inp.run_id, step):

@@ -30,26 +30,54 @@ from qimpl.db.roles import refuse_unsafe_role
 from qimpl.db.sessions import keepalive_params
 from qimpl.errors import UnsafeDatabaseRole
 from qimpl.logs import setup_logging, temporal_runtime
-from qimpl.provider import load_provider
+from qimpl.provider import Provider, load_provider
 from qimpl.reconciler import sweep_tenant
-from qimpl.settings import Settings, get_settings
-from qimpl.tools import load_tools
+from qimpl.settings import (
+    ConfigError,
+    Settings,
+    WorkerSettings,
+    exit_config,
+    load_or_exit,
+    plugin_error,
+)
+from qimpl.tools import ToolRegistry, load_tools
 from qimpl.workflows.activities import AgentActivities
 from qimpl.workflows.agent_run import AgentRunWorkflowV2
 from qimpl.workflows.agent_run_v1 import AgentRunWorkflowV1
 
-__all__ = ["WORKFLOWS", "build_worker", "main"]
+__all__ = ["WORKFLOWS", "build_worker", "load_plugins", "main"]
 
 log = logging.getLogger("qimpl.worker")
+
+#: Exit codes at start, as the one-shot sweep's: the database, then Temporal, unreachable.
+EXIT_DATABASE, EXIT_TEMPORAL = 2, 3
 
 #: Every workflow type the worker serves; version 1 stays for replay (R-EXEC-10).
 WORKFLOWS = (AgentRunWorkflowV2, AgentRunWorkflowV1)
 
 
-def build_worker(client: Client, settings: Settings) -> Worker:
-    """A worker for ``settings.task_queue`` with the real activities and the configured provider."""
-    provider = load_provider(settings.provider, settings.provider_config)
-    tools = load_tools(settings.tools, settings.tools_config)
+def load_plugins(settings: WorkerSettings) -> tuple[Provider, ToolRegistry]:
+    """The configured provider and tools. Raises ConfigError naming ``QIMPL_PROVIDER`` or
+    ``QIMPL_TOOLS`` when one does not load (exit code 64 at start, R-EXEC-1)."""
+    try:
+        provider = load_provider(settings.provider, settings.provider_config)
+    except ValueError as exc:
+        raise plugin_error(WorkerSettings, "provider", exc) from None
+    try:
+        tools = load_tools(settings.tools, settings.tools_config)
+    except Exception as exc:  # noqa: BLE001 - any failure of the plugin is a configuration error
+        why = (f"cannot import module {exc.name!r}" if isinstance(exc, ImportError)
+               else str(exc) if isinstance(exc, ValueError)
+               else f"the factory raised {type(exc).__name__} (check QIMPL_TOOLS_CONFIG)")
+        raise plugin_error(WorkerSettings, "tools", ValueError(why)) from None
+    return provider, tools
+
+
+def build_worker(client: Client, settings: WorkerSettings,
+                 plugins: tuple[Provider, ToolRegistry] | None = None) -> Worker:
+    """A worker for ``settings.task_queue`` with the real activities and the configured
+    provider and tools (``load_plugins`` unless given)."""
+    provider, tools = plugins or load_plugins(settings)
     activities = AgentActivities(dsn=settings.database_url, provider=provider, tools=tools,
                                  slot_limit=settings.concurrency_limit,
                                  lock_timeout_s=settings.api_lock_timeout_s)
@@ -69,7 +97,7 @@ def build_worker(client: Client, settings: Settings) -> Worker:
     )
 
 
-async def reconcile_forever(client: Client, settings: Settings, stop: asyncio.Event) -> None:
+async def reconcile_forever(client: Client, settings: WorkerSettings, stop: asyncio.Event) -> None:
     """Sweep every tenant of ``DURABLE_AGENT_RECONCILE_TENANTS`` every interval (R-OPS-3).
     Errors are logged and counted; the loop never dies of one."""
     name = f"{socket.gethostname()}:{os.getpid()}"
@@ -130,11 +158,18 @@ async def check_session_pooling(settings: Settings) -> None:
             "PgBouncer pool with pool_mode=session.")
 
 
-async def run(settings: Settings) -> None:
-    await check_session_pooling(settings)
-    client = await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace,
-                                  runtime=temporal_runtime())
-    worker = build_worker(client, settings)
+async def run(settings: WorkerSettings, plugins: tuple[Provider, ToolRegistry]) -> None:
+    try:
+        await check_session_pooling(settings)
+    except psycopg.OperationalError as exc:
+        raise SystemExit(_unreachable("the database", type(exc).__name__, EXIT_DATABASE)) from None
+    try:
+        client = await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace,
+                                      runtime=temporal_runtime())
+    except RuntimeError as exc:
+        raise SystemExit(_unreachable(f"Temporal at {settings.temporal_address}",
+                                      type(exc).__name__, EXIT_TEMPORAL)) from None
+    worker = build_worker(client, settings, plugins)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -151,20 +186,39 @@ async def run(settings: Settings) -> None:
     log.info("worker stopped", extra={"event": "worker.stopped"})
 
 
+def _unreachable(what: str, exc_type: str, code: int) -> int:
+    log.error("worker cannot reach %s: %s", what, exc_type,
+              extra={"event": "worker.unreachable", "exc_type": exc_type})
+    return code
+
+
 def main() -> None:
-    """Run until SIGTERM/SIGINT. Exits with ``os._exit`` after the graceful shutdown: the
-    Temporal core's threads must not run into the interpreter's finalisation (seen as
-    "Fatal Python error: PyGILState_Release" on exit)."""
+    """Run until SIGTERM/SIGINT. Exit codes: 0 stopped, 64 a missing or malformed setting
+    or a provider/tools plugin that does not load (one line on stderr naming the
+    variable), 2 the database unreachable at start, 3 Temporal unreachable at start, 1 any
+    other failure (one JSON log line with the exception type, never a traceback). Exits
+    with ``os._exit`` after the graceful shutdown: the Temporal core's threads must not run
+    into the interpreter's finalisation (seen as "Fatal Python error: PyGILState_Release"
+    on exit)."""
     setup_logging()
     code = 0
     try:
-        asyncio.run(run(get_settings()))
+        settings = load_or_exit(WorkerSettings, "worker")
+        try:
+            plugins = load_plugins(settings)
+        except ConfigError as exc:
+            exit_config(exc, "worker")
+        asyncio.run(run(settings, plugins))
     except SystemExit as exc:
         if isinstance(exc.code, str):
             print(exc.code, file=sys.stderr)
             code = 1
         else:
             code = int(exc.code or 0)
+    except Exception as exc:  # noqa: BLE001 - one line with the type, never a traceback
+        log.error("worker failed: %s", type(exc).__name__,
+                  extra={"event": "worker.failed", "exc_type": type(exc).__name__})
+        code = 1
     finally:
         logging.shutdown()
         sys.stdout.flush()

@@ -32,7 +32,9 @@ timeout, R-EXEC-12); the default raises ``SyntheticFailure``.
 
 Every call is recorded *before* anything else as one JSON line in
 ``<control_dir>/provider_calls.jsonl`` — the harness's independent count of what was
-asked of the provider (with ``tool_results``, how many settled tool results it was fed).
+asked of the provider (with ``tool_results``, how many settled tool results it was fed,
+and ``workspace_id`` and ``grant_sha256``, the digest of the authorisation grant it was
+given: never the grant itself).
 The provider runs no tool itself: the side-effect sink (``qualify.fakes.sink``) is the
 record of what the tools did. A call cancelled before it returned (the owner lost its lease,
 R-EXEC-11) is recorded in ``provider_cancellations.jsonl``. At a barrier the worker writes ``barrier.<name>.reached`` (pid,
@@ -43,6 +45,7 @@ appears or the process is struck. A barrier holds once: a later attempt passes i
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import time
@@ -53,7 +56,7 @@ from typing import Any
 from qimpl.provider import Provider, StepContext, StepResult
 from qimpl.tools import ToolCall
 
-__all__ = ["Script", "SyntheticProvider", "make_prompt"]
+__all__ = ["Script", "SyntheticProvider", "grant_digest", "make_prompt"]
 
 BARRIER_POLL_S = 0.01
 BARRIER_MAX_S = 600.0
@@ -133,6 +136,12 @@ def make_prompt(**script: Any) -> str:
     return json.dumps(script, sort_keys=True)
 
 
+def grant_digest(grant: str | None) -> str | None:
+    """What the provider records of the grant it was given: its SHA-256 (hex), never the
+    grant itself (R-READ-3: the record is a report file)."""
+    return hashlib.sha256(grant.encode()).hexdigest() if grant is not None else None
+
+
 class SyntheticFailure(RuntimeError):
     pass
 
@@ -151,6 +160,7 @@ class SyntheticProvider(Provider):
     def _record(self, ctx: StepContext) -> None:
         line = json.dumps({"run_id": ctx.run_id, "step": ctx.step, "attempt": ctx.attempt,
                            "generation": ctx.generation, "tool_results": len(ctx.tool_results),
+                           "workspace_id": ctx.workspace_id, "grant_sha256": grant_digest(ctx.grant_token),
                            "pid": os.getpid(), "t": time.time()})
         with open(self.control / "provider_calls.jsonl", "a", encoding="utf-8") as fh:
             fh.write(line + "\n")

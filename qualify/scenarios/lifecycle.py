@@ -340,7 +340,7 @@ def cancel_reaches_running_activity(ctx: ScenarioContext) -> None:
                run["state"], "R-EXEC-9", "R-Q34-1")
 
 
-def _cancellations(ctx: ScenarioContext, run_id: str) -> list[dict[str, Any]]:
+def _step_cancellations(ctx: ScenarioContext, run_id: str) -> list[dict[str, Any]]:
     path = ctx.control / "provider_cancellations.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
     return [d for d in map(json.loads, lines) if d["run_id"] == run_id]
@@ -366,9 +366,9 @@ def cancel_stops_a_long_step(ctx: ScenarioContext) -> None:
     cancelled_at = time.time()
     ctx.expect("cancel answered true", answer["cancelled"] is True, str(answer), "R-CANCEL-1")
     stop_by = time.monotonic() + 10
-    while not _cancellations(ctx, run_id) and time.monotonic() < stop_by:
+    while not _step_cancellations(ctx, run_id) and time.monotonic() < stop_by:
         time.sleep(0.02)
-    stopped = _cancellations(ctx, run_id)
+    stopped = _step_cancellations(ctx, run_id)
     took = round(stopped[0]["t"] - cancelled_at, 3) if stopped else None
     ctx.figures["step_stopped_after_cancel_s"] = took if took is not None else -1.0
     ctx.expect("the provider step was cancelled within 1 s of the cancel",

@@ -38,6 +38,22 @@ def test_sweep_expires_overdue_runs_and_reports(stack: Any) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         states = dict(conn.execute("SELECT tenant_id, string_agg(state, ',') FROM runs GROUP BY 1"))
     assert states == {"t1": "expired,expired", "t2": "queued"}  # only the named tenant
+    assert "no runs" not in done.stderr
+
+
+@pytest.mark.req("R-OPS-4")
+def test_sweep_warns_about_a_tenant_with_no_runs(stack: Any) -> None:
+    dsn = stack.create_database()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,"
+                     " stream_key, deadline_at) VALUES (%s, 'acme', 'p', 'a', 'completed', 'x', 'k',"
+                     " now())", (str(uuid.uuid4()),))
+    done = _sweep({"QIMPL_DATABASE_URL": dsn, "QIMPL_TEMPORAL_ADDRESS": stack.info.temporal_address},
+                  "Acme", "acme")
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["tenant"] for line in done.stdout.splitlines()] == ["Acme", "acme"]
+    warnings = [line for line in done.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "'Acme' has no runs" in warnings[0]
 
 
 @pytest.mark.req("R-OPS-4")

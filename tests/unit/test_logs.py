@@ -37,7 +37,7 @@ def _json_lines(text: str) -> list[dict[str, object]]:
 def test_uvicorn_lines_are_one_json_line_without_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     # As the harness starts the API: uvicorn configures its loggers before the app exists.
     uvicorn.Config("qimpl.api.app:create_app", factory=True, log_level="warning", access_log=False)
-    setup_logging()  # what the API's lifespan does first
+    setup_logging()  # what create_app does first when uvicorn calls it as a factory
     try:
         raise RuntimeError("boom: postgresql://secret@db/x")
     except RuntimeError as exc:

@@ -17,7 +17,10 @@ from qimpl.api.app import create_app
 from qimpl.api.deps import Services
 from qimpl.api.routers import runs as runs_module
 from qimpl.api.validation import VALIDATION_CODES
-from qimpl.settings import Settings
+from qimpl.settings import ApiSettings
+
+#: Never connected to: these tests build the app without its lifespan.
+DSN = "postgresql://qimpl_api@127.0.0.1:1/qimpl"
 
 EXPECTED = {
     ("post", "/v1/agents/{agent_id}/runs"): {"202", "400", "401", "409", "422", "503"},
@@ -33,7 +36,7 @@ EXPECTED = {
 
 @pytest.mark.req("R-CREATE-1")
 def test_every_route_lists_its_error_codes() -> None:
-    doc = create_app(Settings()).openapi()
+    doc = create_app(ApiSettings(database_url=DSN)).openapi()
     for (method, path), statuses in EXPECTED.items():
         op = doc["paths"][path][method]
         assert statuses <= set(op["responses"]), (method, path, sorted(op["responses"]))
@@ -63,7 +66,7 @@ def _operations(doc: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]
 
 @pytest.mark.req("R-AUTH-1")
 def test_bearer_security_scheme_on_every_authenticated_route() -> None:
-    doc = create_app(Settings()).openapi()
+    doc = create_app(ApiSettings(database_url=DSN)).openapi()
     schemes = doc["components"]["securitySchemes"]
     assert schemes == {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "API key",
                                   "description": schemes["bearer"]["description"]}}
@@ -82,7 +85,7 @@ def test_bearer_security_scheme_on_every_authenticated_route() -> None:
 @pytest.mark.req("R-RESUME-1")
 @pytest.mark.req("R-AUTH-3")
 def test_required_headers_are_marked_required() -> None:
-    doc = create_app(Settings()).openapi()
+    doc = create_app(ApiSettings(database_url=DSN)).openapi()
     for (method, path), name in REQUIRED_HEADERS.items():
         params = [p for p in doc["paths"][path][method]["parameters"]
                   if p["in"] == "header" and p["name"].lower() == name.lower()]
@@ -97,7 +100,7 @@ def test_required_headers_are_marked_required() -> None:
 def app(monkeypatch: pytest.MonkeyPatch) -> FastAPI:
     """The app without its lifespan: static keys, a pool never opened (no database), and
     the legacy inline path stubbed (it needs the database)."""
-    settings = Settings(auth="static", api_keys={"k-1": {"tenant": "t-1", "principal": "p-1"}})
+    settings = ApiSettings(database_url=DSN, auth="static", api_keys={"k-1": {"tenant": "t-1", "principal": "p-1"}})
     app = create_app(settings)
     app.state.services = Services(settings)
 

@@ -18,7 +18,7 @@ import pytest
 from fastapi.routing import APIRoute
 
 from qimpl.api.app import create_app
-from qimpl.settings import Settings
+from qimpl.settings import ApiSettings
 
 SNAPSHOT = Path(__file__).parents[1] / "data" / "openapi_routes.json"
 
@@ -44,7 +44,7 @@ def contract(doc: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.req("R-CREATE-1")
 def test_openapi_document_unchanged_by_the_router_layout() -> None:
     expected = json.loads(SNAPSHOT.read_text())
-    actual = json.loads(json.dumps(contract(create_app(Settings()).openapi())))
+    actual = json.loads(json.dumps(contract(create_app(ApiSettings(database_url="postgresql://u@127.0.0.1:1/x")).openapi())))
     assert sorted(actual["operations"]) == sorted(expected["operations"])
     for op, want in expected["operations"].items():
         assert actual["operations"][op] == want, op
@@ -64,12 +64,12 @@ def _api_routes(routes: list[Any]) -> list[APIRoute]:
 def test_create_app_only_assembles_routers() -> None:
     """Every route (the 16 documented ones, ``/metrics`` and ``/healthz``) comes from a
     resource router module; none is defined in ``qimpl.api.app``."""
-    routes = _api_routes(create_app(Settings()).routes)
+    routes = _api_routes(create_app(ApiSettings(database_url="postgresql://u@127.0.0.1:1/x")).routes)
     assert len(routes) == 18, [r.path for r in routes]
     modules = {r.endpoint.__module__ for r in routes}
     assert "qimpl.api.app" not in modules, modules
 
 
 if __name__ == "__main__":
-    json.dump(contract(create_app(Settings()).openapi()), sys.stdout, indent=1, sort_keys=True)
+    json.dump(contract(create_app(ApiSettings(database_url="postgresql://u@127.0.0.1:1/x")).openapi()), sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")

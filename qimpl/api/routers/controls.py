@@ -29,7 +29,7 @@ from qimpl.api.receipts import (
     answer,
     expire_refused,
     replayable,
-    workspace_grant,
+    require_grant,
 )
 from qimpl.db import journal as journal_db
 from qimpl.db import runs as repo
@@ -96,7 +96,7 @@ async def resume_run(
         row = await owned_run(conn, agent_id, run_id, principal)
     if row["state"] == RunState.AWAITING_INPUT:
         # R-AUTH-2: access to the run's workspace is checked again at every resume.
-        await workspace_grant(svc, principal, row["workspace_id"], "workspace_access_revoked")
+        await require_grant(svc, principal, row["workspace_id"], "workspace_access_revoked")
     resumed: dict[str, Any] | None = None
     expired = False
     async with svc.tenant(principal.tenant_id) as conn:

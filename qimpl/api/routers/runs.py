@@ -22,7 +22,7 @@ from qimpl.api.receipts import (
     answer,
     fingerprint,
     replayable,
-    workspace_grant,
+    require_grant,
 )
 from qimpl.db import journal as journal_db
 from qimpl.db import runs as repo
@@ -60,14 +60,14 @@ async def create_legacy(svc: Services, agent_id: str, body: CreateRunRequest, pr
                         key: str | None) -> Response:
     """R-CREATE-6: the legacy inline path, executed in this process (no restart promise)."""
     run_id = str(uuid.uuid4())
-    grant = await workspace_grant(svc, principal, body.workspace_id, "workspace_access_denied")
+    await require_grant(svc, principal, body.workspace_id, "workspace_access_denied")
     async with svc.tenant(principal.tenant_id) as conn:
         row = await repo.insert_run_or_none(
             conn, run_id=run_id, tenant_id=principal.tenant_id, principal_id=principal.principal_id,
             agent_id=agent_id, prompt=body.prompt, request=body.model_dump(),
             stream_key=secrets.token_urlsafe(24), deadline_s=body.deadline_seconds, workflow_id=None,
             route=CREATE_ROUTE, idempotency_key=key, fingerprint=fingerprint(agent_id, body),
-            lifecycle_version=1, workspace_id=body.workspace_id, grant_token=grant)
+            lifecycle_version=1, workspace_id=body.workspace_id)
         if row is None:
             raise ApiError(409, "idempotency_key_in_flight", "this key is already in use")
     svc.spawn(svc.run_legacy(run_id, principal.tenant_id))
@@ -108,7 +108,7 @@ async def create_run(
     if earlier is not None:
         return await answer(svc, earlier, replayed=True)
     run_id = str(uuid.uuid4())
-    grant = await workspace_grant(svc, principal, body.workspace_id, "workspace_access_denied")
+    await require_grant(svc, principal, body.workspace_id, "workspace_access_denied")
     async with svc.tenant(principal.tenant_id) as conn:
         row = await repo.insert_run_or_none(
             conn, run_id=run_id, tenant_id=principal.tenant_id,
@@ -116,7 +116,7 @@ async def create_run(
             request=body.model_dump(), stream_key=secrets.token_urlsafe(24),
             deadline_s=body.deadline_seconds, workflow_id=workflow_id(run_id, 1),
             route=CREATE_ROUTE, idempotency_key=idempotency_key, fingerprint=digest,
-            workspace_id=body.workspace_id, grant_token=grant,
+            workspace_id=body.workspace_id,
         )
         replayed = row is None
         if row is None:

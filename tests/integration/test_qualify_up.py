@@ -1,0 +1,166 @@
+"""``qualify up`` (issue 15, item 1): one command to a running service. Run as a user
+would — a subprocess — it prints a ready line and a curl whose request returns a receipt
+and whose run completes; Ctrl-C (SIGINT) stops every process it started; ``--data-dir``
+keeps the key and the runs for the next ``qualify up``."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from tests.conftest import assert_eventually
+
+ROOT = Path(__file__).resolve().parents[2]
+READY_TIMEOUT_S = 60.0
+
+
+class Up:
+    """A running ``qualify up`` subprocess whose stdout is read line by line."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "qualify.cli", "up", *args], cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def wait_for(self, prefix: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                pytest.fail(f"no line starting {prefix!r} within {timeout_s} s: {self.seen}")
+            try:
+                line = self.lines.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                if self.proc.poll() is not None and self.lines.empty():
+                    pytest.fail(f"qualify up exited with {self.proc.returncode}: {self.seen}")
+                continue
+            self.seen.append(line)
+            if line.strip().startswith(prefix):
+                return line.strip()
+
+    def descendants(self) -> list[psutil.Process]:
+        return psutil.Process(self.proc.pid).children(recursive=True)
+
+    def kill(self) -> None:
+        """Backstop: the whole session, whatever state the test left it in."""
+        if self.proc.poll() is None:
+            for child in self.descendants():
+                child.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+
+@contextmanager
+def qualify_up(*args: str) -> Iterator[Up]:
+    up = Up(*args)
+    try:
+        yield up
+    finally:
+        up.kill()
+
+
+def _request_of(curl: str) -> dict[str, Any]:
+    """The request a pasted ``curl`` line makes (the shell's ``$(...)`` done by hand)."""
+    words = shlex.split(curl.replace("$(cat /proc/sys/kernel/random/uuid)", str(uuid.uuid4())))
+    assert words[:2] == ["curl", "-sS"]
+    req: dict[str, Any] = {"headers": {}}
+    it = iter(words[2:])
+    for word in it:
+        if word == "-X":
+            req["method"] = next(it)
+        elif word == "-H":
+            name, _, value = next(it).partition(": ")
+            req["headers"][name] = value
+        elif word == "-d":
+            req["content"] = next(it)
+        else:
+            req["url"] = word
+    return req
+
+
+def _stop(up: Up) -> list[psutil.Process]:
+    """SIGINT, as Ctrl-C does; returns the children that were running."""
+    children = up.descendants()
+    assert children, "qualify up started no process?"
+    up.proc.send_signal(signal.SIGINT)
+    assert up.proc.wait(timeout=60) == 0
+    return children
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    """On the tmpfs, where PostgreSQL's unprivileged user may reach it when run as root."""
+    path = Path(tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None,
+                                 prefix="qualify-up-test-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.req("R-CREATE-1")
+def test_qualify_up_serves_the_printed_curl_and_stops_everything(data_dir: Path) -> None:
+    with qualify_up("--data-dir", str(data_dir)) as up:
+        t0 = time.monotonic()
+        ready = json.loads(up.wait_for("ready ", READY_TIMEOUT_S).removeprefix("ready "))
+        print(f"qualify up ready after {time.monotonic() - t0:.1f} s (boot {ready['boot_s']} s)")
+        req = _request_of(up.wait_for("curl ", 10))
+        assert req["headers"]["Authorization"] == f"Bearer {ready['api_key']}"
+        created = httpx.request(req["method"], req["url"], headers=req["headers"],
+                                content=req["content"], timeout=10)
+        assert created.status_code == 202, created.text
+        receipt = created.json()
+        assert receipt["state"] in ("queued", "accepted") and receipt["durability"] == "temporal"
+        run_url = f"{ready['base_url']}/v1/agents/{ready['agent']}/runs/{receipt['run_id']}"
+        auth = {"Authorization": f"Bearer {ready['api_key']}"}
+        assert_eventually(lambda: httpx.get(run_url, headers=auth, timeout=5).json()["state"] == "completed",
+                          timeout=timedelta(seconds=60), what="the run completed")
+        children = _stop(up)
+    _gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"left running: {[p.pid for p in alive]}"
+    assert not (data_dir / "up.pid").exists()
+
+    # --data-dir: the same key reads the same run after a restart.
+    with qualify_up("--data-dir", str(data_dir)) as again:
+        ready2 = json.loads(again.wait_for("ready ", READY_TIMEOUT_S).removeprefix("ready "))
+        assert ready2["api_key"] == ready["api_key"]
+        run_url = f"{ready2['base_url']}/v1/agents/{ready['agent']}/runs/{receipt['run_id']}"
+        read = httpx.get(run_url, headers=auth, timeout=10)
+        assert read.status_code == 200 and read.json()["state"] == "completed"
+        children = _stop(again)
+    assert not psutil.wait_procs(children, timeout=10)[1]
+
+
+def test_qualify_up_refuses_a_bad_provider_with_a_usage_error() -> None:
+    done = subprocess.run([sys.executable, "-m", "qualify.cli", "up", "--provider", "not a path"],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 64 and "--provider" in done.stdout + done.stderr

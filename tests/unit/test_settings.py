@@ -1,0 +1,170 @@
+"""Settings in one place (issue 15, item 2): one model per process, the documentation
+table generated from the models, and a missing or malformed setting that stops the API,
+the worker and the one-shot sweep at once with one line naming the variable, exit 64."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qimpl.settings import (
+    EXIT_CONFIG,
+    AdminSettings,
+    ApiSettings,
+    ConfigError,
+    Settings,
+    WorkerSettings,
+    load,
+    settings_table,
+)
+from qualify.processes import Deployment
+
+ROOT = Path(__file__).resolve().parents[2]
+DSN = "postgresql://qimpl_worker@127.0.0.1:1/qimpl"
+BEGIN, END = "<!-- settings-table:begin", "<!-- settings-table:end -->"
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """An environment with no qimpl setting at all."""
+    for name in list(os.environ):
+        if name.startswith(("QIMPL_", "AGENT_", "DURABLE_")):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def test_the_documented_table_is_the_generated_one() -> None:
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    begin = doc.index(BEGIN)
+    table = doc[doc.index("\n", begin) + 1:doc.index(END)]
+    assert table == settings_table(), "regenerate it: python -m qimpl.settings"
+
+
+def test_every_variable_of_every_model_is_in_the_table() -> None:
+    table = settings_table()
+    for var in ("QIMPL_DATABASE_URL", "QIMPL_ADMIN_DATABASE_URL", "QIMPL_API_KEYS", "QIMPL_TOOLS",
+                "AGENT_CONCURRENCY_LIMIT", "DURABLE_AGENT_RECONCILE_TENANTS", "QIMPL_METRICS_PORT"):
+        assert f"| `{var}` |" in table
+
+
+@pytest.mark.parametrize(("variables", "code", "variable", "says"), [
+    ({}, "setting_missing", "QIMPL_DATABASE_URL", "is not set"),
+    ({"QIMPL_DATABASE_URL": "127.0.0.1:5432"}, "setting_invalid", "QIMPL_DATABASE_URL", "PostgreSQL URL"),
+    ({"QIMPL_DATABASE_URL": DSN, "QIMPL_PROVIDER_CONFIG": "{steps: 3"}, "setting_invalid",
+     "QIMPL_PROVIDER_CONFIG", "not valid JSON"),
+    ({"QIMPL_DATABASE_URL": DSN, "QIMPL_PROVIDER_CONFIG": "[1]"}, "setting_invalid",
+     "QIMPL_PROVIDER_CONFIG", "JSON object"),
+    ({"QIMPL_DATABASE_URL": DSN, "QIMPL_PROVIDER": "my_provider"}, "setting_invalid",
+     "QIMPL_PROVIDER", "module:factory"),
+    ({"QIMPL_DATABASE_URL": DSN, "DURABLE_AGENT_RECONCILE_TENANTS": "acme"}, "setting_invalid",
+     "DURABLE_AGENT_RECONCILE_TENANTS", "not valid JSON"),
+    ({"QIMPL_DATABASE_URL": DSN, "QIMPL_HEARTBEAT_TIMEOUT_S": "2s"}, "setting_invalid",
+     "QIMPL_HEARTBEAT_TIMEOUT_S", "number"),
+])
+def test_a_bad_setting_names_its_variable_and_an_example(
+        env: pytest.MonkeyPatch, variables: dict[str, str], code: str, variable: str, says: str) -> None:
+    for name, value in variables.items():
+        env.setenv(name, value)
+    with pytest.raises(ConfigError) as caught:
+        load(WorkerSettings)
+    err = caught.value
+    assert (err.code, err.variable) == (code, variable)
+    assert says in err.reason and err.example
+    line = json.loads(err.line("worker"))
+    assert line["variable"] == variable and variable in line["msg"] and "\n" not in err.line("worker")
+
+
+def test_each_process_validates_only_what_it_reads(env: pytest.MonkeyPatch) -> None:
+    env.setenv("QIMPL_DATABASE_URL", DSN)
+    env.setenv("QIMPL_TOOLS_CONFIG", "not json")  # the worker's alone
+    assert load(ApiSettings).database_url == DSN
+    assert load(Settings).database_url == DSN
+    with pytest.raises(ConfigError, match="QIMPL_TOOLS_CONFIG"):
+        load(WorkerSettings)
+
+
+def test_the_harness_environment_loads_unchanged(env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Every name the harness sets (``Deployment.env``) keeps working."""
+    deployment = Deployment(dsn="postgresql://postgres@127.0.0.1:5/q1", temporal_address="127.0.0.1:7",
+                            task_queue="q", control_dir=tmp_path, logs_dir=tmp_path,
+                            sink_url="http://127.0.0.1:9",
+                            extra_env={"DURABLE_AGENT_RECONCILE_TENANTS": '["t-dev"]',
+                                       "AGENT_CONCURRENCY_LIMIT": "2"})
+    for name, value in deployment.env().items():
+        if name.startswith(("QIMPL_", "AGENT_", "DURABLE_")):
+            env.setenv(name, value)
+    worker = load(WorkerSettings)
+    assert worker.provider == "qualify.fakes.synthetic:SyntheticProvider"
+    assert worker.provider_config == {"control_dir": str(tmp_path)}
+    assert worker.tools_config == {"sink_url": "http://127.0.0.1:9"}
+    assert (worker.reconcile_tenants, worker.concurrency_limit, worker.heartbeat_timeout_s) == (["t-dev"], 2, 1.0)
+    assert load(ApiSettings).task_queue == "q"
+
+
+def test_the_admin_dsn_falls_back_to_the_database_url(env: pytest.MonkeyPatch) -> None:
+    env.setenv("QIMPL_DATABASE_URL", DSN)
+    assert load(AdminSettings).admin_database_url == DSN
+    env.setenv("QIMPL_ADMIN_DATABASE_URL", "postgresql://owner@h/db")
+    assert load(AdminSettings).admin_database_url == "postgresql://owner@h/db"
+
+
+def _start(argv: list[str], **variables: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("QIMPL_", "AGENT_", "DURABLE_"))}
+    environ.update(variables, PYTHONPATH=str(ROOT))
+    # subprocess.run kills and reaps the child if it outlives the timeout.
+    return subprocess.run([sys.executable, *argv], env=environ, capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+
+
+API = ["-m", "uvicorn", "--factory", "qimpl.api.app:create_app", "--host", "127.0.0.1", "--port", "0"]
+WORKER = ["-m", "qimpl.workflows.worker"]
+
+
+@pytest.mark.parametrize("argv", [API, WORKER], ids=["api", "worker"])
+@pytest.mark.parametrize(("variables", "variable"), [
+    ({}, "QIMPL_DATABASE_URL"),
+    ({"QIMPL_DATABASE_URL": DSN, "QIMPL_PROVIDER_CONFIG": "{nope"}, "QIMPL_PROVIDER_CONFIG"),
+    ({"QIMPL_DATABASE_URL": DSN, "QIMPL_PROVIDER": "no_such_module:Factory"}, "QIMPL_PROVIDER"),
+    ({"QIMPL_DATABASE_URL": DSN, "QIMPL_PROVIDER": "qimpl.provider:NoSuchFactory"}, "QIMPL_PROVIDER"),
+], ids=["no-database-url", "provider-config-not-json", "provider-module-missing", "provider-factory-missing"])
+def test_a_process_with_a_bad_setting_stops_at_once_with_one_line(
+        argv: list[str], variables: dict[str, str], variable: str) -> None:
+    done = _start(argv, **variables)
+    assert done.returncode == EXIT_CONFIG, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert json.loads(lines[0])["variable"] == variable
+    assert "Traceback" not in done.stderr + done.stdout
+
+
+def test_the_worker_refuses_tools_that_do_not_load() -> None:
+    done = _start(WORKER, QIMPL_DATABASE_URL=DSN, QIMPL_TOOLS="no_such_module:tools")
+    assert done.returncode == EXIT_CONFIG and json.loads(done.stderr)["variable"] == "QIMPL_TOOLS"
+
+
+@pytest.mark.req("R-OPS-4")
+@pytest.mark.parametrize(("args", "variables", "says"), [
+    ([], {"QIMPL_DATABASE_URL": DSN}, "--tenant"),
+    (["--tenant", "t", "--limit", "x"], {"QIMPL_DATABASE_URL": DSN}, "--limit"),
+    (["--tenant", "t"], {}, "QIMPL_DATABASE_URL"),
+], ids=["no-tenant", "bad-limit", "no-database-url"])
+def test_the_sweep_calls_a_usage_error_64(args: list[str], variables: dict[str, str], says: str) -> None:
+    done = _start(["-m", "qimpl.scripts.agent_runs", *args], **variables)
+    assert done.returncode == 64, done.stderr
+    assert says in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["-m", "qimpl.db.migrate"], "QIMPL_ADMIN_DATABASE_URL"),
+    (["-m", "qimpl.scripts.api_keys", "grant", "--tenant", "t", "--principal", "p", "--workspace", "w",
+      "--grant-token", ""], "--grant-token is empty"),
+], ids=["migrate-without-dsn", "empty-grant-token"])
+def test_the_operator_scripts_call_a_usage_error_64(argv: list[str], says: str) -> None:
+    done = _start(argv, QIMPL_DATABASE_URL="") if "grant" not in argv else _start(argv, QIMPL_DATABASE_URL=DSN)
+    assert done.returncode == 64, (done.stdout, done.stderr)
+    assert says in done.stderr and "Traceback" not in done.stderr
