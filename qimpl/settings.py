@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Annotated, Any, NoReturn, TypeVar
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic import AliasChoices, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 __all__ = ["EXIT_CONFIG", "AdminSettings", "ApiSettings", "ConfigError", "Settings",
@@ -150,6 +150,10 @@ class _ProviderSettings(BaseSettings):
         return _json_value(value, dict)
 
 
+#: Shortest key ``QIMPL_API_KEYS`` accepts (a chosen key must still be a secret).
+MIN_STATIC_KEY_CHARS = 24
+
+
 class ApiSettings(_ProviderSettings, Settings):
     """The API process (``uvicorn --factory qimpl.api.app:create_app``)."""
 
@@ -159,7 +163,7 @@ class ApiSettings(_ProviderSettings, Settings):
         json_schema_extra=_example("db"))
     #: ``"role": "operator"`` marks an operator key (R-OPS-7), the default is ``client``.
     api_keys: Annotated[dict[str, dict[str, str]], NoDecode] = Field(
-        default_factory=lambda: {"dev-key": {"tenant": "t-dev", "principal": "p-dev"}},
+        default_factory=dict,
         description="`QIMPL_AUTH=static` only: JSON object `{key: {\"tenant\", \"principal\", \"role\"?}}` (`role`: `client`, the default, or `operator`)",
         json_schema_extra=_example('{"dev-key": {"tenant": "acme", "principal": "alice"}}'))
     api_pool_size: int = Field(default=10, ge=1, description="API connection pool size",
@@ -169,6 +173,23 @@ class ApiSettings(_ProviderSettings, Settings):
     @classmethod
     def _keys_json(cls, value: Any) -> Any:
         return _json_value(value, dict)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_sound(cls, value: dict[str, dict[str, str]], info: ValidationInfo) -> dict[str, dict[str, str]]:
+        """Every static key is long enough to be a secret and names a non-empty tenant and
+        principal, and a known role; ``QIMPL_AUTH=static`` needs at least one (there is no
+        built-in key)."""
+        if info.data.get("auth") == "static" and not value:
+            raise ValueError("QIMPL_AUTH=static needs at least one key")
+        for key, who in value.items():
+            if len(key) < MIN_STATIC_KEY_CHARS:
+                raise ValueError(f"a key is shorter than {MIN_STATIC_KEY_CHARS} characters")
+            if not who.get("tenant") or not who.get("principal"):
+                raise ValueError("every key needs a non-empty tenant and principal")
+            if who.get("role", "client") not in ("client", "operator"):
+                raise ValueError("role must be client or operator")
+        return value
 
 
 class WorkerSettings(_ProviderSettings, Settings):

@@ -9,7 +9,9 @@ import json
 import logging
 from typing import Any
 
+import psycopg
 from fastapi.responses import JSONResponse
+from psycopg_pool import PoolTimeout
 
 from qimpl.api.auth import Principal
 from qimpl.api.deps import Services
@@ -22,8 +24,8 @@ from qimpl.errors import SAFE_MESSAGES, DispatchUnknown
 from qimpl.lifecycle import RunState
 from qimpl.settings import Settings
 
-__all__ = ["AFTER_ACCEPT", "AFTER_DISPATCH", "CREATE_ROUTE", "DISPATCH_FAILURES", "RESUME_ROUTE",
-           "answer", "expire_refused", "fingerprint", "receipt", "replayable", "require_grant"]
+__all__ = ["AFTER_ACCEPT", "AFTER_DISPATCH", "CREATE_ROUTE", "DB_FAILURES", "DISPATCH_FAILURES", "RESUME_ROUTE",
+           "answer", "dispatch_unknown", "expire_refused", "fingerprint", "receipt", "replayable", "require_grant"]
 
 log = logging.getLogger("qimpl.api")
 
@@ -35,6 +37,9 @@ RESUME_ROUTE = "POST /v1/agents/{agent_id}/runs/{run_id}/resume"
 
 #: What an unconfirmed start looks like: Temporal's answer unknown, or no client at all.
 DISPATCH_FAILURES = (DispatchUnknown, TimeoutError, OSError, RuntimeError)
+#: A database failure after the run was committed (a pool timeout, a restart): what became
+#: of its dispatch is unknown too, and the client still gets its receipt (R-CREATE-5).
+DB_FAILURES = (psycopg.Error, PoolTimeout)
 
 
 def fingerprint(agent_id: str, body: CreateRunRequest) -> str:
@@ -82,22 +87,28 @@ async def _confirm(services: Services, row: dict[str, Any]) -> dict[str, Any]:
 
 async def answer(services: Services, row: dict[str, Any], *, replayed: bool) -> JSONResponse:
     """202 with the receipt, dispatching an ``accepted`` run first; 503
-    ``durable_dispatch_unknown`` carrying the receipt when the dispatch is unconfirmed
+    ``durable_dispatch_unknown`` carrying the receipt when the dispatch is unconfirmed —
+    Temporal did not answer, or the database failed while recording its answer
     (R-CREATE-3, R-CREATE-5). ``Idempotent-Replayed: true`` on a replay."""
     headers = {"Idempotent-Replayed": "true"} if replayed else {}
     if row["state"] == RunState.ACCEPTED:
         try:
             row = await _confirm(services, row)
-        except DISPATCH_FAILURES as exc:
-            log.warning("dispatch unknown for run %s: %s", row["run_id"], exc,
+        except (*DISPATCH_FAILURES, *DB_FAILURES) as exc:
+            log.warning("dispatch unknown for run %s: %s", row["run_id"], type(exc).__name__,
                         extra={"run_id": str(row["run_id"])})
-            body = ErrorBody(
-                code="durable_dispatch_unknown",
-                message="the run is accepted; its dispatch could not be confirmed",
-                retryable=False, receipt=receipt(row),
-            )
-            return JSONResponse(body.model_dump(mode="json", exclude_none=True), 503, headers)
+            return dispatch_unknown(row, headers)
     return JSONResponse(receipt(row).model_dump(mode="json"), 202, headers)
+
+
+def dispatch_unknown(row: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
+    """503 ``durable_dispatch_unknown`` with the run's receipt: the run is committed, what
+    became of its dispatch is not known here; a retry with the same key, or an empty
+    resume, settles it (R-CREATE-5)."""
+    body = ErrorBody(code="durable_dispatch_unknown",
+                     message="the run is accepted; its dispatch could not be confirmed",
+                     retryable=False, receipt=receipt(row))
+    return JSONResponse(body.model_dump(mode="json", exclude_none=True), 503, headers or {})
 
 
 async def expire_refused(svc: Services, tenant_id: str, run_id: str) -> None:
@@ -128,18 +139,22 @@ async def replayable(conn: Any, record: dict[str, Any] | None, fingerprint: str,
     """The run to replay for an existing key, or the error the IETF draft prescribes:
     422 for another body, 409 (with Retry-After) while the first request is in flight.
     A first request that died unanswered stops counting as in flight after the dispatch
-    timeout, and its run is then replayed (and dispatched)."""
+    timeout, and its run is then replayed (and dispatched); one whose run's dispatch is
+    already confirmed never counts as in flight."""
     if record is None:
         raise ApiError(409, "idempotency_key_in_flight", "retry shortly", retry_after=1)
     if record["fingerprint"] != fingerprint:
         raise ApiError(422, "idempotency_key_reused",
                        "this Idempotency-Key was used with a different request")
-    in_flight_s = settings.dispatch_timeout_s + 1
-    if record["completed_at"] is None and record["age_s"] < in_flight_s:
-        raise ApiError(409, "idempotency_key_in_flight", "the first request with this key is "
-                       "still being answered; retry shortly",
-                       retry_after=max(1, int(in_flight_s - record["age_s"]) + 1))
     row = await repo.get_run(conn, str(record["run_id"]))
     if row is None:
         raise ApiError(404, "run_not_found", "no such run")
+    in_flight_s = settings.dispatch_timeout_s + 1
+    dispatched = row["dispatch_confirmed_at"] is not None or row["state"] != RunState.ACCEPTED
+    if record["completed_at"] is None and record["age_s"] < in_flight_s and not dispatched:
+        # Only the dispatch can race: once it is confirmed, the run is replayed even if the
+        # first request could not complete the key's record (a database failure).
+        raise ApiError(409, "idempotency_key_in_flight", "the first request with this key is "
+                       "still being answered; retry shortly",
+                       retry_after=max(1, int(in_flight_s - record["age_s"]) + 1))
     return dict(row)

@@ -27,6 +27,8 @@ def create_api_key(conn: Conn, *, key: str, tenant_id: str, principal_id: str,
     (the journal's reconciliation routes, R-OPS-7). ValueError for another role."""
     if role not in ("client", "operator"):
         raise ValueError(f"role must be client or operator, got {role!r}")
+    if not tenant_id.strip() or not principal_id.strip():
+        raise ValueError("tenant and principal must not be empty")
     conn.execute("INSERT INTO api_keys (key_hash, tenant_id, principal_id, role) VALUES (%s, %s, %s, %s)"
                  " ON CONFLICT (key_hash) DO NOTHING", (key_hash(key), tenant_id, principal_id, role))
 

@@ -25,6 +25,11 @@ from qimpl.settings import AdminSettings, load_or_exit
 __all__ = ["main"]
 
 
+#: Shortest key ``create --key`` accepts: keys are stored as plain SHA-256, so a chosen
+#: key must carry its own entropy.
+MIN_CHOSEN_KEY_CHARS = 24
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = UsageParser(prog="python -m qimpl.scripts.api_keys")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -43,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "grant" and not args.grant_token.strip():
         parser.error("--grant-token is empty: give the credential the worker hands the provider")
+    if not args.tenant.strip() or not args.principal.strip():
+        parser.error("--tenant and --principal must not be empty")
+    if args.command == "create" and args.key is not None and len(args.key) < MIN_CHOSEN_KEY_CHARS:
+        parser.error(f"--key is shorter than {MIN_CHOSEN_KEY_CHARS} characters: a chosen key must "
+                     "still be a secret (omit --key for a random one)")
     dsn = load_or_exit(AdminSettings, "api_keys").admin_database_url
     try:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:

@@ -19,7 +19,7 @@ from qimpl.api.app import create_app
 from qimpl.api.deps import Services
 from qimpl.db import admin
 from qimpl.metrics import RUN_STATS_SQL
-from qimpl.settings import Settings
+from qimpl.settings import ApiSettings
 from qualify.stack._embedded import API_ROLE, with_user
 
 Client = httpx.AsyncClient
@@ -33,7 +33,7 @@ def db(stack: Any) -> str:
 def _with_api(db: str, stack: Any, test: Callable[[Client], Awaitable[None]]) -> None:
     """Run ``test`` against the app in process, connected as the API's restricted role;
     Temporal is the stack's, on a task queue no worker polls (runs stay queued)."""
-    settings = Settings(database_url=with_user(db, API_ROLE), auth="db",
+    settings = ApiSettings(database_url=with_user(db, API_ROLE), auth="db",
                         temporal_address=stack.info.temporal_address,
                         task_queue=f"sec-{uuid.uuid4().hex[:8]}")
 
@@ -115,3 +115,34 @@ def test_same_key_after_revoke_replays_the_original_receipt(db: str, stack: Any)
         assert conn.execute("SELECT count(*) FROM runs").fetchone() == (1,)
 
 
+
+
+@pytest.mark.req("R-CREATE-5")
+@pytest.mark.parametrize("failing", ["confirm_dispatch", "complete_idempotency"])
+def test_a_database_failure_after_acceptance_returns_the_receipt(
+        db: str, stack: Any, failing: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run is committed, then the database fails while the API records its dispatch or
+    completes the key's record: 503 ``durable_dispatch_unknown`` with the receipt, never a
+    bare 500; a retry with the same key settles it."""
+    from qimpl.db import runs as repo
+
+    real = getattr(repo, failing)
+    calls = {"n": 0}
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(repo, failing, broken)
+
+    async def test(client: Client) -> None:
+        first = await _create(client, "dev-key", f"db-{failing}")
+        body = first.json()
+        assert (first.status_code, body["code"]) == (503, "durable_dispatch_unknown"), first.text
+        run_id = body["receipt"]["run_id"]
+        again = await _create(client, "dev-key", f"db-{failing}")
+        assert again.status_code == 202 and again.json()["run_id"] == run_id, again.text
+
+    _with_api(db, stack, test)

@@ -96,11 +96,14 @@ def test_required_headers_are_marked_required() -> None:
     assert key["schema"] == {"type": "string", "maxLength": 255, "pattern": r"^[\x21-\x7e]+$"}
 
 
+KEY = "k-1-0123456789abcdefghijklmn"
+
+
 @pytest.fixture
 def app(monkeypatch: pytest.MonkeyPatch) -> FastAPI:
     """The app without its lifespan: static keys, a pool never opened (no database), and
     the legacy inline path stubbed (it needs the database)."""
-    settings = ApiSettings(database_url=DSN, auth="static", api_keys={"k-1": {"tenant": "t-1", "principal": "p-1"}})
+    settings = ApiSettings(database_url=DSN, auth="static", api_keys={KEY: {"tenant": "t-1", "principal": "p-1"}})
     app = create_app(settings)
     app.state.services = Services(settings)
 
@@ -126,19 +129,19 @@ def test_documenting_headers_changes_no_runtime_behaviour(app: FastAPI) -> None:
     async def calls() -> None:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                      base_url="http://api") as client:
-            for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "bearer k-1"},
-                            {"Authorization": "Basic k-1"}):
+            for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": f"bearer {KEY}"},
+                            {"Authorization": f"Basic {KEY}"}):
                 r = await client.post(RUNS, json=durable, headers=headers)
                 assert r.status_code == 401, (headers, r.status_code)
                 assert r.json() == {"code": "unauthenticated", "message": "a valid API key is required"}
-            for auth in ("Bearer k-1", "k-1"):  # a bare key is accepted, as before
+            for auth in (f"Bearer {KEY}", KEY):  # a bare key is accepted, as before
                 r = await client.post(RUNS, json=durable, headers={"Authorization": auth})
                 assert (r.status_code, r.json()["code"]) == (400, "idempotency_key_required"), auth
-            r = await client.post(RESUME, json={}, headers={"Authorization": "Bearer k-1"})
+            r = await client.post(RESUME, json={}, headers={"Authorization": f"Bearer {KEY}"})
             assert (r.status_code, r.json()["code"]) == (400, "idempotency_key_required")
             r = await client.get(EVENTS)
             assert (r.status_code, r.json()["code"]) == (401, "stream_key_required")
-            r = await client.post(RUNS, json={"prompt": "hi"}, headers={"Authorization": "Bearer k-1"})
+            r = await client.post(RUNS, json={"prompt": "hi"}, headers={"Authorization": f"Bearer {KEY}"})
             assert r.status_code == 202  # legacy: no Idempotency-Key needed
 
     asyncio.run(calls())

@@ -163,8 +163,31 @@ def test_the_sweep_calls_a_usage_error_64(args: list[str], variables: dict[str, 
     (["-m", "qimpl.db.migrate"], "QIMPL_ADMIN_DATABASE_URL"),
     (["-m", "qimpl.scripts.api_keys", "grant", "--tenant", "t", "--principal", "p", "--workspace", "w",
       "--grant-token", ""], "--grant-token is empty"),
-], ids=["migrate-without-dsn", "empty-grant-token"])
+    (["-m", "qimpl.scripts.api_keys", "create", "--tenant", "t", "--principal", "p", "--key", "short"],
+     "--key is shorter than 24"),
+    (["-m", "qimpl.scripts.api_keys", "create", "--tenant", " ", "--principal", "p"],
+     "must not be empty"),
+], ids=["migrate-without-dsn", "empty-grant-token", "short-chosen-key", "empty-tenant"])
 def test_the_operator_scripts_call_a_usage_error_64(argv: list[str], says: str) -> None:
-    done = _start(argv, QIMPL_DATABASE_URL="") if "grant" not in argv else _start(argv, QIMPL_DATABASE_URL=DSN)
+    done = (_start(argv, QIMPL_DATABASE_URL="") if "api_keys" not in " ".join(argv)
+            else _start(argv, QIMPL_DATABASE_URL=DSN))
     assert done.returncode == 64, (done.stdout, done.stderr)
     assert says in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.req("R-AUTH-1")
+def test_static_keys_have_no_built_in_default_and_must_be_secrets() -> None:
+    """No built-in development key; a chosen static key is long, names a tenant and a
+    principal, and a known role (issue 13, item 8)."""
+    from pydantic import ValidationError
+
+    from qimpl.settings import ApiSettings
+
+    dsn = "postgresql://u@127.0.0.1:1/x"
+    assert ApiSettings(database_url=dsn).api_keys == {}
+    good = "a" * 24
+    assert ApiSettings(database_url=dsn, auth="static", api_keys={good: {"tenant": "t", "principal": "p"}})
+    for keys in ({}, {"dev-key": {"tenant": "t", "principal": "p"}}, {good: {"tenant": "", "principal": "p"}},
+                 {good: {"tenant": "t", "principal": "p", "role": "root"}}):
+        with pytest.raises(ValidationError):
+            ApiSettings(database_url=dsn, auth="static", api_keys=keys)

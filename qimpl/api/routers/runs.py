@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 import uuid
 from datetime import UTC, datetime
@@ -19,7 +20,9 @@ from qimpl.api.openapi import CREATE_ERRORS, CREATE_HEADERS, READ_ERRORS, Idempo
 from qimpl.api.receipts import (
     AFTER_ACCEPT,
     CREATE_ROUTE,
+    DB_FAILURES,
     answer,
+    dispatch_unknown,
     fingerprint,
     replayable,
     require_grant,
@@ -29,6 +32,8 @@ from qimpl.db import runs as repo
 from qimpl.lifecycle import RunState, workflow_id
 
 __all__ = ["router"]
+
+log = logging.getLogger("qimpl.api")
 
 router = APIRouter()
 
@@ -126,8 +131,15 @@ async def create_run(
         AFTER_ACCEPT.reach(run_id=run_id)
     response = await answer(svc, row, replayed=replayed)
     if not replayed:
-        async with svc.tenant(principal.tenant_id) as conn:
-            await repo.complete_idempotency(conn, **scope)
+        try:
+            async with svc.tenant(principal.tenant_id) as conn:
+                await repo.complete_idempotency(conn, **scope)
+        except DB_FAILURES as exc:
+            # The run is committed: its receipt, never a bare 500 (R-CREATE-5). The key's
+            # record completes on a retry with the same key, or lapses (in-flight lease).
+            log.warning("idempotency record of run %s not completed: %s", run_id, type(exc).__name__,
+                        extra={"run_id": run_id})
+            return dispatch_unknown(row)
     return response
 
 

@@ -82,7 +82,8 @@ ALTER TABLE runs
     ADD COLUMN workspace_id          text NOT NULL DEFAULT 'default',
     -- the authorisation grant the run acts under; never projected (R-READ-3)
     ADD COLUMN grant_token           text;
-UPDATE runs SET stream_key = md5(random()::text || run_id::text),
+-- stream keys from the server's CSPRNG (gen_random_uuid uses pg_strong_random)
+UPDATE runs SET stream_key = replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''),
                 deadline_at = accepted_at + interval '1 hour',
                 completed_at = CASE WHEN state IN ('completed', 'failed', 'cancelled')
                                     THEN updated_at END;
@@ -391,6 +392,9 @@ def downgrade() -> None:
         """
         DO $$
         BEGIN
+            -- No run may be inserted or changed between this count and the schema change:
+            -- the lock is held until the downgrade's transaction ends.
+            LOCK TABLE runs IN EXCLUSIVE MODE;
             IF EXISTS (SELECT 1 FROM runs WHERE lifecycle_version = 2
                        AND state NOT IN ('completed', 'failed', 'expired', 'cancelled')) THEN
                 RAISE EXCEPTION 'downgrade refused: % version-2 runs are not terminal; drain them (cancel or let them finish) first',
