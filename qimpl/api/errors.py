@@ -50,6 +50,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:
+            # A body that cannot even be parsed (not JSON, a broken encoding) is answered
+            # like invalid JSON: 422 ``malformed_body``, a code every route documents.
+            return JSONResponse(_body("malformed_body", "the request body could not be parsed"),
+                                status_code=422)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return JSONResponse(_body(code, str(exc.detail)), status_code=exc.status_code)
 

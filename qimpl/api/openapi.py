@@ -13,8 +13,8 @@ from qimpl.api.models import ErrorBody
 from qimpl.api.validation import VALIDATION_CODES
 
 __all__ = [
-    "ANSWER_ERRORS", "APPROVAL_ERRORS", "CANCEL_ERRORS", "CREATE_ERRORS", "CREATE_HEADERS",
-    "EVENTS_ERRORS", "EVENTS_HEADERS", "LEGACY_ERRORS", "READ_ERRORS", "RESUME_ERRORS",
+    "ANSWER_ERRORS", "APPROVAL_ERRORS", "CANCEL_ERRORS", "CREATE_ERRORS", "CREATE_HEADERS", "CREATE_LINKS",
+    "EVENTS_ERRORS", "EVENTS_HEADERS", "LEGACY_ERRORS", "READ_ERRORS", "READ_LINKS", "RESUME_ERRORS",
     "RESUME_HEADERS", "STREAM_KEY_MAX", "IdempotencyKey", "errors",
 ]
 
@@ -59,14 +59,44 @@ _VALIDATION = ", ".join(VALIDATION_CODES)
 _AUTH = "unauthenticated"
 _NOT_FOUND = "run_not_found"
 CREATE_ERRORS = errors(
-    s400="idempotency_key_required", s401=_AUTH, s409="idempotency_key_in_flight",
+    s400="idempotency_key_required", s401=_AUTH,
+    s403="workspace_access_denied (no live grant for the body's workspace_id, R-AUTH-2)",
+    s409="idempotency_key_in_flight",
     s422=f"{_VALIDATION}, idempotency_key_reused",
     s503="durable_dispatch_unknown (the body carries the receipt; retryable: false)")
 READ_ERRORS = errors(s401=_AUTH, s404=_NOT_FOUND, s422=_VALIDATION)
+
+
+def _link(operation_id: str, **parameters: str) -> dict[str, Any]:
+    return {"operationId": operation_id, "parameters": parameters}
+
+
+_RUN = {"agent_id": "$request.path.agent_id", "run_id": "$response.body#/run_id"}
+#: OpenAPI links from a receipt to what a client does next with the run: read it, follow
+#: its events (with the receipt's stream key), cancel it, resume it. Clients and stateful
+#: contract tests (schemathesis) follow them.
+CREATE_LINKS: dict[int | str, dict[str, Any]] = {202: {"description": "Successful Response", "links": {
+    "ReadRun": _link("read_run_v1_agents__agent_id__runs__run_id__get", **_RUN),
+    "RunEvents": _link("run_events_v1_agents__agent_id__runs__run_id__events_get", **_RUN,
+                       **{"header.X-Stream-Key": "$response.body#/stream_key"}),
+    "CancelRun": _link("cancel_run_v1_agents__agent_id__runs__run_id__cancel_post", **_RUN),
+    "ResumeRun": _link("resume_run_v1_agents__agent_id__runs__run_id__resume_post", **_RUN),
+}}}
+#: From a read run to deciding its pending approval.
+READ_LINKS: dict[int | str, dict[str, Any]] = {200: {"description": "Successful Response", "links": {
+    "DecideApproval": _link(
+        "decide_approval_v1_agents__agent_id__runs__run_id__tool_approval__approval_id__post",
+        agent_id="$request.path.agent_id", run_id="$request.path.run_id",
+        approval_id="$response.body#/result_json/pending_approval/approval_id"),
+    "CancelRun": _link("cancel_run_v1_agents__agent_id__runs__run_id__cancel_post",
+                       agent_id="$request.path.agent_id", run_id="$request.path.run_id"),
+}}}
 _BUSY = "run_busy (the run's row stayed locked past the lock timeout; retryable: true)"
 CANCEL_ERRORS = errors(s401=_AUTH, s404=_NOT_FOUND, s422=_VALIDATION, s503=_BUSY)
 RESUME_ERRORS = errors(
-    s400="idempotency_key_required", s401=_AUTH, s404=_NOT_FOUND,
+    s400="idempotency_key_required", s401=_AUTH,
+    s403="workspace_access_revoked (the grant for the run's workspace was revoked, R-AUTH-2)",
+    s404=_NOT_FOUND,
     s409="run_active, run_terminal (also when the deadline passed: the run is expired), "
          "run_not_resumable, run_resume_conflict, run_reconciliation_required (a tool call's "
          "outcome is unknown, R-RESUME-3), tool_results_pending (R-TOOL-4)",

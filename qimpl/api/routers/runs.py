@@ -16,7 +16,14 @@ from qimpl.api.auth import Principal
 from qimpl.api.deps import AgentId, CurrentPrincipal, Services, Svc, owned_run
 from qimpl.api.errors import ApiError
 from qimpl.api.models import CreateRunRequest, Receipt, RunView
-from qimpl.api.openapi import CREATE_ERRORS, CREATE_HEADERS, READ_ERRORS, IdempotencyKey
+from qimpl.api.openapi import (
+    CREATE_ERRORS,
+    CREATE_HEADERS,
+    CREATE_LINKS,
+    READ_ERRORS,
+    READ_LINKS,
+    IdempotencyKey,
+)
 from qimpl.api.receipts import (
     AFTER_ACCEPT,
     CREATE_ROUTE,
@@ -83,7 +90,7 @@ async def create_legacy(svc: Services, agent_id: str, body: CreateRunRequest, pr
 
 
 @router.post(
-    "/v1/agents/{agent_id}/runs", status_code=202, response_model=Receipt, responses=CREATE_ERRORS,
+    "/v1/agents/{agent_id}/runs", status_code=202, response_model=Receipt, responses={**CREATE_ERRORS, **CREATE_LINKS},
     openapi_extra=CREATE_HEADERS,
 )
 async def create_run(
@@ -143,7 +150,7 @@ async def create_run(
     return response
 
 
-@router.get("/v1/agents/{agent_id}/runs/{run_id}", response_model=RunView, responses=READ_ERRORS)
+@router.get("/v1/agents/{agent_id}/runs/{run_id}", response_model=RunView, responses={**READ_ERRORS, **READ_LINKS})
 async def read_run(
     agent_id: AgentId,
     run_id: uuid.UUID,
