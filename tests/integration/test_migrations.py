@@ -78,3 +78,39 @@ def test_downgrade_refused_while_a_v2_run_is_live_then_allowed(empty_db: str) ->
         statuses = sorted(r[0] for r in conn.execute("SELECT status::text FROM runs"))
         assert statuses == ["CANCELLED", "FAILED"]
     upgrade(empty_db, HEAD)  # and back up again
+
+
+@pytest.mark.req("R-OPS-2")
+def test_a_run_inserted_during_the_downgrade_guard_cannot_slip_past_it(empty_db: str) -> None:
+    """The guard locks ``runs`` before it counts: a version-2 run being inserted while the
+    downgrade starts is waited for and then counted, never folded away unseen."""
+    import threading
+    import time
+
+    lifecycle = "20261007_230000_run_lifecycle"
+    upgrade(empty_db, lifecycle)
+    outcome: dict[str, BaseException | None] = {}
+    with psycopg.connect(empty_db) as inserting:  # one open transaction, not yet committed
+        inserting.execute("INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,"
+                          " stream_key, deadline_at) VALUES (%s, 't', 'p', 'a', 'queued', 'x', 'k',"
+                          " now() + interval '1 hour')", (str(uuid.uuid4()),))
+
+        def run_downgrade() -> None:
+            try:
+                downgrade(empty_db, BASELINE)
+                outcome["error"] = None
+            except BaseException as exc:  # noqa: BLE001 - inspected below
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=run_downgrade)
+        worker.start()
+        with psycopg.connect(empty_db, autocommit=True) as watch:
+            deadline = time.monotonic() + 30
+            while not watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock'").fetchone()[0]:  # type: ignore[index]
+                assert time.monotonic() < deadline, "the downgrade never waited for the insert"
+                time.sleep(0.02)
+        inserting.commit()
+    worker.join(timeout=60)
+    assert outcome.get("error") is not None and "downgrade refused" in str(outcome["error"])
