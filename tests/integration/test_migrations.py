@@ -40,7 +40,7 @@ def test_upgrade_converts_legacy_rows(empty_db: str) -> None:
         assert got == {k: v.lower() for k, v in rows.items()}
         meta = conn.execute("SELECT DISTINCT lifecycle_version, durability FROM runs").fetchall()
         assert meta == [(1, "legacy")]
-        # backfilled stream keys: 256 bits from the server's CSPRNG (gen_random_uuid), distinct
+        # backfilled stream keys: two version-4 UUIDs (244 random bits) from the CSPRNG, distinct
         keys = [r[0] for r in conn.execute("SELECT stream_key FROM runs")]
         assert len(set(keys)) == len(keys) and all(len(k) == 64 and int(k, 16) >= 0 for k in keys)
         assert conn.execute("SELECT count(*) FROM pg_type WHERE typname = 'run_status'").fetchone() == (0,)
