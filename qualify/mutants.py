@@ -83,7 +83,7 @@ CATALOG: tuple[Mutant, ...] = (
         "tenant-slots-ignored", "tenant slots (R-EXEC-9)",
         (Patch("qimpl/workflows/owner.py", 'if row["state"] == RunState.QUEUED and slot_limit > 0:',
                'if row["state"] == RunState.QUEUED and slot_limit < 0:'),),
-        "tenant-slots", "never more than 2 slot holders, the limit was reached (the check is not vacuous)"),
+        "tenant-slots", "never more than 2 slot holders"),
     Mutant(
         "stale-action-version-accepted", "approval binding (R-APPROVAL-1)",
         (Patch("qimpl/db/runs.py", 'if pending.get("action_version") != action_version:', "if False:"),),

@@ -302,6 +302,20 @@ def cancel_vs_completion(ctx: ScenarioContext) -> None:
                "; ".join(disagreements) or dict(outcomes).__repr__(), "R-CANCEL-1")
 
 
+def _cancel_once_asked(ctx: ScenarioContext, api: ManagedProcess, run_id: str, *, calls: int) -> float:
+    """Cancel ``run_id`` once the provider was asked ``calls`` times; expects the answer
+    ``cancelled: true`` and returns the time of the cancel (epoch seconds)."""
+    deadline = time.monotonic() + 30
+    while len(provider_calls(ctx, run_id)) < calls:
+        if time.monotonic() > deadline:
+            raise HarnessError("the run never got going")
+        time.sleep(0.02)
+    answer = ctx.cancel_run(api, run_id)
+    cancelled_at = time.time()
+    ctx.expect("cancel answered true", answer["cancelled"] is True, str(answer), "R-CANCEL-1")
+    return cancelled_at
+
+
 @scenario(
     "cancel-reaches-running-activity",
     title="Cancel a run mid-activity: the owner stops calling the provider and gives up its "
@@ -313,14 +327,7 @@ def cancel_reaches_running_activity(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
     ctx.processes.worker(**limit)
     run_id = accepted(ctx, api, prompt=make_prompt(steps=200, delay_ms=100))
-    deadline = time.monotonic() + 30
-    while len(provider_calls(ctx, run_id)) < 3:
-        if time.monotonic() > deadline:
-            raise HarnessError("the run never got going")
-        time.sleep(0.02)
-    answer = ctx.cancel_run(api, run_id)
-    cancelled_at = time.time()
-    ctx.expect("cancel answered true", answer["cancelled"] is True, str(answer), "R-CANCEL-1")
+    cancelled_at = _cancel_once_asked(ctx, api, run_id, calls=3)
     owner = f"qimpl-owner:{run_id}"
     stop_by = time.monotonic() + 15
     while ctx.sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", owner)[0][0]:
@@ -357,14 +364,7 @@ def cancel_stops_a_long_step(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
     ctx.processes.worker()
     run_id = accepted(ctx, api, prompt=make_prompt(steps=2, delay_ms=30_000))
-    deadline = time.monotonic() + 30
-    while not provider_calls(ctx, run_id):
-        if time.monotonic() > deadline:
-            raise HarnessError("the long step never started")
-        time.sleep(0.02)
-    answer = ctx.cancel_run(api, run_id)
-    cancelled_at = time.time()
-    ctx.expect("cancel answered true", answer["cancelled"] is True, str(answer), "R-CANCEL-1")
+    cancelled_at = _cancel_once_asked(ctx, api, run_id, calls=1)
     stop_by = time.monotonic() + 10
     while not _step_cancellations(ctx, run_id) and time.monotonic() < stop_by:
         time.sleep(0.02)

@@ -28,10 +28,9 @@ restores the pre-tool checkpoint and meets the same call ids (R-TOOL-2).
 them (the reconciliation route is an operator surface, R-OPS-7).
 """
 
-import importlib.util
-from pathlib import Path
-
 from alembic import op
+
+from qimpl.db.migrate import load_revision
 
 revision = "20261130_160000_tool_journal"
 down_revision = "20261130_120000_deadline_fence"
@@ -39,16 +38,7 @@ branch_labels = None
 depends_on = None
 
 
-def _previous():  # type: ignore[no-untyped-def]
-    path = Path(__file__).with_name(f"{down_revision}.py")
-    spec = importlib.util.spec_from_file_location("qimpl_migration_previous", path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_PREV = _previous()
+_PREV = load_revision(down_revision)
 STATES = _PREV.STATES
 ALLOWED = _PREV.ALLOWED  # no transition changes in this revision
 PREVIOUS_GUARD_SQL = _PREV.GUARD_SQL

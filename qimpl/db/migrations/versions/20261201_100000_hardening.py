@@ -30,10 +30,9 @@ Create Date: 2026-12-01 10:00:00
   ``qimpl_app``.
 """
 
-import importlib.util
-from pathlib import Path
-
 from alembic import op
+
+from qimpl.db.migrate import load_revision
 
 revision = "20261201_100000_hardening"
 down_revision = "20261130_160000_tool_journal"
@@ -41,16 +40,7 @@ branch_labels = None
 depends_on = None
 
 
-def _previous():  # type: ignore[no-untyped-def]
-    path = Path(__file__).with_name(f"{down_revision}.py")
-    spec = importlib.util.spec_from_file_location("qimpl_migration_previous", path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_PREV = _previous()
+_PREV = load_revision(down_revision)
 STATES = _PREV.STATES
 ALLOWED = _PREV.ALLOWED  # no transition changes in this revision
 PREVIOUS_GUARD_SQL = _PREV.GUARD_SQL
