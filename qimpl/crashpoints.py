@@ -4,17 +4,21 @@ A crash point is declared once, at import time, next to the code it guards::
 
     AFTER_CHECKPOINT = declare("activity.after_checkpoint_commit", "after a step's checkpoint commits")
     ...
-    AFTER_CHECKPOINT.reach(run_id=run_id, step=step)
+    await AFTER_CHECKPOINT.areach(run_id=run_id, step=step)   # from a coroutine
+    AFTER_CHECKPOINT.reach(run_id=run_id, step=step)          # from synchronous code
 
 The directive ``QIMPL_CRASH_POINTS="name:action[@n],..."`` arms points in one process:
 ``kill`` (SIGKILL self), ``stop`` (SIGSTOP self) or ``hold`` (notify, then wait for the
-harness to release). ``@n`` strikes on the n-th reach (default 1), so a restarted process
+harness to release; from a coroutine, ``areach`` waits without blocking the event loop, so
+a held owner still heartbeats and touches its lease) or ``freeze`` (the same, but the whole
+process stalls: no heartbeat, no poll, no lease touch — a stalled, not a stopped, process). ``@n`` strikes on the n-th reach (default 1), so a restarted process
 given the same directive is not struck again unless asked. Before striking, the process
 appends one JSON line of evidence to ``<control_dir>/crash_points.jsonl``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -25,7 +29,7 @@ from typing import Any
 
 __all__ = ["CATALOG", "CrashPoint", "declare", "parse_directive"]
 
-ACTIONS = frozenset({"kill", "stop", "hold"})
+ACTIONS = frozenset({"kill", "stop", "hold", "freeze"})
 HOLD_POLL_S = 0.01
 HOLD_MAX_S = 600.0
 
@@ -59,11 +63,32 @@ class CrashPoint:
     reached: int = field(default=0, compare=False)
 
     def reach(self, **context: Any) -> None:
-        """Strike here if armed; otherwise a counter increment and nothing else."""
+        """Strike here if armed; otherwise a counter increment and nothing else. A ``hold``
+        blocks the calling thread: use ``areach`` from a coroutine."""
+        release, _ = self._strike(context)
+        _wait_blocking(release)
+
+    async def areach(self, **context: Any) -> None:
+        """``reach`` for a coroutine: a ``hold`` suspends only the caller, so the process's
+        event loop goes on — heartbeats, lease touches, polls and other requests are served
+        while one owner waits at the point. A ``freeze`` blocks the whole event loop (a
+        process stalled, yet alive and not stopped by a signal)."""
+        release, freeze = self._strike(context)
+        if freeze:
+            _wait_blocking(release)
+            return
+        deadline = time.monotonic() + HOLD_MAX_S
+        while release is not None and not release.exists() and time.monotonic() < deadline:
+            await asyncio.sleep(HOLD_POLL_S)
+
+    def _strike(self, context: dict[str, Any]) -> tuple[Path | None, bool]:
+        """Count the reach; if armed, write the evidence line and strike (``kill``,
+        ``stop``). Returns the release file to wait for on ``hold`` or ``freeze`` (else
+        None) and whether the wait must block the thread (``freeze``)."""
         self.reached += 1
         directive = _armed().get(self.name)
         if directive is None or directive.nth != self.reached:
-            return
+            return None, False
         control = os.environ.get("QIMPL_CONTROL_DIR", "")
         evidence = {
             "point": self.name,
@@ -81,11 +106,15 @@ class CrashPoint:
             os.kill(os.getpid(), signal.SIGKILL)
         elif directive.action == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
-        elif directive.action == "hold" and control:
-            release = Path(control) / f"crash.{self.name}.release"
-            deadline = time.monotonic() + HOLD_MAX_S
-            while not release.exists() and time.monotonic() < deadline:
-                time.sleep(HOLD_POLL_S)
+        elif directive.action in ("hold", "freeze") and control:
+            return Path(control) / f"crash.{self.name}.release", directive.action == "freeze"
+        return None, False
+
+
+def _wait_blocking(release: Path | None) -> None:
+    deadline = time.monotonic() + HOLD_MAX_S
+    while release is not None and not release.exists() and time.monotonic() < deadline:
+        time.sleep(HOLD_POLL_S)
 
 
 CATALOG: dict[str, CrashPoint] = {}

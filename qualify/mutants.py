@@ -62,9 +62,9 @@ CATALOG: tuple[Mutant, ...] = (
     Mutant(
         "side-effect-before-intent", "intent before the side effect (R-TOOL-1)",
         (Patch("qimpl/workflows/tool_steps.py",
-               "            BEFORE_INTENT.reach(run_id=owner.run_id, step=step, attempt=owner.attempt)",
+               "            await BEFORE_INTENT.areach(run_id=owner.run_id, step=step, attempt=owner.attempt)",
                "            outcome = await self._invoke(owner, spec, invocation, tenant_id=tenant_id)\n"
-               "            BEFORE_INTENT.reach(run_id=owner.run_id, step=step, attempt=owner.attempt)"),),
+               "            await BEFORE_INTENT.areach(run_id=owner.run_id, step=step, attempt=owner.attempt)"),),
         "tool-kill-before-intent-commit", "no tool execution without a committed intent"),
     Mutant(
         "finalising-tool-without-approval", "no automatic finalisation (R-TOOL-5)",

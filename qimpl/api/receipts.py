@@ -69,7 +69,7 @@ async def _confirm(services: Services, row: dict[str, Any]) -> dict[str, Any]:
     client = await services.temporal()
     run_id, generation = str(row["run_id"]), int(row["generation"])
     started = await dispatch(client, row, services.settings)
-    AFTER_DISPATCH.reach(run_id=run_id)
+    await AFTER_DISPATCH.areach(run_id=run_id)
     async with services.tenant(row["tenant_id"]) as conn:
         if started == "closed":
             confirmed = await repo.end_unowned(

@@ -122,7 +122,7 @@ class AgentActivities:
         a step failed (counted in the run) or ownership was lost while the run is live.
         """
         attempt = activity.info().attempt
-        BEFORE_LEASE.reach(run_id=inp.run_id, attempt=attempt)
+        await BEFORE_LEASE.areach(run_id=inp.run_id, attempt=attempt)
         try:
             async with OwnershipLease(
                 self.dsn, inp.run_id, lease_s=inp.heartbeat_timeout_s,
@@ -175,7 +175,7 @@ class AgentActivities:
                 raise ApplicationError("no tenant slot free", type="SlotUnavailable")
             return repo.outcome(claim.row)  # R-EXEC-5: terminal, parked or superseded
         owner, row = claim.owner, claim.row
-        AFTER_CLAIM.reach(run_id=inp.run_id, attempt=attempt)
+        await AFTER_CLAIM.areach(run_id=inp.run_id, attempt=attempt)
         try:
             if int(row["provider_failures"]) >= inp.max_provider_failures:
                 # The last counted failure's attempt died before it could end the run.
@@ -237,16 +237,16 @@ class AgentActivities:
                     raise ValueError("a step that asks for tool calls has no answer and parks nothing")
                 if pending is not None and pending.get("kind") == "approval":
                     pending = approval_request(inp.run_id, inp.generation, step, pending)
-                BEFORE_CHECKPOINT.reach(run_id=inp.run_id, step=step, attempt=owner.attempt)
+                await BEFORE_CHECKPOINT.areach(run_id=inp.run_id, step=step, attempt=owner.attempt)
                 await owner.checkpoint(step, state=state, usage=usage, answer=answer, pending=pending,
                                        tool_calls=calls)
-            AFTER_CHECKPOINT.reach(run_id=inp.run_id, step=step, attempt=owner.attempt)
+            await AFTER_CHECKPOINT.areach(run_id=inp.run_id, step=step, attempt=owner.attempt)
         async with _counted(inp.run_id, step):
             if pending is not None:
                 return repo.outcome(await owner.park(pending, usage=usage))
-            BEFORE_FINAL.reach(run_id=inp.run_id, attempt=owner.attempt)
+            await BEFORE_FINAL.areach(run_id=inp.run_id, attempt=owner.attempt)
             done = await owner.complete(answer or "", usage=usage)
-        AFTER_FINAL.reach(run_id=inp.run_id, attempt=owner.attempt)
+        await AFTER_FINAL.areach(run_id=inp.run_id, attempt=owner.attempt)
         return repo.outcome(done)
 
     async def _ask(self, owner: RunOwner, ctx: StepContext) -> StepResult | None:

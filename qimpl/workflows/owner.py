@@ -191,7 +191,7 @@ class RunOwner:
             )
             row = await cur.fetchone()
             assert row is not None
-            INSIDE_CLAIM.reach(run_id=run_id, attempt=attempt)
+            await INSIDE_CLAIM.areach(run_id=run_id, attempt=attempt)
         owner = cls(conn, run_id=run_id, generation=generation, attempt=attempt,
                     row_version=int(row["row_version"]),
                     deadline_left_s=float(row["deadline_left_s"]))
@@ -248,7 +248,7 @@ class RunOwner:
         and the final commit is finished without asking the provider again."""
 
         async def insert_checkpoint(cur: Any, got: Any) -> None:
-            INSIDE_CHECKPOINT.reach(run_id=self.run_id, step=step, attempt=self.attempt)
+            await INSIDE_CHECKPOINT.areach(run_id=self.run_id, step=step, attempt=self.attempt)
             await cur.execute(
                 "INSERT INTO run_checkpoints (run_id, step, generation, attempt, row_version,"
                 " state_json, answer, pending, tool_calls) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",

@@ -136,16 +136,16 @@ class ToolSteps:
                 await owner.journal(invocation, status="requested")
                 requested.append(_request(call, spec))
                 continue
-            BEFORE_INTENT.reach(run_id=owner.run_id, step=step, attempt=owner.attempt)
+            await BEFORE_INTENT.areach(run_id=owner.run_id, step=step, attempt=owner.attempt)
             usage = {**usage, "tool_calls": int(usage.get("tool_calls", 0)) + 1}
             await owner.journal(invocation, status="intent", usage=usage)
-            AFTER_INTENT.reach(run_id=owner.run_id, step=step, attempt=owner.attempt)
+            await AFTER_INTENT.areach(run_id=owner.run_id, step=step, attempt=owner.attempt)
             outcome = await self._invoke(owner, spec, invocation, tenant_id=tenant_id)
             if outcome is None:
                 return _unknown(call["call_id"]), usage
-            AFTER_REPLY.reach(run_id=owner.run_id, step=step, attempt=owner.attempt)
+            await AFTER_REPLY.areach(run_id=owner.run_id, step=step, attempt=owner.attempt)
             await owner.tool_outcome(call["call_id"], status=outcome[0], result=outcome[1])
-            AFTER_OUTCOME.reach(run_id=owner.run_id, step=step, attempt=owner.attempt)
+            await AFTER_OUTCOME.areach(run_id=owner.run_id, step=step, attempt=owner.attempt)
         if requested:
             return Park({"kind": "tool_result_required", "calls": requested}), usage
         return None, usage

@@ -133,7 +133,10 @@ def owner_paused_inside_claim_transaction(ctx: ScenarioContext) -> None:
 )
 def superseded_attempt_delivered_late(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
-    late = ctx.processes.worker("worker-late", QIMPL_CRASH_POINTS=f"{BEFORE_LEASE}:hold")
+    # ``freeze``: the whole worker stalls (no heartbeat, no poll), so the next attempt goes
+    # to another worker and the held one is delivered late — a stalled process, not a
+    # held coroutine whose worker would take the retry itself.
+    late = ctx.processes.worker("worker-late", QIMPL_CRASH_POINTS=f"{BEFORE_LEASE}:freeze")
     run_id = accepted(ctx, api, prompt=make_prompt(steps=2, answer="forward only"))
     held = ctx.wait_crash_point(BEFORE_LEASE, late)
     if int(held["context"]["attempt"]) != 1:

@@ -128,3 +128,47 @@ def test_synthetic_provider_asks_for_the_approved_call_then_answers(tmp_path: Pa
                                             prompt=prompt, state={},
                                             decisions=({**decision, "approved": False},))))
     assert denied.pending and denied.pending["arguments"]["revision"] == 1 and not denied.tool_calls
+
+
+@pytest.mark.req("R-Q-4")
+def test_a_hold_suspends_only_its_coroutine_and_a_freeze_the_whole_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hold`` leaves the event loop running (heartbeats and lease touches go on); ``freeze``
+    stalls it. Measured by a ticker task while the point waits for its release."""
+    import qimpl.crashpoints as cp
+
+    async def ticks_while_held(action: str) -> int:
+        monkeypatch.setenv("QIMPL_CONTROL_DIR", str(tmp_path))
+        monkeypatch.setattr(cp, "_directives", cp.parse_directive(f"t.{action}:{action}"))
+        point = cp.CrashPoint(f"t.{action}", "test")
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        async def release_later() -> None:
+            await asyncio.sleep(0.2)
+            (tmp_path / f"crash.t.{action}.release").touch()
+
+        loop = asyncio.get_running_loop()
+        tick = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        releaser = None
+        if action == "freeze":  # nothing on this loop can release it: a thread does
+            loop.call_soon(lambda: __import__("threading").Timer(
+                0.2, (tmp_path / f"crash.t.{action}.release").touch).start())
+            await asyncio.sleep(0)
+        else:
+            releaser = asyncio.create_task(release_later())
+        await point.areach(run_id="r")
+        tick.cancel()
+        if releaser is not None:
+            await releaser
+        return ticks - before
+
+    assert asyncio.run(ticks_while_held("hold")) >= 5
+    assert asyncio.run(ticks_while_held("freeze")) <= 2

@@ -135,7 +135,7 @@ async def create_run(
             record = await repo.lookup_idempotency(conn, **scope)
             row = await replayable(conn, record, digest, svc.settings)
     if not replayed:
-        AFTER_ACCEPT.reach(run_id=run_id)
+        await AFTER_ACCEPT.areach(run_id=run_id)
     response = await answer(svc, row, replayed=replayed)
     if not replayed:
         try:
