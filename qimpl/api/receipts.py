@@ -69,6 +69,11 @@ async def _confirm(services: Services, row: dict[str, Any]) -> dict[str, Any]:
     client = await services.temporal()
     run_id, generation = str(row["run_id"]), int(row["generation"])
     started = await dispatch(client, row, services.settings)
+    if started != "started":
+        # Temporal already had this generation's workflow (a retried request, the
+        # reconciler): its answer confirms the dispatch (R-CREATE-5).
+        log.info("dispatch of run %s generation %s: %s", run_id, generation, started,
+                 extra={"event": f"dispatch.{started}", "run_id": run_id, "generation": generation})
     await AFTER_DISPATCH.areach(run_id=run_id)
     async with services.tenant(row["tenant_id"]) as conn:
         if started == "closed":

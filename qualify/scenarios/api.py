@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 from qimpl.lifecycle import workflow_id
@@ -14,7 +15,8 @@ AFTER_DISPATCH = "api.after_dispatch"
 
 
 def _lost_response(ctx: ScenarioContext, point: str) -> None:
-    ctx.processes.worker()
+    # No worker until the retry has been answered: a worker would claim the run as soon as
+    # its workflow starts, and the retry would then find it queued and dispatch nothing.
     fast = {"QIMPL_DISPATCH_TIMEOUT_S": "2"}  # an unanswered key stops being "in flight" sooner
     key = f"lost-response-{ctx.rng.randrange(10**9)}"
     prompt = make_prompt(steps=2, answer="once")
@@ -37,6 +39,14 @@ def _lost_response(ctx: ScenarioContext, point: str) -> None:
     run_id = retry.json()["run_id"]
     ctx.expect("the receipt names the run committed before the crash",
                run_id == evidence["context"].get("run_id"), run_id, "R-CREATE-4")
+    if point == AFTER_DISPATCH:
+        # The branch this scenario is for: the retry's dispatch met Temporal's "already
+        # started" and counted it as confirmation (evidence: the API's own log line).
+        said = [json.loads(line) for line in api.log_path.read_text(errors="replace").splitlines()
+                if '"dispatch.already_started"' in line]
+        ctx.expect("the retry's dispatch found the workflow already started and confirmed it",
+                   any(d.get("run_id") == run_id for d in said), f"{len(said)} log lines", "R-CREATE-5")
+    ctx.processes.worker()
     run = ctx.wait_terminal(api, run_id)
     ctx.expect("run completed", run["state"] == "completed", run["state"])
     runs = ctx.sql("SELECT count(*) FROM runs")[0][0]
