@@ -4,7 +4,10 @@ landed (R-Q-2). A fault whose evidence says it hit nothing makes the scenario
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+import psutil
 
 from qualify.history import HistoryRecorder
 from qualify.processes import ManagedProcess
@@ -114,8 +117,10 @@ class Nemesis:
         return self._record("sigstop", proc.name, evidence["status"] == "stopped", {**evidence, **context})
 
     def sigcont(self, proc: ManagedProcess, **context: Any) -> dict[str, Any]:
+        """SIGCONT ``proc``; landed when the kernel no longer reports it stopped."""
         evidence = proc.sigcont()
-        return self._record("sigcont", proc.name, True, {**evidence, **context})
+        landed = _resumed(proc.pid)
+        return self._record("sigcont", proc.name, landed, {**evidence, "resumed": landed, **context})
 
     def terminate_workflow(self, address: str, workflow_id: str, *, namespace: str = "default",
                            reason: str = "qualify: terminated by an operator") -> dict[str, Any]:
@@ -179,14 +184,23 @@ class Nemesis:
 
 def _stopped(pid: int, timeout_s: float = 5.0) -> bool:
     """True once the kernel reports ``pid`` stopped (SIGSTOP landed), within ``timeout_s``."""
-    import time
-
-    import psutil
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             if psutil.Process(pid).status() == psutil.STATUS_STOPPED:
+                return True
+        except psutil.NoSuchProcess:
+            return False
+        time.sleep(0.01)
+    return False
+
+
+def _resumed(pid: int, timeout_s: float = 5.0) -> bool:
+    """True once the kernel reports ``pid`` running or sleeping again (SIGCONT landed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_STOPPED:
                 return True
         except psutil.NoSuchProcess:
             return False
