@@ -18,6 +18,7 @@ __all__ = [
     "GENERIC_CHECKERS",
     "TERMINAL",
     "Check",
+    "accepted_runs",
     "checkpoints_one_per_step",
     "deadline_from_acceptance",
     "deadline_respected",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from qualify import interrupt
-from qualify.checkers import GENERIC_CHECKERS, Check, run_checks
+from qualify.checkers import GENERIC_CHECKERS, Check, accepted_runs, run_checks
 from qualify.collect import database_events, file_events, workflow_events
 from qualify.errors import HarnessError, InvariantViolation
 from qualify.faults import Nemesis
@@ -90,7 +90,7 @@ def crash_points_struck(declared: Sequence[str], events: Sequence[Event]) -> Che
 
 
 def judge(checks: list[Check], faults: list[dict[str, Any]], *, expected_faults: int,
-          error: Verdict | None = None) -> Verdict:
+          error: Verdict | None = None, exercised: bool = True) -> Verdict:
     """Pure verdict of one scenario (see ``qualify.verdict`` for the order): a failed
     check is ``fail`` even if the scenario also broke off (``error``)."""
     if any(c.ok is False for c in checks):
@@ -100,6 +100,8 @@ def judge(checks: list[Check], faults: list[dict[str, Any]], *, expected_faults:
     if any(c.ok is None for c in checks):
         return Verdict.UNKNOWN
     if expected_faults and (len(faults) < expected_faults or not all(f["landed"] for f in faults)):
+        return Verdict.VACUOUS
+    if not exercised:  # no run accepted, and the scenario does not say why
         return Verdict.VACUOUS
     return Verdict.PASS
 
@@ -170,7 +172,8 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
     struck = sorted({e["point"] for e in events if e["type"] == "crash_point"})
     if scenario.crash_points:
         checks.append(crash_points_struck(scenario.crash_points, events))
-    verdict = judge(checks, nemesis.recorded, expected_faults=len(scenario.faults), error=error_verdict)
+    verdict = judge(checks, nemesis.recorded, expected_faults=len(scenario.faults), error=error_verdict,
+                    exercised=bool(accepted_runs(events)) or bool(scenario.no_runs_because))
     return ScenarioResult(
         scenario=scenario, seed=seed, verdict=verdict, duration_s=round(duration, 3), checks=checks,
         faults=nemesis.recorded, crash_points=struck, figures=ctx.figures, out_dir=out_dir,

@@ -48,6 +48,9 @@ class Scenario:
     schedule: str | None = None
     #: Restarts or stops PostgreSQL or Temporal: refused on a stack the harness did not boot.
     needs_platform: bool = False
+    #: Why the scenario accepts no run in its database (it works on another one): without
+    #: a reason, a scenario that accepted no run is ``vacuous``.
+    no_runs_because: str = ""
 
 
 REGISTRY: dict[str, Scenario] = {}
@@ -55,7 +58,7 @@ REGISTRY: dict[str, Scenario] = {}
 
 def scenario(
     id: str, *, title: str, requirements: tuple[str, ...], faults: tuple[str, ...] = (),
-    crash_points: tuple[str, ...] = (), needs_platform: bool = False,
+    crash_points: tuple[str, ...] = (), needs_platform: bool = False, no_runs_because: str = "",
 ) -> Callable[[Callable[[ScenarioContext], None]], Callable[[ScenarioContext], None]]:
     """Register ``body`` as scenario ``id``."""
 
@@ -63,7 +66,7 @@ def scenario(
         if id in REGISTRY:
             raise ValueError(f"scenario {id!r} registered twice")
         REGISTRY[id] = Scenario(id, title, requirements, body, faults, crash_points,
-                                needs_platform=needs_platform)
+                                needs_platform=needs_platform, no_runs_because=no_runs_because)
         return body
 
     return register

@@ -21,6 +21,7 @@ V1_HISTORY = Path(__file__).resolve().parents[1] / "data" / "agent_run_v1_histor
     title="Upgrade a baseline database with legacy rows, refuse the downgrade while a version-2 "
           "run is live, allow it once terminal; replay a recorded version-1 history",
     requirements=("R-OPS-1", "R-OPS-2", "R-STATE-2", "R-READ-4", "R-EXEC-10"),
+    no_runs_because="it migrates databases of its own, and replays a recorded history",
 )
 def schema_upgrade_and_replay(ctx: ScenarioContext) -> None:
     from qimpl.db.migrate import BASELINE, HEAD, downgrade, upgrade

@@ -41,6 +41,9 @@ def test_judge() -> None:
     assert judge([ok], [], expected_faults=1) is Verdict.VACUOUS
     assert judge([ok], [], expected_faults=1, error=Verdict.CRASHED) is Verdict.CRASHED
     assert judge([ok, bad], [], expected_faults=1, error=Verdict.CRASHED) is Verdict.FAIL
+    # a scenario that accepted no run (and does not say why) exercised nothing
+    assert judge([ok], [], expected_faults=0, exercised=False) is Verdict.VACUOUS
+    assert judge([ok, bad], [], expected_faults=0, exercised=False) is Verdict.FAIL
 
 
 @pytest.mark.req("R-Q-7")
