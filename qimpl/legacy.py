@@ -76,8 +76,16 @@ async def run_inline(conn: psycopg.AsyncConnection[Any], provider: Provider, run
         await _move(conn, run_id, RunState.FAILED, error_code="agent_failed",
                     error_message="the agent failed", completed_at=_now())
         return RunState.FAILED
-    done = await _move(conn, run_id, RunState.COMPLETED, result_json=Jsonb({"answer": out["answer"]}),
-                       usage=Jsonb(out["usage"]), completed_at=_now())
+    try:
+        done = await _move(conn, run_id, RunState.COMPLETED, result_json=Jsonb({"answer": out["answer"]}),
+                           usage=Jsonb(out["usage"]), completed_at=_now())
+    except psycopg.DataError as exc:
+        # An answer the database cannot store (a NUL character): the run fails at once with
+        # a safe code; the log names the error's type, never its detail (R-EXEC-6).
+        log.warning("legacy run %s: answer not storable: %s", run_id, type(exc).__name__)
+        await _move(conn, run_id, RunState.FAILED, error_code="agent_failed",
+                    error_message="the agent's answer could not be stored", completed_at=_now())
+        return RunState.FAILED
     return RunState.COMPLETED if done else "cancelled"
 
 

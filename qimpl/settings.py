@@ -26,9 +26,25 @@ from typing import Annotated, Any, NoReturn, TypeVar
 from pydantic import AliasChoices, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
-__all__ = ["EXIT_CONFIG", "AdminSettings", "ApiSettings", "ConfigError", "Settings",
-           "WorkerSettings", "config_error", "env_name", "exit_config", "get_settings", "load", "load_or_exit",
-           "plugin_error", "settings_table"]
+__all__ = [
+    "EXIT_CONFIG",
+    "MIN_DISTINCT_CHARS",
+    "MIN_STATIC_KEY_CHARS",
+    "AdminSettings",
+    "ApiSettings",
+    "ConfigError",
+    "Settings",
+    "WorkerSettings",
+    "config_error",
+    "env_name",
+    "exit_config",
+    "get_settings",
+    "key_is_secret",
+    "load",
+    "load_or_exit",
+    "plugin_error",
+    "settings_table",
+]
 
 #: Exit code of a process stopped by its configuration (EX_USAGE, sysexits.h).
 EXIT_CONFIG = 64
@@ -150,8 +166,16 @@ class _ProviderSettings(BaseSettings):
         return _json_value(value, dict)
 
 
-#: Shortest key ``QIMPL_API_KEYS`` accepts (a chosen key must still be a secret).
+#: Shortest key ``QIMPL_API_KEYS`` (and ``api_keys create --key``) accepts, and how many
+#: different characters it must hold: keys are stored as plain SHA-256, so a chosen key
+#: must carry its own entropy.
 MIN_STATIC_KEY_CHARS = 24
+MIN_DISTINCT_CHARS = 12
+
+
+def key_is_secret(key: str) -> bool:
+    """True for a chosen key long and varied enough to serve as a secret."""
+    return len(key) >= MIN_STATIC_KEY_CHARS and len(set(key)) >= MIN_DISTINCT_CHARS
 
 
 class ApiSettings(_ProviderSettings, Settings):
@@ -168,6 +192,11 @@ class ApiSettings(_ProviderSettings, Settings):
         json_schema_extra=_example('{"dev-key": {"tenant": "acme", "principal": "alice"}}'))
     api_pool_size: int = Field(default=10, ge=1, description="API connection pool size",
                                json_schema_extra=_example("10"))
+    max_body_bytes: int = Field(
+        default=1_048_576, ge=1024,
+        description="largest request body the API reads, bytes; larger is 413 `body_too_large`, "
+                    "and a write without `Authorization` is 401 before its body is read",
+        json_schema_extra=_example("1048576"))
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -183,8 +212,9 @@ class ApiSettings(_ProviderSettings, Settings):
         if info.data.get("auth") == "static" and not value:
             raise ValueError("QIMPL_AUTH=static needs at least one key")
         for key, who in value.items():
-            if len(key) < MIN_STATIC_KEY_CHARS:
-                raise ValueError(f"a key is shorter than {MIN_STATIC_KEY_CHARS} characters")
+            if not key_is_secret(key):
+                raise ValueError(f"a key needs at least {MIN_STATIC_KEY_CHARS} characters, "
+                                 f"{MIN_DISTINCT_CHARS} of them different")
             if not who.get("tenant") or not who.get("principal"):
                 raise ValueError("every key needs a non-empty tenant and principal")
             if who.get("role", "client") not in ("client", "operator"):
@@ -267,9 +297,15 @@ def env_name(model: type[BaseSettings], field: str) -> str:
     return f"{model.model_config.get('env_prefix', '')}{field}".upper()
 
 
+#: The login role each process's example DSN names (``qimpl_app`` members, R-AUTH-4).
+_EXAMPLE_ROLE = {"WorkerSettings": "qimpl_worker"}
+
+
 def _example_of(model: type[BaseSettings], field: str) -> str:
     extra = model.model_fields[field].json_schema_extra
-    return str(extra.get("example", "")) if isinstance(extra, Mapping) else ""
+    example = str(extra.get("example", "")) if isinstance(extra, Mapping) else ""
+    role = _EXAMPLE_ROLE.get(model.__name__)
+    return example.replace("qimpl_api:", f"{role}:") if role and field == "database_url" else example
 
 
 class ConfigError(Exception):

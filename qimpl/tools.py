@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -145,8 +146,14 @@ def schema_errors(schema: Mapping[str, Any], value: Any) -> list[dict[str, str]]
     validator = jsonschema.Draft202012Validator(schema)
     out = []
     for err in sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.absolute_path))):
-        out.append({"field": ".".join(str(p) for p in err.absolute_path) or "$",
-                    "code": str(err.validator)})
+        path = [str(p) for p in err.absolute_path]
+        # ``required`` and ``additionalProperties`` fail on the object: name the property.
+        named = re.findall(r"'([^']+)' (?:is a required property|was unexpected)", err.message)
+        if err.validator == "additionalProperties" and not named:
+            named = re.findall(r"'([^']+)'", err.message.partition("(")[2])
+        for name in named or [None]:
+            out.append({"field": ".".join(path + ([name] if name else [])) or "$",
+                        "code": str(err.validator)})
     return out
 
 

@@ -169,13 +169,14 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
         raise UsageError(f"unknown stack {opts.stack_kind!r}: {', '.join(STACK_KINDS)}")
     if opts.schedule_path is not None and not opts.schedule_path.is_file():
         raise UsageError(f"no schedule file at {opts.schedule_path}")
-    # Built (not started) first: a wrong stack option is a usage error, before any report.
-    stack = None if opts.parallel > 1 else make_stack(
-        opts.stack_kind, pg_dsn=opts.pg_dsn, temporal_address=opts.temporal_address)
     seed = opts.seed if opts.seed is not None else secrets.randbits(32)
-    on_event("seed", seed)
+    # Scenario names first, then the stack (built, not started): a usage error leaves
+    # nothing behind, not even an empty stack directory, and comes before any report.
     scenarios = resolve(opts.scenario_ids, seed=seed, random_n=opts.random_n,
                         schedule_path=opts.schedule_path)
+    stack = None if opts.parallel > 1 else make_stack(
+        opts.stack_kind, pg_dsn=opts.pg_dsn, temporal_address=opts.temporal_address)
+    on_event("seed", seed)
     prov = provenance()
     report_dir = new_report_dir(opts.reports_root, prov["git_sha"])
     on_event("report_dir", report_dir)

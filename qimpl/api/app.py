@@ -28,6 +28,7 @@ from psycopg_pool import PoolTimeout
 from qimpl.api import tool_routes
 from qimpl.api.deps import Services
 from qimpl.api.errors import install_error_handlers
+from qimpl.api.limits import RequestLimits
 from qimpl.api.routers import controls, events, legacy, operations, runs
 from qimpl.db.roles import refuse_unsafe_role
 from qimpl.logs import setup_logging
@@ -82,6 +83,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="qimpl durable agent runs", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
+    app.add_middleware(RequestLimits, max_body_bytes=settings.max_body_bytes)
     # The order is the OpenAPI document's (and matching's): unchanged from the closures.
     for router in (tool_routes.router, legacy.router, operations.router, runs.router,
                    events.router, controls.router):

@@ -20,6 +20,8 @@ __all__ = ["Authenticator", "DbKeyAuthenticator", "Principal", "StaticKeyAuthent
 class Principal:
     tenant_id: str
     principal_id: str
+    #: ``client`` (the run routes) or ``operator`` (the operator surfaces, R-OPS-7).
+    role: str = "client"
 
 
 class Authenticator(ABC):
@@ -42,10 +44,11 @@ class DbKeyAuthenticator(Authenticator):
     async def authenticate(self, api_key: str) -> Principal | None:
         digest = hashlib.sha256(api_key.encode()).hexdigest()
         async with self.pool.connection() as conn:
-            cur = await conn.execute("SELECT tenant_id, principal_id FROM qimpl_authenticate(%s)",
-                                     (digest,))
+            cur = await conn.execute(
+                "SELECT a.tenant_id, a.principal_id, EXISTS (SELECT 1 FROM qimpl_authenticate_operator(%s))"
+                " FROM qimpl_authenticate(%s) a", (digest, digest))
             row = await cur.fetchone()
-        return Principal(row[0], row[1]) if row else None
+        return Principal(row[0], row[1], "operator" if row[2] else "client") if row else None
 
     async def authenticate_operator(self, api_key: str) -> Principal | None:
         digest = hashlib.sha256(api_key.encode()).hexdigest()
@@ -53,14 +56,15 @@ class DbKeyAuthenticator(Authenticator):
             cur = await conn.execute(
                 "SELECT tenant_id, principal_id FROM qimpl_authenticate_operator(%s)", (digest,))
             row = await cur.fetchone()
-        return Principal(row[0], row[1]) if row else None
+        return Principal(row[0], row[1], "operator") if row else None
 
 
 class StaticKeyAuthenticator(Authenticator):
     def __init__(self, keys: Mapping[str, Mapping[str, str]]) -> None:
         # Keep only digests in memory; compare in constant time.
         self._keys = {
-            hashlib.sha256(k.encode()).digest(): (Principal(v["tenant"], v["principal"]),
+            hashlib.sha256(k.encode()).digest(): (Principal(v["tenant"], v["principal"],
+                                                            v.get("role", "client")),
                                                   v.get("role", "client"))
             for k, v in keys.items()
         }

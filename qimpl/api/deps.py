@@ -119,12 +119,22 @@ async def principal_of(
     request: Request,
     _bearer: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None,
 ) -> Principal:
-    # The header as sent, not BEARER's parse: the key is what follows "Bearer ", as before.
-    key = (request.headers.get("authorization") or "").removeprefix("Bearer ").strip()
+    key = bearer_key(request)
     principal = await services_of(request).authenticator.authenticate(key) if key else None
     if principal is None:
         raise ApiError(401, "unauthenticated", "a valid API key is required")
+    if principal.role == "operator":
+        # Operator keys reach the operator surfaces only, never a tenant's client routes.
+        raise ApiError(403, "client_credential_required", "this route needs a client key")
     return principal
+
+
+def bearer_key(request: Request) -> str:
+    """The API key of ``Authorization: Bearer <key>`` (the scheme in any case, RFC 7235),
+    or of a bare ``Authorization: <key>`` as before; empty when absent."""
+    value = (request.headers.get("authorization") or "").strip()
+    scheme, _, rest = value.partition(" ")
+    return rest.strip() if scheme.lower() == "bearer" and rest.strip() else value
 
 
 async def operator_principal(
@@ -133,7 +143,7 @@ async def operator_principal(
 ) -> Principal:
     """An operator key's principal (R-OPS-7): 401 ``unauthenticated`` without a valid key,
     403 ``operator_credential_required`` for a client key."""
-    key = (request.headers.get("authorization") or "").removeprefix("Bearer ").strip()
+    key = bearer_key(request)
     authenticator = services_of(request).authenticator
     principal = await authenticator.authenticate_operator(key) if key else None
     if principal is not None:

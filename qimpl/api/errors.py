@@ -58,6 +58,14 @@ def install_error_handlers(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return JSONResponse(_body(code, str(exc.detail)), status_code=exc.status_code)
 
+    @app.exception_handler(psycopg.DataError)
+    @app.exception_handler(UnicodeEncodeError)
+    async def _unstorable(_: Request, exc: Exception) -> JSONResponse:
+        # A value PostgreSQL cannot store (a NUL character, a lone surrogate in a JSON
+        # result): the request's transaction rolled back, nothing was written.
+        return JSONResponse(_body("value_unstorable", "the request holds a value that cannot be "
+                                  "stored (a NUL character or an unpaired surrogate)"), status_code=422)
+
     @app.exception_handler(psycopg.errors.LockNotAvailable)
     async def _busy(_: Request, exc: Exception) -> JSONResponse:
         # lock_timeout: the run's row stayed locked (an owner paused inside a transaction

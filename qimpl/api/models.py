@@ -39,7 +39,7 @@ class CreateRunRequest(BaseModel):
 
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS, pattern=_NO_NUL)
     mode: Literal["ask"] = "ask"
-    durable_temporal: bool = False
+    durable_temporal: bool = Field(default=False, strict=True)
     response_mode: Literal["receipt"] = "receipt"
     deadline_seconds: int = Field(default=DEFAULT_DEADLINE_S, ge=MIN_DEADLINE_S, le=MAX_DEADLINE_S)
     #: The workspace whose data sources the run may read; the principal needs a grant (R-AUTH-2).
@@ -62,7 +62,7 @@ class ApprovalDecision(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    approved: bool
+    approved: bool = Field(strict=True)
     action_version: str = Field(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")
 
 

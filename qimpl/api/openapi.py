@@ -103,7 +103,10 @@ RESUME_ERRORS = errors(
     s422=f"{_VALIDATION}, idempotency_key_reused",
     s503=f"durable_dispatch_unknown (the body carries the receipt), {_BUSY}")
 ANSWER_ERRORS = errors(s401=_AUTH, s422=_VALIDATION, s502="answer_failed")
-EVENTS_ERRORS = errors(s401="stream_key_required", s404=_NOT_FOUND, s422=_VALIDATION)
+EVENTS_ERRORS: dict[int | str, dict[str, Any]] = {
+    **errors(s401="stream_key_required", s404=_NOT_FOUND, s422=_VALIDATION),
+    204: {"description": "the run ended and `Last-Event-ID` is its terminal event (or later): "
+                         "nothing more will come; clients stop reconnecting"}}
 APPROVAL_ERRORS = errors(
     s401=_AUTH, s404=f"{_NOT_FOUND}, approval_not_found",
     s409="action_version_mismatch, approval_conflict, approval_not_pending, run_terminal "

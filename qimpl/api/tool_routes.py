@@ -57,7 +57,8 @@ OPERATOR_ERRORS: dict[int | str, dict[str, Any]] = {
     403: {"model": ErrorBody, "description": "codes: operator_credential_required (R-OPS-7)"},
     404: {"model": ErrorBody, "description": "codes: run_not_found"},
     409: {"model": ErrorBody, "description": "codes: " + _SETTLE_CONFLICTS},
-    422: {"model": ErrorBody, "description": f"codes: {_VALIDATION}, resolution_result_required"},
+    422: {"model": ErrorBody, "description": f"codes: {_VALIDATION}, resolution_result_required, "
+                                             "resolution_result_unexpected"},
 }
 _CLIENT_KINDS = frozenset({str(ToolKind.DEVELOPER_HOSTED)})
 _OPERATOR_KINDS = frozenset({str(ToolKind.INSTRUMENTED), str(ToolKind.UNINSTRUMENTED)})
@@ -162,6 +163,9 @@ async def resolve_invocation(
     is fed this outcome when the client resumes the run."""
     if body.outcome == "succeeded" and body.result is None:
         raise ApiError(422, "resolution_result_required", "a succeeded call needs its result")
+    if body.outcome != "succeeded" and body.result is not None:
+        raise ApiError(422, "resolution_result_unexpected",
+                       f"a call recorded {body.outcome} has no result to feed the provider")
     result = body.result if body.result is not None else {}
     async with services_of(request).tenant(principal.tenant_id) as conn:
         await _operator_run(conn, run_id, principal)

@@ -17,6 +17,7 @@ VALIDATION_CODES = (
     "prompt_invalid", "mode_unsupported", "response_mode_unsupported", "deadline_out_of_range",
     "deadline_invalid", "durable_temporal_invalid", "additional_prompt_empty",
     "additional_prompt_too_long", "workspace_id_invalid", "action_version_invalid", "approved_invalid", "invalid_parameter", "invalid_request",
+    "value_unstorable",
 )
 
 

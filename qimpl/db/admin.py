@@ -24,13 +24,23 @@ def key_hash(key: str) -> str:
 def create_api_key(conn: Conn, *, key: str, tenant_id: str, principal_id: str,
                    role: str = "client") -> None:
     """Store ``key`` hashed for a principal; ``role="operator"`` makes it an operator key
-    (the journal's reconciliation routes, R-OPS-7). ValueError for another role."""
+    (the journal's reconciliation routes, R-OPS-7). The same key for the same principal
+    again changes nothing; ValueError for another role, an empty tenant or principal, or a
+    key that already belongs to someone else."""
     if role not in ("client", "operator"):
         raise ValueError(f"role must be client or operator, got {role!r}")
     if not tenant_id.strip() or not principal_id.strip():
         raise ValueError("tenant and principal must not be empty")
-    conn.execute("INSERT INTO api_keys (key_hash, tenant_id, principal_id, role) VALUES (%s, %s, %s, %s)"
-                 " ON CONFLICT (key_hash) DO NOTHING", (key_hash(key), tenant_id, principal_id, role))
+    digest = key_hash(key)
+    inserted = conn.execute(
+        "INSERT INTO api_keys (key_hash, tenant_id, principal_id, role) VALUES (%s, %s, %s, %s)"
+        " ON CONFLICT (key_hash) DO NOTHING RETURNING key_hash",
+        (digest, tenant_id, principal_id, role)).fetchone()
+    if inserted is None:
+        held = conn.execute("SELECT tenant_id, principal_id, role FROM api_keys WHERE key_hash = %s",
+                            (digest,)).fetchone()
+        if held is not None and tuple(held) != (tenant_id, principal_id, role):
+            raise ValueError("this key already exists for another principal, tenant or role")
 
 
 def grant_workspace(conn: Conn, *, tenant_id: str, principal_id: str, workspace_id: str,

@@ -20,14 +20,12 @@ import psycopg
 
 from qimpl.db import admin
 from qimpl.scripts import UsageParser
-from qimpl.settings import AdminSettings, load_or_exit
+from qimpl.settings import MIN_DISTINCT_CHARS, AdminSettings, key_is_secret, load_or_exit
+from qimpl.settings import MIN_STATIC_KEY_CHARS as MIN_CHOSEN_KEY_CHARS
 
 __all__ = ["main"]
 
 
-#: Shortest key ``create --key`` accepts: keys are stored as plain SHA-256, so a chosen
-#: key must carry its own entropy.
-MIN_CHOSEN_KEY_CHARS = 24
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,16 +48,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--grant-token is empty: give the credential the worker hands the provider")
     if not args.tenant.strip() or not args.principal.strip():
         parser.error("--tenant and --principal must not be empty")
-    if args.command == "create" and args.key is not None and len(args.key) < MIN_CHOSEN_KEY_CHARS:
-        parser.error(f"--key is shorter than {MIN_CHOSEN_KEY_CHARS} characters: a chosen key must "
-                     "still be a secret (omit --key for a random one)")
+    if args.command == "create" and args.key is not None and not key_is_secret(args.key):
+        parser.error(f"--key needs at least {MIN_CHOSEN_KEY_CHARS} characters, {MIN_DISTINCT_CHARS} of "
+                     "them different: a chosen key must still be a secret (omit --key for a random one)")
     dsn = load_or_exit(AdminSettings, "api_keys").admin_database_url
     try:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
             if args.command == "create":
                 key = args.key or secrets.token_urlsafe(32)
-                admin.create_api_key(conn, key=key, tenant_id=args.tenant, principal_id=args.principal,
-                                     role=args.role)
+                try:
+                    admin.create_api_key(conn, key=key, tenant_id=args.tenant,
+                                         principal_id=args.principal, role=args.role)
+                except ValueError as exc:
+                    print(f"api_keys: {exc}", file=sys.stderr)
+                    return 1
                 print(key)
             elif args.command == "grant":
                 admin.grant_workspace(conn, tenant_id=args.tenant, principal_id=args.principal,

@@ -65,6 +65,10 @@ def event_stream(ctx: ScenarioContext) -> None:
     run = ctx.wait_terminal(apis[0], run_id)
     ctx.expect("hanging up did not cancel the run: it completed", run["state"] == "completed",
                run["state"], "R-EVENT-4")
+    if rest and "id" in rest[-1]:
+        after = read_stream(ctx, apis[0], run_id, key, last_event_id=rest[-1]["id"])
+        ctx.expect("reconnecting after the terminal event: 204, nothing more (a client stops)",
+                   after == [{"status": 204, "body": ""}], str(after)[:200], "R-EVENT-3")
     kinds = {e.get("event") for e in first + rest}
     ctx.expect("the journal has state changes and checkpoints", {"state", "checkpoint"} <= kinds,
                str(sorted(k for k in kinds if k)), "R-EVENT-1")

@@ -146,3 +146,28 @@ def test_a_database_failure_after_acceptance_returns_the_receipt(
         assert again.status_code == 202 and again.json()["run_id"] == run_id, again.text
 
     _with_api(db, stack, test)
+
+
+@pytest.mark.req("R-OPS-7", "R-AUTH-1")
+def test_an_operator_key_is_not_a_client_key(db: str, stack: Any) -> None:
+    """Operator keys reach the operator surfaces only: a client route answers 403
+    ``client_credential_required`` (and runs nothing, ``/v1/answer`` included)."""
+    async def test(client: Client) -> None:
+        created = await _create(client, "ops-key", "ops-create")
+        assert (created.status_code, created.json()["code"]) == (403, "client_credential_required")
+        answered = await client.post("/v1/answer", json={"prompt": "hi"},
+                                     headers={"Authorization": "Bearer ops-key"})
+        assert (answered.status_code, answered.json()["code"]) == (403, "client_credential_required")
+        assert (await _create(client, "dev-key", "dev-create")).status_code == 202
+
+    _with_api(db, stack, test)
+
+
+@pytest.mark.req("R-AUTH-1")
+def test_a_chosen_key_cannot_be_given_to_a_second_principal(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as conn:
+        admin.create_api_key(conn, key="k-0123456789abcdefghijklmn", tenant_id="t-dev", principal_id="p-y")
+        admin.create_api_key(conn, key="k-0123456789abcdefghijklmn", tenant_id="t-dev", principal_id="p-y")
+        with pytest.raises(ValueError, match="already exists"):
+            admin.create_api_key(conn, key="k-0123456789abcdefghijklmn", tenant_id="t-dev",
+                                 principal_id="p-z")

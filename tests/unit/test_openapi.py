@@ -129,12 +129,11 @@ def test_documenting_headers_changes_no_runtime_behaviour(app: FastAPI) -> None:
     async def calls() -> None:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                      base_url="http://api") as client:
-            for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": f"bearer {KEY}"},
-                            {"Authorization": f"Basic {KEY}"}):
+            for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": f"Basic {KEY}"}):
                 r = await client.post(RUNS, json=durable, headers=headers)
                 assert r.status_code == 401, (headers, r.status_code)
                 assert r.json() == {"code": "unauthenticated", "message": "a valid API key is required"}
-            for auth in (f"Bearer {KEY}", KEY):  # a bare key is accepted, as before
+            for auth in (f"Bearer {KEY}", f"bearer {KEY}", KEY):  # any case; a bare key as before
                 r = await client.post(RUNS, json=durable, headers={"Authorization": auth})
                 assert (r.status_code, r.json()["code"]) == (400, "idempotency_key_required"), auth
             r = await client.post(RESUME, json={}, headers={"Authorization": f"Bearer {KEY}"})
@@ -143,5 +142,60 @@ def test_documenting_headers_changes_no_runtime_behaviour(app: FastAPI) -> None:
             assert (r.status_code, r.json()["code"]) == (401, "stream_key_required")
             r = await client.post(RUNS, json={"prompt": "hi"}, headers={"Authorization": f"Bearer {KEY}"})
             assert r.status_code == 202  # legacy: no Idempotency-Key needed
+
+    asyncio.run(calls())
+
+
+@pytest.mark.req("R-CREATE-1", "R-AUTH-1")
+def test_bodies_are_bounded_and_anonymous_writes_are_not_parsed(app: FastAPI) -> None:
+    """A body over the limit is 413 ``body_too_large`` whether declared or streamed in
+    chunks, never read whole; a write without a key is 401 before its body is parsed."""
+    limit = app.state.services.settings.max_body_bytes
+
+    async def chunks() -> Any:
+        for _ in range(limit // 65536 + 2):
+            yield b"a" * 65536
+
+    async def calls() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://api") as client:
+            auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+            big = await client.post(RUNS, content=b"a" * (limit + 1), headers=auth)
+            assert (big.status_code, big.json()["code"]) == (413, "body_too_large")
+            streamed = await client.post(RUNS, content=chunks(), headers=auth)
+            assert (streamed.status_code, streamed.json()["code"]) == (413, "body_too_large")
+            anonymous = await client.post(RUNS, content=b"{not json", headers={"Content-Type": "application/json"})
+            assert (anonymous.status_code, anonymous.json()["code"]) == (401, "unauthenticated")
+            small = await client.post(RUNS, json={"prompt": "hi", "durable_temporal": True}, headers=auth)
+            assert (small.status_code, small.json()["code"]) == (400, "idempotency_key_required")
+
+    asyncio.run(calls())
+
+
+@pytest.mark.req("R-CREATE-1")
+def test_a_value_the_database_cannot_store_is_422_not_500() -> None:
+    """A NUL or an unpaired surrogate deep inside a JSON value reaches PostgreSQL, which
+    refuses it: 422 ``value_unstorable``, never a 500."""
+    import psycopg
+
+    from qimpl.api.errors import install_error_handlers
+
+    bare = FastAPI()
+    install_error_handlers(bare)
+
+    @bare.post("/nul")
+    async def nul() -> None:
+        raise psycopg.errors.UntranslatableCharacter("\\u0000 cannot be converted to text")
+
+    @bare.post("/surrogate")
+    async def surrogate() -> None:
+        "\ud800".encode()
+
+    async def calls() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=bare), base_url="http://t") as c:
+            for path in ("/nul", "/surrogate"):
+                r = await c.post(path)
+                assert (r.status_code, r.json()["code"]) == (422, "value_unstorable"), path
+                assert "cannot be converted" not in r.text
 
     asyncio.run(calls())

@@ -164,7 +164,7 @@ def test_the_sweep_calls_a_usage_error_64(args: list[str], variables: dict[str, 
     (["-m", "qimpl.scripts.api_keys", "grant", "--tenant", "t", "--principal", "p", "--workspace", "w",
       "--grant-token", ""], "--grant-token is empty"),
     (["-m", "qimpl.scripts.api_keys", "create", "--tenant", "t", "--principal", "p", "--key", "short"],
-     "--key is shorter than 24"),
+     "--key needs at least 24 characters"),
     (["-m", "qimpl.scripts.api_keys", "create", "--tenant", " ", "--principal", "p"],
      "must not be empty"),
 ], ids=["migrate-without-dsn", "empty-grant-token", "short-chosen-key", "empty-tenant"])
@@ -185,9 +185,10 @@ def test_static_keys_have_no_built_in_default_and_must_be_secrets() -> None:
 
     dsn = "postgresql://u@127.0.0.1:1/x"
     assert ApiSettings(database_url=dsn).api_keys == {}
-    good = "a" * 24
+    good = "abcdefghijklmnopqrstuvwx"
     assert ApiSettings(database_url=dsn, auth="static", api_keys={good: {"tenant": "t", "principal": "p"}})
-    for keys in ({}, {"dev-key": {"tenant": "t", "principal": "p"}}, {good: {"tenant": "", "principal": "p"}},
+    for keys in ({}, {"dev-key": {"tenant": "t", "principal": "p"}}, {"a" * 30: {"tenant": "t", "principal": "p"}},
+                 {good: {"tenant": "", "principal": "p"}},
                  {good: {"tenant": "t", "principal": "p", "role": "root"}}):
         with pytest.raises(ValidationError):
             ApiSettings(database_url=dsn, auth="static", api_keys=keys)

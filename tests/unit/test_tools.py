@@ -42,7 +42,9 @@ def test_schema_errors_name_each_field_and_keyword() -> None:
     assert schema_errors(schema, {"name": "x", "tier": "a"}) == []
     assert schema_errors(schema, {"name": 1, "tier": "b"}) == [
         {"field": "name", "code": "type"}, {"field": "tier", "code": "enum"}]
-    assert schema_errors(schema, {}) == [{"field": "$", "code": "required"}]
+    assert schema_errors(schema, {}) == [{"field": "name", "code": "required"}]
+    closed = {"type": "object", "properties": {"a": {}}, "additionalProperties": False}
+    assert schema_errors(closed, {"a": 1, "zz": 2}) == [{"field": "zz", "code": "additionalProperties"}]
 
 
 @pytest.mark.req("R-TOOL-4")

@@ -14,6 +14,7 @@ from qimpl.api.errors import ApiError
 from qimpl.api.events import stream_events
 from qimpl.api.openapi import EVENTS_ERRORS, EVENTS_HEADERS, STREAM_KEY_MAX
 from qimpl.db import runs as repo
+from qimpl.lifecycle import TERMINAL
 
 __all__ = ["router"]
 
@@ -33,7 +34,8 @@ async def run_events(
     """The run's events as SSE for the holder of its stream key (``X-Stream-Key``):
     another run's key, or another tenant's, is 404 ``run_not_found`` (R-AUTH-3).
     ``Last-Event-ID`` resumes after that event; the stream ends with a ``terminal``
-    event matching the run record (R-EVENT-2, R-EVENT-3)."""
+    event matching the run record (R-EVENT-2, R-EVENT-3). Reconnecting after the terminal
+    event answers 204 No Content, which stops a client's automatic reconnection."""
     if not x_stream_key:
         raise ApiError(401, "stream_key_required", "send the run's stream key in X-Stream-Key")
     async with svc.pool.connection() as conn:
@@ -44,7 +46,15 @@ async def run_events(
         raise ApiError(404, "run_not_found", "no such run")
     async with svc.tenant(tenant_id) as conn:
         row = await repo.get_run(conn, str(run_id), tenant_id=tenant_id)
+        last = await conn.execute("SELECT max(id) FROM run_transitions WHERE run_id = %s",
+                                  (str(run_id),))
+        newest = (await last.fetchone() or (None,))[0]
     if row is None or row["agent_id"] != agent_id:
         raise ApiError(404, "run_not_found", "no such run")
+    if (last_event_id is not None and row["state"] in TERMINAL
+            and (newest is None or int(last_event_id) >= int(newest))):
+        # The client already saw the terminal event: 204 tells an EventSource to stop
+        # reconnecting (the SSE standard), instead of a stream that never ends.
+        return Response(status_code=204)
     return EventSourceResponse(stream_events(lambda: svc.tenant(tenant_id), str(run_id),
                                              int(last_event_id or 0)))

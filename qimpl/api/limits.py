@@ -1,0 +1,73 @@
+"""Request limits applied before any route runs (pure ASGI middleware):
+
+- a write to ``/v1/...`` without an ``Authorization`` header is answered 401
+  ``unauthenticated`` before its body is read (an anonymous caller cannot make the API
+  parse anything);
+- a body larger than ``max_body_bytes`` (declared by ``Content-Length``, or counted while
+  it streams in, chunked included) is answered 413 ``body_too_large`` without being kept
+  whole: at most ``max_body_bytes`` are buffered.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["RequestLimits"]
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+
+_WRITES = frozenset({b"POST", b"PUT", b"PATCH", "POST", "PUT", "PATCH"})
+
+
+class RequestLimits:
+    """ASGI middleware; ``max_body_bytes`` in bytes."""
+
+    def __init__(self, app: Any, *, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] not in _WRITES:
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        if scope["path"].startswith("/v1/") and not headers.get(b"authorization", b"").strip():
+            await _answer(send, 401, "unauthenticated", "a valid API key is required")
+            return
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await _answer(send, 413, "body_too_large", f"the body exceeds {self.max_body_bytes} bytes")
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # the client went away: let the app see it
+            size += len(message.get("body", b""))
+            if size > self.max_body_bytes:
+                await _answer(send, 413, "body_too_large", f"the body exceeds {self.max_body_bytes} bytes")
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return dict(await receive())
+
+        await self.app(scope, replay, send)
+
+
+async def _answer(send: Any, status: int, code: str, message: str) -> None:
+    body = json.dumps({"code": code, "message": message}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
