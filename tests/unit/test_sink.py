@@ -130,7 +130,7 @@ def test_harness_tools_registry() -> None:
     assert lookup.kind == ToolKind.DEVELOPER_HOSTED and lookup.invoke is None
     assert schema_errors(charge.arguments_schema, {"amount": 5, "sink_hold_s": 2, "sink_refuse": False}) == []
     assert schema_errors(charge.arguments_schema, {"amount": 0}) == [{"field": "amount", "code": "minimum"}]
-    assert schema_errors(charge.arguments_schema, {}) == [{"field": "$", "code": "required"}]
+    assert schema_errors(charge.arguments_schema, {}) == [{"field": "amount", "code": "required"}]
     assert schema_errors(lookup.result_schema, {"name": "Ada", "tier": "pro"}) == []
     assert schema_errors(lookup.result_schema, {"name": "Ada", "tier": "gold", "x": 1})
 
