@@ -174,6 +174,55 @@ def no_write_by_a_superseded_attempt(history: Sequence[Event]) -> Check:
     return Check(name, not bad, _summary(bad), ("R-EXEC-7",))
 
 
+def _token(text: str | None) -> tuple[str, int, int] | None:
+    """``<run_id>:<generation>:<attempt>`` of a writer token, or None (no owner, or a
+    token this harness cannot read: the checker then reports it)."""
+    if not text:
+        return None
+    run, _, rest = str(text).partition(":")
+    gen, _, attempt = rest.partition(":")
+    try:
+        return run, int(gen), int(attempt)
+    except ValueError:
+        return run, -1, -1
+
+
+def every_write_by_its_owner(history: Sequence[Event]) -> Check:
+    """Every write is checked against the run's owner at that ``row_version``, by the
+    writer's identity the writing session itself gave the audit trigger (R-EXEC-7,
+    R-EXEC-2): a session holding an owner token (an activity attempt) wrote only its own
+    run, in its own generation, while holding the run's advisory lock; a ``running ->
+    running`` write (claim, checkpoint, journal) was made by exactly the stored owner
+    attempt, any other by that attempt or a later claimer (which may end a run its dead
+    predecessor owned); and a ``running -> running`` write by a session with no token
+    was made by no owner at all. Histories from before the writer columns carry no
+    ``writer_pid`` and are not judged here."""
+    name = "every write by its owner"
+    bad: list[str] = []
+    judged = 0
+    for e in _of(history, "transition"):
+        if "writer_pid" not in e:
+            continue
+        judged += 1
+        run, version = str(e["run_id"]), e["row_version"]
+        token = _token(e.get("writer_token"))
+        stay = e.get("old_state") == e["new_state"] == "running"
+        if token is None:
+            if stay:
+                bad.append(f"{run} v{version}: running -> running by pid {e['writer_pid']}"
+                           f" ({e.get('writer_role')}), which owns nothing")
+            continue
+        t_run, t_gen, t_attempt = token
+        owner = e.get("owner_attempt")
+        if t_run != run or t_gen != int(e["generation"]):
+            bad.append(f"{run} v{version}: written by the owner token of {t_run} generation {t_gen}")
+        elif owner is not None and (t_attempt != owner if stay else t_attempt < owner):
+            bad.append(f"{run} v{version}: written by attempt {t_attempt} while attempt {owner} owns it")
+        if not e.get("writer_lock"):
+            bad.append(f"{run} v{version}: attempt {t_attempt} wrote without the run's advisory lock")
+    return Check(name, not bad, _summary(bad) or f"{judged} writes", ("R-EXEC-7", "R-EXEC-2"))
+
+
 #: Provider calls are stamped by the worker a few microseconds after it checked the
 #: deadline; checkpoints and transitions are stamped by the database that enforces it.
 PROVIDER_CLOCK_SLACK_S = 0.05
@@ -422,6 +471,7 @@ GENERIC_CHECKERS: tuple[Callable[[Sequence[Event]], Check], ...] = (
     no_step_repeated_after_checkpoint,
     checkpoints_one_per_step,
     no_write_by_a_superseded_attempt,
+    every_write_by_its_owner,
     deadline_respected,
     stream_events_consistent,
     no_side_effect_repeated,

@@ -39,9 +39,16 @@ def database_events(dsn: str) -> list[Event]:
     checkpoint and tool invocation (the journal, R-TOOL-1)."""
     out: list[Event] = []
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
+        writer = conn.execute(
+            "SELECT count(*) = 4 AS present FROM information_schema.columns"
+            " WHERE table_name = 'run_transitions' AND column_name = ANY(%s)",
+            (["writer_pid", "writer_role", "writer_token", "writer_lock"],)).fetchone()
+        # The writer's identity, as the writing session gave it (absent before that migration).
+        who = (", writer_pid, writer_role, writer_token, writer_lock"
+               if writer and writer["present"] else "")
         for row in conn.execute(
             "SELECT id, run_id::text, row_version, old_state, new_state, generation, owner_attempt,"
-            " checkpoint_step, extract(epoch FROM at)::float8 AS t FROM run_transitions ORDER BY id"
+            f" checkpoint_step{who}, extract(epoch FROM at)::float8 AS t FROM run_transitions ORDER BY id"
         ):
             out.append({"type": "transition", **row})
         for row in conn.execute(

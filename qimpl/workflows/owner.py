@@ -121,6 +121,11 @@ class RunOwner:
         ``awaiting_approval``; otherwise it stays ``queued`` (its dispatch recorded as
         confirmed). Claims of one tenant are serialised by a transaction-level advisory
         lock so that two cannot both see room."""
+        # The writer's identity, recorded by the audit trigger with every write of this
+        # session (``run_transitions.writer_token``): set outside the claim's transaction,
+        # so a rolled-back claim does not take it back.
+        await conn.execute("SELECT set_config('qimpl.owner', %s, false)",
+                           (f"{run_id}:{generation}:{attempt}",))
         try:
             return await cls._claim(conn, run_id, generation=generation, attempt=attempt,
                                     slot_limit=slot_limit)
