@@ -105,9 +105,10 @@ def run(
     reruns: Annotated[int, typer.Option(help="re-run a failing scenario N times to measure flakiness")] = 1,
     parallel: Annotated[str, typer.Option("-n", "--parallel", help="parallel slices, each with its own stack; 'auto' = CPUs")] = "1",
     determinism_check: Annotated[bool, typer.Option("--determinism-check", help="measure how reproducible the harness is, and exit")] = False,
+    shard: Annotated[str | None, typer.Option("--shard", help="K/N: run only the K-th of N shards of the selection (merge the shards' reports with qualify merge)")] = None,
 ) -> None:
     """Boot a disposable stack, run the scenarios, write a sign-off report."""
-    from qualify.session import SessionOptions, run_session
+    from qualify.session import SessionOptions, parse_shard, run_session
 
     interrupt.install()
     if determinism_check:
@@ -118,7 +119,24 @@ def run(
     opts = SessionOptions(scenario_ids=scenario or [], random_n=random_n, seed=seed, stack_kind=stack,
                           pg_dsn=pg_dsn, temporal_address=temporal_address, reports_root=reports_dir,
                           reruns=reruns, parallel=max(1, n))
-    raise typer.Exit(_guarded(lambda: _finish(*run_session(opts, _progress))))
+
+    def session() -> int:
+        opts.shard = parse_shard(shard) if shard is not None else None
+        return _finish(*run_session(opts, _progress))
+
+    raise typer.Exit(_guarded(session))
+
+
+@app.command()
+def merge(
+    shard_dirs: Annotated[list[Path], typer.Argument(help="the report directories of qualify run --shard K/N, one per shard")],
+    reports_dir: ReportsOpt = Path("reports"),
+) -> None:
+    """Merge shard reports into one report with one verdict (the full-run gates apply when
+    the shards together are the whole selection)."""
+    from qualify.merge import merge_reports
+
+    raise typer.Exit(_guarded(lambda: _finish(*merge_reports(shard_dirs, reports_dir))))
 
 
 def _guarded(body: Any) -> int:

@@ -5,6 +5,7 @@ landed (R-Q-2). A fault whose evidence says it hit nothing makes the scenario
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -103,14 +104,24 @@ class Nemesis:
         return self._record("temporal_up", "temporal", stack.temporal.address == address,
                             {"new_pid": stack.temporal.proc.pid, "address": stack.temporal.address})
 
-    def restart(self, proc: ManagedProcess, **context: Any) -> dict[str, Any]:
+    def restart(self, proc: ManagedProcess, *, owner_dsn: str | None = None,
+                then: Callable[[], None] | None = None, **context: Any) -> dict[str, Any]:
         """Graceful restart (SIGTERM, wait, start again): landed when the pid changed and the
-        new process is ready."""
+        new process is ready. With ``owner_dsn`` (a worker), also only when the process owned
+        a run at that moment: the database showed an owner session (``qimpl-owner:<run>``)
+        on one of its sockets just before the SIGTERM (evidence ``owned``). ``then`` runs
+        between that look and the SIGTERM (a barrier released, so the shutdown has work)."""
         old = proc.pid
+        owned = owned_runs(proc, owner_dsn) if owner_dsn else None
+        if then is not None:
+            then()
         proc.stop()
         proc.start()
-        return self._record("restart", proc.name, proc.pid != old and proc.alive,
-                            {"old_pid": old, "new_pid": proc.pid, **context})
+        landed = proc.pid != old and proc.alive and (owned is None or bool(owned))
+        evidence = {"old_pid": old, "new_pid": proc.pid, **context}
+        if owned is not None:
+            evidence["owned"] = owned
+        return self._record("restart", proc.name, landed, evidence)
 
     def sigstop(self, proc: ManagedProcess, **context: Any) -> dict[str, Any]:
         evidence = proc.sigstop()
@@ -180,6 +191,25 @@ class Nemesis:
         except Exception as exc:  # noqa: BLE001 - a fault that could not strike did not land
             landed, evidence = False, {"workflow_id": workflow_id, "error": f"{type(exc).__name__}: {exc}"}
         return self._record("delete_workflow", workflow_id, landed, evidence)
+
+
+def owned_runs(proc: ManagedProcess, dsn: str) -> list[str]:
+    """The runs whose owner session (application name ``qimpl-owner:<run_id>``) is
+    connected from a socket of ``proc`` or its children, as ``pg_stat_activity`` reports
+    the session's client port (TCP to the harness's PostgreSQL)."""
+    import psycopg
+
+    try:
+        root = psutil.Process(proc.pid)
+        procs = [root, *root.children(recursive=True)]
+        ports = {c.laddr.port for p in procs for c in p.net_connections(kind="tcp") if c.laddr}
+    except psutil.Error:
+        return []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT substr(application_name, length('qimpl-owner:') + 1), client_port"
+            " FROM pg_stat_activity WHERE application_name LIKE 'qimpl-owner:%'").fetchall()
+    return sorted(str(run) for run, port in rows if port in ports)
 
 
 def _stopped(pid: int, timeout_s: float = 5.0) -> bool:

@@ -109,6 +109,45 @@ CATALOG: tuple[Mutant, ...] = (
         (Patch("qimpl/lifecycle.py", 'return f"agent-run-{run_id}-g{generation}"',
                'return f"agent-run-{run_id}-g{generation + 1}"'),),
         "happy-path", "one Temporal workflow per run generation"),
+    Mutant(
+        "fence-without-row-version", "fenced update: row_version (R-EXEC-7)",
+        (Patch("qimpl/workflows/owner.py",
+               '"WHERE run_id = %(run_id)s AND row_version = %(expected)s AND generation = %(generation)s"',
+               '"WHERE run_id = %(run_id)s AND generation = %(generation)s"'),),
+        "stale-writers-refused", "the fence refuses a stale row_version"),
+    Mutant(
+        "fence-without-attempt", "fenced update: owner attempt (R-EXEC-7)",
+        (Patch("qimpl/workflows/owner.py", "\" AND owner_attempt = %(attempt)s AND state = 'running'\"",
+               "\" AND state = 'running'\""),),
+        "stale-writers-refused", "the fence refuses an attempt that never claimed"),
+    Mutant(
+        "advisory-lock-not-taken", "the run's session advisory lock (R-EXEC-2)",
+        (Patch("qimpl/workflows/lease.py",
+               'cur = await conn.execute(f"SELECT pg_try_advisory_lock({lock_key_sql})", (self.run_id,))',
+               'cur = await conn.execute("SELECT true")'),),
+        "happy-path", "every write by its owner"),
+    Mutant(
+        "guard-lets-an-attempt-go-back", "transition guard: fencing token only goes forward (R-EXEC-7)",
+        (Patch("qimpl/db/migrations/versions/20261130_120000_deadline_fence.py",
+               "IF NEW.generation = OLD.generation AND NEW.owner_attempt < OLD.owner_attempt THEN",
+               "IF false THEN"),),
+        "stale-writers-refused", "the guard refuses an attempt taking its generation back (QG008)"),
+    Mutant(
+        "guard-expires-early", "transition guard: no expiry before the deadline (R-EXEC-12)",
+        (Patch("qimpl/db/migrations/versions/20261130_120000_deadline_fence.py",
+               "IF NEW.state = 'expired' AND clock_timestamp() < OLD.deadline_at THEN",
+               "IF false THEN"),),
+        "stale-writers-refused", "the guard refuses expired before the deadline (QG007)"),
+    Mutant(
+        "rls-runs-readable-by-any-tenant", "row-level security (R-AUTH-4)",
+        (Patch("qimpl/db/migrations/versions/20261007_230000_run_lifecycle.py",
+               "CREATE POLICY tenant_isolation ON runs\n    USING (tenant_id = current_setting('qimpl.tenant', true))",
+               "CREATE POLICY tenant_isolation ON runs\n    USING (true)"),),
+        "stale-writers-refused", "row-level security: qimpl_api of t-other, read runs: 0 rows"),
+    Mutant(
+        "cancel-not-delivered", "cancellation reaches the running activity (R-Q34-1)",
+        (Patch("qimpl/workflows/lease.py", "if found is not None and found[0] in _ENDED:", "if False:"),),
+        "cancel-stops-a-long-step", "the provider step was cancelled within 1 s of the cancel"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).

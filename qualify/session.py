@@ -100,11 +100,52 @@ class SessionOptions:
     keep: bool = False
     #: Parallel slices, each with its own stack (1 = in this process).
     parallel: int = 1
+    #: ``(k, n)``: run only the k-th of n shards (1-based) of the selection (R-Q-10); the
+    #: shards' reports are merged by ``qualify merge`` into one report and one verdict.
+    shard: tuple[int, int] | None = None
+
+    @property
+    def whole_selection(self) -> bool:
+        """Nothing selected: the selection is every registered scenario."""
+        return not self.scenario_ids and not self.random_n and self.schedule_path is None
 
     @property
     def full(self) -> bool:
-        """A full run (nothing selected): every crash point must be struck."""
-        return not self.scenario_ids and not self.random_n and self.schedule_path is None
+        """A full run (nothing selected, not a shard): every crash point must be struck."""
+        return self.whole_selection and self.shard is None
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"K/N"`` as ``(k, n)`` with ``1 <= k <= n``; UsageError otherwise."""
+    k, sep, n = text.partition("/")
+    if not (sep and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise UsageError(f"--shard takes K/N with 1 <= K <= N, got {text!r}")
+    return int(k), int(n)
+
+
+def shard_of(scenarios: Sequence[Scenario], shard: tuple[int, int] | None) -> list[Scenario]:
+    """The scenarios of shard ``(k, n)``: every n-th one from position k - 1 (pure; the
+    same selection and seed give every machine the same partition)."""
+    if shard is None:
+        return list(scenarios)
+    k, n = shard
+    return [sc for i, sc in enumerate(scenarios) if i % n == k - 1]
+
+
+def full_run_gates(summary: dict[str, Any], docs: Sequence[dict[str, Any]]) -> None:
+    """Apply a full run's gates to ``summary`` in place: every declared crash point struck
+    (R-Q-4) and every requirement with a passing check that cites it (R-Q-8); a miss
+    makes the verdict ``fail`` and is named in ``error``."""
+    uncovered = [p for p, by in summary["crash_points"].items() if not by]
+    summary["uncovered_crash_points"] = uncovered
+    problems = ["uncovered crash point: " + ", ".join(uncovered)] if uncovered else []
+    summary["requirement_gate"] = gate(docs, REQUIREMENTS)
+    missing = summary["requirement_gate"]["uncovered"]
+    if missing:
+        problems.append("requirement without a passing check: " + ", ".join(missing))
+    if problems:
+        summary["verdict"] = str(merge([Verdict(summary["verdict"]), Verdict.FAIL]))
+        summary["error"] = "; ".join(problems)
 
 
 def _run_one(stack: Any, sc: Scenario, *, seed: int, report_dir: Path, reruns: int,
@@ -172,8 +213,9 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
     seed = opts.seed if opts.seed is not None else secrets.randbits(32)
     # Scenario names first, then the stack (built, not started): a usage error leaves
     # nothing behind, not even an empty stack directory, and comes before any report.
-    scenarios = resolve(opts.scenario_ids, seed=seed, random_n=opts.random_n,
+    selection = resolve(opts.scenario_ids, seed=seed, random_n=opts.random_n,
                         schedule_path=opts.schedule_path)
+    scenarios = shard_of(selection, opts.shard)
     stack = None if opts.parallel > 1 else make_stack(
         opts.stack_kind, pg_dsn=opts.pg_dsn, temporal_address=opts.temporal_address)
     on_event("seed", seed)
@@ -224,21 +266,15 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
                             stack=stack_doc, provenance=prov, report_dir=report_dir,
                             crash_catalog=list(crash_point_catalog()))
     summary["refused"] = refused
+    if opts.shard is not None:
+        summary["shard"] = {"index": opts.shard[0], "count": opts.shard[1],
+                            "whole_selection": opts.whole_selection,
+                            "selection": [sc.id for sc in selection]}
     if crashed:
         summary["verdict"] = str(Verdict.CRASHED)
         summary["error"] = crashed
     elif opts.full and not refused:
-        uncovered = [p for p, by in summary["crash_points"].items() if not by]
-        summary["uncovered_crash_points"] = uncovered
-        problems = ["uncovered crash point: " + ", ".join(uncovered)] if uncovered else []
-        # R-Q-8: every requirement needs a passing check that cites it (or a stated waiver).
-        summary["requirement_gate"] = gate(docs, REQUIREMENTS)
-        missing = summary["requirement_gate"]["uncovered"]
-        if missing:
-            problems.append("requirement without a passing check: " + ", ".join(missing))
-        if problems:
-            summary["verdict"] = str(merge([Verdict(summary["verdict"]), Verdict.FAIL]))
-            summary["error"] = "; ".join(problems)
+        full_run_gates(summary, docs)
     write_report(report_dir, summary)
     return summary, report_dir, EXIT_CODES[Verdict(summary["verdict"])]
 

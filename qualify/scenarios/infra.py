@@ -3,11 +3,14 @@ unreachable at dispatch, and rolling restarts of two APIs and two workers (R-Q-2
 
 from __future__ import annotations
 
+import time
+
 import httpx
 
 from qimpl.lifecycle import workflow_id
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
+from qualify.faults import owned_runs
 from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted, provider_calls
 
@@ -114,7 +117,13 @@ def rolling_restarts(ctx: ScenarioContext) -> None:
     for round_ in range(2):
         for i in range(3):
             run_ids.append(accepted(ctx, apis[i % 2], prompt=make_prompt(steps=4, delay_ms=150)))
-        ctx.nemesis.restart(workers[round_], round=round_)
+        # A worker's graceful restart lands only while it owns a run (evidence: its owner
+        # session in pg_stat_activity): until it does, give the queue more work.
+        deadline = time.monotonic() + 30
+        while not owned_runs(workers[round_], ctx.deployment.dsn) and time.monotonic() < deadline:
+            run_ids.append(accepted(ctx, apis[round_], prompt=make_prompt(steps=4, delay_ms=150)))
+            time.sleep(0.1)
+        ctx.nemesis.restart(workers[round_], owner_dsn=ctx.deployment.dsn, round=round_)
         ctx.nemesis.restart(apis[round_], round=round_)
     for run_id in run_ids:
         run = ctx.wait_terminal(apis[0], run_id, timeout_s=60)

@@ -39,8 +39,9 @@ def _strike(ctx: ScenarioContext, fault: FaultPlan, run_id: str, workers: list[M
     elif fault.action == "restart-postgres":
         ctx.nemesis.restart_postgres(ctx.stack)
     elif fault.action == "restart-worker":
-        ctx.release_barrier(f"f{fault.run}")  # let a graceful shutdown finish its work
-        ctx.nemesis.restart(owner, **where)
+        # Released once the ownership is seen: a graceful shutdown then has work to finish.
+        ctx.nemesis.restart(owner, owner_dsn=ctx.deployment.dsn,
+                            then=lambda: ctx.release_barrier(f"f{fault.run}"), **where)
     else:
         raise HarnessError(f"unknown fault action {fault.action}")
     if not owner.alive or fault.action == "sigstop-worker":
@@ -52,17 +53,25 @@ def run_schedule(ctx: ScenarioContext, schedule: Schedule) -> None:
     api = ctx.processes.api()
     workers = [ctx.processes.worker("worker-1"), ctx.processes.worker("worker-2")]
     by_run = {f.run: f for f in schedule.faults}
-    run_ids = []
-    for i, run in enumerate(schedule.runs):
+
+    def create(i: int) -> str:
         fault = by_run.get(i)
         extra = {"barrier": {"step": fault.step, "name": f"f{i}"}} if fault else {}
-        run_ids.append(accepted(ctx, api, prompt=make_prompt(
-            steps=run.steps, delay_ms=run.delay_ms, answer=f"r{i}", **extra)))
+        run = schedule.runs[i]
+        return accepted(ctx, api, prompt=make_prompt(
+            steps=run.steps, delay_ms=run.delay_ms, answer=f"r{i}", **extra))
+
+    # Valid by construction: the runs without a fault start at once; each run with one
+    # starts only after the previous fault was struck, so no fault is aimed at a worker an
+    # earlier fault already killed (a barrier holds once, so a run whose holder died as
+    # collateral would never hold again), and every fault strikes a live owner.
+    run_ids: dict[int, str] = {i: create(i) for i in range(len(schedule.runs)) if i not in by_run}
     for fault in schedule.faults:
+        run_ids[fault.run] = create(fault.run)
         held = ctx.wait_barrier(f"f{fault.run}", timeout_s=60)
         _strike(ctx, fault, run_ids[fault.run], workers, held)
         ctx.release_barrier(f"f{fault.run}")
-    for i, run_id in enumerate(run_ids):
+    for i, run_id in sorted(run_ids.items()):
         final = ctx.wait_terminal(api, run_id, timeout_s=90)
         ctx.expect(f"run {i} completed with its answer",
                    final["state"] == "completed" and final["result_json"] == {"answer": f"r{i}"},

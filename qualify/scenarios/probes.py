@@ -1,0 +1,181 @@
+"""Strikes where one mechanism is the only defence (issue: a pass must mean crash-proof).
+
+Every fault that makes a stale owner in the other scenarios also ends that owner's
+database session, so the fenced update, the transition guard and row-level security
+each hide behind a dead connection or an application-level filter. Here a live session
+of the worker's or the API's own database role writes what only that one mechanism
+refuses, while the real owner holds the run at a barrier, and the database's refusal is
+the evidence: no row matched (the fence), the guard's SQLSTATE, or row-level security's.
+
+- **Fence (R-EXEC-7):** ``RunOwner`` — qimpl's own fenced writes — built with a token
+  that differs from the owner's in exactly one part (a stale ``row_version``, an attempt
+  that never claimed, another generation), on a session that holds no advisory lock:
+  only the token's predicate can refuse it.
+- **Transition guard (R-STATE-1, R-EXEC-8/12):** raw UPDATEs by the worker role that no
+  fence stands in front of: a row version that skips, an illegal transition, ``expired``
+  before the deadline, an attempt going back, a changed deadline; any write to a
+  terminal run.
+- **Row-level security (R-AUTH-4):** sessions of the API and worker roles scoped to
+  another tenant read the run, its checkpoints and audit (nothing visible), update it
+  (no row) and insert a run into the first tenant (refused, ``42501``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+
+from qualify.fakes.synthetic import make_prompt
+from qualify.scenarios.base import ScenarioContext, scenario
+
+__all__ = ["FENCE_CASES", "GUARD_CASES"]
+
+#: (case, how the token differs from the owner's): each is refused only by its predicate.
+FENCE_CASES = (
+    ("a stale row_version", {"row_version": -1}),
+    ("an attempt that never claimed", {"attempt": +1}),
+    ("another generation", {"generation": +1}),
+)
+
+#: (case, SET clause, the guard's SQLSTATE) on the live running run.
+GUARD_CASES = (
+    ("a row_version that skips one", "row_version = row_version + 2", "QG003"),
+    ("running -> accepted", "state = 'accepted', row_version = row_version + 1", "QG002"),
+    ("expired before the deadline", "state = 'expired', row_version = row_version + 1", "QG007"),
+    ("an attempt taking its generation back",
+     "owner_attempt = owner_attempt - 1, row_version = row_version + 1", "QG008"),
+    ("a moved deadline", "deadline_at = deadline_at + interval '1 hour', row_version = row_version + 1",
+     "QG004"),
+)
+
+
+def _owner_row(ctx: ScenarioContext, run_id: str) -> dict[str, Any]:
+    (row,) = ctx.sql("SELECT row_version, generation, owner_attempt, state FROM runs WHERE run_id = %s",
+                     run_id)
+    return dict(zip(("row_version", "generation", "owner_attempt", "state"), row, strict=True))
+
+
+def _fence_probe(dsn: str, run_id: str, tenant: str, token: dict[str, int], step: int) -> str:
+    """Write ``step``'s checkpoint through ``RunOwner`` with ``token``; returns how the
+    database answered: ``refused`` (no row matched: LostOwnership), ``guard:<SQLSTATE>``
+    or ``written``."""
+    from qimpl.errors import LostOwnership
+    from qimpl.workflows.owner import RunOwner
+
+    async def probe() -> str:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True,
+                                                         application_name="qualify-probe") as conn:
+            await conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
+            owner = RunOwner(conn, run_id=run_id, deadline_left_s=3600.0, **token)
+            try:
+                await owner.checkpoint(step, state={"probe": True}, usage={})
+            except LostOwnership as exc:
+                cause = exc.__cause__
+                code = getattr(cause, "sqlstate", None)
+                return f"guard:{code}" if code else "refused"
+            return "written"
+
+    return asyncio.run(probe())
+
+
+def _guard_probe(dsn: str, run_id: str, tenant: str, set_clause: str) -> str:
+    """One raw UPDATE of the run by the worker role: the SQLSTATE it raised, or ``written``."""
+    with psycopg.connect(dsn, autocommit=True, application_name="qualify-probe") as conn:
+        conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
+        try:
+            cur = conn.execute(f"UPDATE runs SET {set_clause} WHERE run_id = %s", (run_id,))
+        except psycopg.Error as exc:
+            return str(exc.sqlstate)
+        return "written" if cur.rowcount else "no row"
+
+
+def _rls_probes(dsn: str, run_id: str, victim: str, intruder: str) -> dict[str, str]:
+    """What a session scoped to ``intruder`` sees and may do to ``victim``'s run."""
+    out: dict[str, str] = {}
+    with psycopg.connect(dsn, autocommit=True, application_name="qualify-probe") as conn:
+        conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (intruder,))
+        for table in ("runs", "run_checkpoints", "run_transitions", "idempotency_records"):
+            row = conn.execute(f"SELECT count(*) FROM {table} WHERE run_id = %s", (run_id,)).fetchone()
+            out[f"read {table}"] = f"{row[0] if row else '?'} rows"
+        try:
+            cur = conn.execute("UPDATE runs SET row_version = row_version + 1 WHERE run_id = %s",
+                               (run_id,))
+            out["update runs"] = f"{cur.rowcount} rows"
+        except psycopg.Error as exc:
+            out["update runs"] = f"error {exc.sqlstate}"
+        try:
+            with conn.transaction():
+                conn.execute(
+                    "INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,"
+                    " stream_key, deadline_at) VALUES (gen_random_uuid(), %s, 'p', 'a', 'accepted',"
+                    " 'x', 'k', now() + interval '1 hour')", (victim,))
+                raise _RolledBack("written")
+        except _RolledBack:
+            out["insert into runs"] = "written (rolled back)"
+        except psycopg.Error as exc:
+            out["insert into runs"] = f"error {exc.sqlstate}"
+    return out
+
+
+class _RolledBack(Exception):
+    pass
+
+
+@scenario(
+    "stale-writers-refused",
+    title="With the owner alive at a barrier, live sessions of the worker and API roles write "
+          "what only one mechanism refuses: the fence refuses each stale token, the guard each "
+          "illegal write, row-level security every cross-tenant read and write; the run completes",
+    requirements=("R-EXEC-7", "R-STATE-1", "R-EXEC-12", "R-AUTH-4"),
+)
+def stale_writers_refused(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    ctx.processes.worker()
+    created = ctx.create_run(api, prompt=make_prompt(steps=3, barrier={"step": 2, "name": "probe"}))
+    assert created is not None and created.status_code == 202, created
+    run_id = created.json()["run_id"]
+    ctx.wait_barrier("probe")
+    worker_dsn = ctx.deployment.app_dsn("qimpl_worker")
+    before = _owner_row(ctx, run_id)
+    owner = {"row_version": int(before["row_version"]), "generation": int(before["generation"]),
+             "attempt": int(before["owner_attempt"])}
+
+    for case, delta in FENCE_CASES:
+        token = {k: v + delta.get(k, 0) for k, v in owner.items()}
+        answer = _fence_probe(worker_dsn, run_id, "t-dev", token, step=2)
+        ctx.history.record("probe", mechanism="fence", case=case, run_id=run_id, answer=answer)
+        ctx.expect(f"the fence refuses {case}", answer == "refused",
+                   f"{answer} (token {token}, owner {owner})", "R-EXEC-7")
+
+    for case, set_clause, sqlstate in GUARD_CASES:
+        answer = _guard_probe(worker_dsn, run_id, "t-dev", set_clause)
+        ctx.history.record("probe", mechanism="guard", case=case, run_id=run_id, answer=answer)
+        ctx.expect(f"the guard refuses {case} ({sqlstate})", answer == sqlstate, answer,
+                   "R-EXEC-12" if sqlstate == "QG007" else "R-STATE-1")
+
+    for role in ("qimpl_api", "qimpl_worker"):
+        seen = _rls_probes(ctx.deployment.app_dsn(role), run_id, victim="t-dev", intruder="t-other")
+        ctx.history.record("probe", mechanism="rls", role=role, run_id=run_id, answers=seen)
+        for what, answer in seen.items():
+            want = "error 42501" if what.startswith("insert") else "0 rows"
+            ctx.expect(f"row-level security: {role} of t-other, {what}: {want}", answer == want,
+                       answer, "R-AUTH-4")
+
+    after = _owner_row(ctx, run_id)
+    ctx.expect("the probes changed nothing", after == before, f"{before} -> {after}", "R-EXEC-7")
+    ctx.release_barrier("probe")
+    done = ctx.wait_terminal(api, run_id)
+    ctx.expect("the owner, untouched by the probes, completes the run", done["state"] == "completed",
+               str(done.get("state")), "R-EXEC-7")
+
+    final = _owner_row(ctx, run_id)
+    last = {"row_version": int(final["row_version"]), "generation": int(final["generation"]),
+            "attempt": int(final["owner_attempt"])}
+    answer = _fence_probe(worker_dsn, run_id, "t-dev", last, step=4)
+    ctx.expect("the last owner's own token writes nothing to its completed run",
+               answer in ("refused", "guard:QG001"), answer, "R-STATE-1")
+    answer = _guard_probe(worker_dsn, run_id, "t-dev", "row_version = row_version + 1")
+    ctx.expect("the guard refuses any write to a terminal run (QG001)", answer == "QG001", answer,
+               "R-STATE-1")
