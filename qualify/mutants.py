@@ -146,7 +146,12 @@ CATALOG: tuple[Mutant, ...] = (
         "stale-writers-refused", "row-level security: qimpl_api of t-other, read runs: 0 rows"),
     Mutant(
         "cancel-not-delivered", "cancellation reaches the running activity (R-Q34-1)",
-        (Patch("qimpl/workflows/lease.py", "if found is not None and found[0] in _ENDED:", "if False:"),),
+        # Both paths: Temporal's cancellation (delivered with a heartbeat) and the lease
+        # touch that reads the run's state; either alone stops the step in time.
+        (Patch("qimpl/workflows/lease.py", "if found is not None and found[0] in _ENDED:", "if False:"),
+         Patch("qimpl/api/routers/controls.py",
+               "await asyncio.wait_for(handle.cancel(), timeout=svc.settings.dispatch_timeout_s)",
+               "pass")),
         "cancel-stops-a-long-step", "the provider step was cancelled within 1 s of the cancel"),
 )
 

@@ -13,11 +13,13 @@ import random
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 
-__all__ = ["FAULT_ACTIONS", "FaultPlan", "RunPlan", "Schedule", "generate", "shrink_candidates"]
+__all__ = ["FAULT_ACTIONS", "PLATFORM_ACTIONS", "FaultPlan", "RunPlan", "Schedule", "generate", "shrink_candidates"]
 
 #: What a fault does when its run reaches the barrier.
 FAULT_ACTIONS = ("sigkill-worker", "sigstop-worker", "terminate-lock-session", "restart-postgres",
-                 "restart-worker")
+                 "restart-worker", "restart-temporal")
+#: Faults that restart the platform itself: refused on a stack the harness did not boot.
+PLATFORM_ACTIONS = frozenset({"restart-postgres", "restart-temporal"})
 
 
 @dataclass(frozen=True)

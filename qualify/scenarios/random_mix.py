@@ -12,7 +12,7 @@ from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
 from qualify.scenarios.base import Scenario, ScenarioContext
 from qualify.scenarios.lifecycle import accepted
-from qualify.schedule import FaultPlan, Schedule, generate
+from qualify.schedule import PLATFORM_ACTIONS, FaultPlan, Schedule, generate
 
 __all__ = ["random_scenario", "schedule_scenario"]
 
@@ -38,6 +38,8 @@ def _strike(ctx: ScenarioContext, fault: FaultPlan, run_id: str, workers: list[M
         ctx.nemesis.terminate_backend(ctx.deployment.dsn, f"qimpl-owner:{run_id}")
     elif fault.action == "restart-postgres":
         ctx.nemesis.restart_postgres(ctx.stack)
+    elif fault.action == "restart-temporal":
+        ctx.nemesis.restart_temporal(ctx.stack)
     elif fault.action == "restart-worker":
         # Released once the ownership is seen: a graceful shutdown then has work to finish.
         ctx.nemesis.restart(owner, owner_dsn=ctx.deployment.dsn,
@@ -88,7 +90,7 @@ def schedule_scenario(schedule: Schedule, scenario_id: str = "schedule") -> Scen
         body=lambda ctx: run_schedule(ctx, schedule),
         faults=tuple(f.action for f in schedule.faults),
         schedule=schedule.to_json(),
-        needs_platform=any(f.action == "restart-postgres" for f in schedule.faults),
+        needs_platform=any(f.action in PLATFORM_ACTIONS for f in schedule.faults),
     )
 
 
