@@ -22,6 +22,7 @@ clock, so a worker whose wall clock is ahead or behind neither stops early nor l
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -43,6 +44,8 @@ from qimpl.errors import DeadlinePassed, LostOwnership
 from qimpl.lifecycle import TERMINAL, RunState
 
 __all__ = ["Claim", "RunOwner"]
+
+log = logging.getLogger("qimpl.owner")
 
 AConn = psycopg.AsyncConnection[Any]
 
@@ -230,6 +233,7 @@ class RunOwner:
             if exc.sqlstate == DEADLINE_SQLSTATE:
                 raise DeadlinePassed(f"{what}: deadline passed") from exc
             if exc.sqlstate in GUARD_SQLSTATES or exc.sqlstate == "23505":
+                self._refused(f"guard:{exc.sqlstate}")
                 raise LostOwnership(f"{what} rejected: {exc.sqlstate}") from exc
             if exc.sqlstate in _CONTENDED:
                 # Another session holds the row (a cancel, a sweep): contention, bounded by
@@ -241,9 +245,19 @@ class RunOwner:
                 raise LostOwnership(f"{what}: session lost ({exc.sqlstate or type(exc).__name__})") from exc
             raise  # the session lives: the caller counts this failure (R-EXEC-6, R-EXEC-12)
         if got is None:
+            self._refused("fenced")
             raise LostOwnership(f"{what} fenced")
         self.row_version = int(got["row_version"]) if dict_rows else int(got[0])
         return got
+
+    def _refused(self, how: str) -> None:
+        """Log a write the database refused (the evidence a stale writer was stopped by the
+        fence or the guard, R-EXEC-7): ``owner.write_refused`` with the token it carried."""
+        log.warning("write to run %s refused (%s): attempt %s of generation %s at row version %s",
+                    self.run_id, how, self.attempt, self.generation, self.row_version,
+                    extra={"event": "owner.write_refused", "run_id": self.run_id, "how": how,
+                           "attempt": self.attempt, "generation": self.generation,
+                           "row_version": self.row_version})
 
     async def checkpoint(self, step: int, *, state: Mapping[str, Any], usage: Mapping[str, Any],
                          answer: str | None = None, pending: Mapping[str, Any] | None = None,

@@ -117,9 +117,11 @@ def _paused_owner(ctx: ScenarioContext, *, resume: bool) -> None:
                         if c["pid"] == owner.pid and c["t"] >= resumed_at]
         ctx.expect("the resumed zombie made no provider call", not zombie_calls,
                    f"{len(zombie_calls)} calls", "R-EXEC-7")
+        # Judged by the writer's own token (the audit's writer identity), not the stored
+        # owner: a zombie whose fence failed open would write under its successor's attempt.
         zombie_writes = ctx.sql(
-            "SELECT count(*) FROM run_transitions WHERE run_id = %s AND owner_attempt = %s"
-            " AND at >= to_timestamp(%s)", run_id, held["attempt"], resumed_at)[0][0]
+            "SELECT count(*) FROM run_transitions WHERE run_id = %s AND writer_token = %s"
+            " AND at >= to_timestamp(%s)", run_id, f"{run_id}:1:{held['attempt']}", resumed_at)[0][0]
         ctx.expect("the resumed zombie committed nothing", zombie_writes == 0,
                    f"{zombie_writes} writes by attempt {held['attempt']}", "R-EXEC-7")
 

@@ -23,6 +23,7 @@ the evidence: no row matched (the fence), the guard's SQLSTATE, or row-level sec
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import psycopg
@@ -77,7 +78,31 @@ def _fence_probe(dsn: str, run_id: str, tenant: str, token: dict[str, int], step
                 return f"guard:{code}" if code else "refused"
             return "written"
 
-    return asyncio.run(probe())
+    # The owner's refusal log is the evidence a real stale writer leaves: capture it here
+    # (and keep it off the harness's console).
+    logger = logging.getLogger("qimpl.owner")
+    seen: list[logging.LogRecord] = []
+    handler = _Capture(seen)
+    logger.addHandler(handler)
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        answer = asyncio.run(probe())
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+    logged = [getattr(r, "how", "") for r in seen if getattr(r, "event", "") == "owner.write_refused"]
+    if answer != "written" and f"{'fenced' if answer == 'refused' else answer}" not in logged:
+        return f"{answer} (but no owner.write_refused logged)"
+    return answer
+
+
+class _Capture(logging.Handler):
+    def __init__(self, into: list[logging.LogRecord]) -> None:
+        super().__init__(logging.WARNING)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(record)
 
 
 def _guard_probe(dsn: str, run_id: str, tenant: str, set_clause: str) -> str:
