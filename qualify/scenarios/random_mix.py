@@ -47,13 +47,16 @@ def _strike(ctx: ScenarioContext, fault: FaultPlan, run_id: str, workers: list[M
     else:
         raise HarnessError(f"unknown fault action {fault.action}")
     if not owner.alive or fault.action == "sigstop-worker":
-        workers.append(ctx.processes.worker(f"worker-{len(workers) + 1}"))
+        # A fresh worker joins (not waited for: the surviving one recovers the runs meanwhile).
+        workers.append(ctx.processes.spawn_worker(f"worker-{len(workers) + 1}"))
 
 
 def run_schedule(ctx: ScenarioContext, schedule: Schedule) -> None:
     ctx.history.record("schedule", plan=schedule.to_json())
-    api = ctx.processes.api()
-    workers = [ctx.processes.worker("worker-1"), ctx.processes.worker("worker-2")]
+    # Spawned together, then waited for: their imports overlap instead of adding up.
+    spawned = [ctx.processes.spawn_api(), ctx.processes.spawn_worker("worker-1"),
+               ctx.processes.spawn_worker("worker-2")]
+    api, *workers = [p.wait_ready() for p in spawned]
     by_run = {f.run: f for f in schedule.faults}
 
     def create(i: int) -> str:
