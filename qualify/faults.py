@@ -98,6 +98,29 @@ class Nemesis:
         return self._record("temporal_down", "temporal", not psutil.pid_exists(old),
                             {"old_pid": old, "address": stack.temporal.address})
 
+    def pause_temporal(self, stack: Any) -> dict[str, Any]:
+        """SIGSTOP the Temporal server: every worker is cut off from it (no poll, no
+        heartbeat answered) while their database sessions live; landed when the kernel
+        reports it stopped. Always ``resume_temporal`` after."""
+        import os
+        import signal
+
+        assert stack.temporal.proc is not None
+        pid = stack.temporal.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        return self._record("temporal_paused", "temporal", _stopped(pid), {"pid": pid})
+
+    def resume_temporal(self, stack: Any) -> dict[str, Any]:
+        """SIGCONT the Temporal server; landed when it runs again."""
+        import os
+        import signal
+
+        assert stack.temporal.proc is not None
+        pid = stack.temporal.proc.pid
+        os.kill(pid, signal.SIGCONT)
+        landed = _resumed(pid)
+        return self._record("temporal_resumed", "temporal", landed, {"pid": pid, "resumed": landed})
+
     def start_temporal(self, stack: Any) -> dict[str, Any]:
         address = stack.temporal.address
         stack.temporal.start()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import psycopg
@@ -204,3 +205,64 @@ def stale_writers_refused(ctx: ScenarioContext) -> None:
     answer = _guard_probe(worker_dsn, run_id, "t-dev", "row_version = row_version + 1")
     ctx.expect("the guard refuses any write to a terminal run (QG001)", answer == "QG001", answer,
                "R-STATE-1")
+
+
+@scenario(
+    "owner-cut-off-from-temporal",
+    title="Temporal's server is paused for 3 x the heartbeat timeout while the owner holds a run "
+          "mid-step, its database session alive: no later attempt claims the run while that "
+          "session lives (the advisory lock is the only defence), and the run completes",
+    requirements=("R-EXEC-2", "R-EXEC-7", "R-Q-2"),
+    faults=("SIGSTOP of the Temporal server", "SIGCONT of the Temporal server"),
+    needs_platform=True,
+)
+def owner_cut_off_from_temporal(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    ctx.processes.worker("worker-1")
+    ctx.processes.worker("worker-2")
+    h = ctx.deployment.heartbeat_timeout_s
+    run_id = ctx.create_run(api, prompt=make_prompt(steps=3, barrier={"step": 2, "name": "cut"}))
+    assert run_id is not None and run_id.status_code == 202, run_id
+    run = str(run_id.json()["run_id"])
+    held = ctx.wait_barrier("cut")
+    session = f"qimpl-owner:{run}"
+
+    def owner_pids() -> tuple[set[int], float]:
+        rows = ctx.sql("SELECT pid, extract(epoch FROM clock_timestamp())::float8 FROM pg_stat_activity"
+                       " WHERE application_name = %s UNION ALL"
+                       " SELECT NULL, extract(epoch FROM clock_timestamp())::float8", session)
+        return {int(r[0]) for r in rows if r[0] is not None}, float(rows[-1][1])
+
+    first, _ = owner_pids()
+    ctx.nemesis.pause_temporal(ctx.stack)
+    try:
+        lived = True
+        until = time.monotonic() + 3 * h
+        while time.monotonic() < until:  # the pause's length is the fault itself
+            lived = lived and owner_pids()[0] == first
+            time.sleep(0.1)
+    finally:
+        ctx.nemesis.resume_temporal(ctx.stack)
+    ctx.expect("the owner's database session lived through Temporal's pause", lived and bool(first),
+               f"owner sessions {sorted(first)}", "R-EXEC-2")
+    ctx.release_barrier("cut")
+    # The DB-clock time the first owner's session was last seen alive: no other attempt's
+    # claim may be earlier (two owners at once).
+    last_alive = 0.0
+    stop_by = time.monotonic() + 60
+    while time.monotonic() < stop_by:
+        pids, now = owner_pids()
+        if pids & first:
+            last_alive = now
+        else:
+            break
+        time.sleep(0.05)
+    done = ctx.wait_terminal(api, run, timeout_s=60)
+    ctx.expect("the run completed", done["state"] == "completed", done["state"], "R-EXEC-2")
+    token = f"{run}:1:{held['attempt']}"
+    early = ctx.sql(
+        "SELECT writer_token, extract(epoch FROM at)::float8 FROM run_transitions WHERE run_id = %s"
+        " AND writer_token IS NOT NULL AND writer_token <> %s AND at <= to_timestamp(%s)",
+        run, token, last_alive)
+    ctx.expect("no other attempt wrote while the first owner's session lived", not early,
+               f"{len(early)} writes before {last_alive:.3f}: {early[:3]}", "R-EXEC-2", "R-EXEC-7")
