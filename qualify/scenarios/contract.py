@@ -3,6 +3,8 @@ controls, rejected requests that write nothing (R-CREATE-1..2, R-RESUME-1..2, R-
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -31,9 +33,29 @@ def same_key_twenty_requests(ctx: ScenarioContext) -> None:
         return httpx.post(f"{apis[i % 2].base_url}/v1/agents/agent-1/runs", json=body, timeout=30,
                           headers={**AUTH, "Idempotency-Key": "the-one-key"})
 
+    # Truly concurrent: each client's connection is open before a start barrier that all
+    # twenty cross together, so the requests race in both API processes at once.
+    start = threading.Barrier(20)
+    spans: list[tuple[float, float]] = []
+
+    def racing_post(i: int) -> httpx.Response:
+        with httpx.Client(base_url=apis[i % 2].base_url, timeout=30) as client:
+            client.get("/healthz")
+            start.wait(timeout=30)
+            t0 = time.monotonic()
+            resp = client.post("/v1/agents/agent-1/runs", json=body,
+                               headers={**AUTH, "Idempotency-Key": "the-one-key"})
+            spans.append((t0, time.monotonic()))
+            return resp
+
     ctx.history.record("client", op="create x20", phase="invoke", key="the-one-key")
     with ThreadPoolExecutor(max_workers=20) as pool:
-        answers = list(pool.map(post, range(20)))
+        answers = list(pool.map(racing_post, range(20)))
+    first_done = min(end for _, end in spans)
+    racing = sum(1 for begin, _ in spans if begin < first_done)
+    ctx.figures["creates_in_flight_together"] = float(racing)
+    ctx.expect("the creates raced: several were sent before the first was answered", racing >= 2,
+               f"{racing} of 20 in flight before the first answer", "R-CREATE-2")
     codes = Counter(r.status_code for r in answers)
     ctx.history.record("client", op="create x20", phase="ok", statuses=dict(codes))
     ctx.expect("no 5xx among 20 concurrent requests", not any(c >= 500 for c in codes),

@@ -266,3 +266,43 @@ def owner_cut_off_from_temporal(ctx: ScenarioContext) -> None:
         run, token, last_alive)
     ctx.expect("no other attempt wrote while the first owner's session lived", not early,
                f"{len(early)} writes before {last_alive:.3f}: {early[:3]}", "R-EXEC-2", "R-EXEC-7")
+
+
+@scenario(
+    "kill-at-random-moments",
+    title="SIGKILL the owner of a 150-step run with fast steps at five seeded random moments "
+          "(not at named points), a fresh worker after each: a gap between two writes that "
+          "should be one transaction is eventually hit; every step is checkpointed once",
+    requirements=("R-EXEC-3", "R-EXEC-4", "R-STATE-1", "R-Q-2"),
+    faults=("sigkill of the owner at a random moment",),
+)
+def kill_at_random_moments(ctx: ScenarioContext) -> None:
+    from qualify.faults import owned_runs
+    from qualify.scenarios.lifecycle import accepted
+
+    api = ctx.processes.api()
+    workers = [ctx.processes.worker("worker-1")]
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=150, delay_ms=3, answer="random moments"))
+    kills = 0
+    for i in range(5):
+        # Wait (bounded) for a live owner that is past its claim, then strike at a moment
+        # drawn from the scenario's seed: the moment, not a point in the code, is the fault.
+        stop_by = time.monotonic() + 30
+        owner = None
+        while owner is None and time.monotonic() < stop_by:
+            owner = next((w for w in workers if w.alive and owned_runs(w, ctx.deployment.dsn)), None)
+            if owner is None:
+                if ctx.sql("SELECT state FROM runs WHERE run_id = %s", run_id)[0][0] == "completed":
+                    break
+                time.sleep(0.01)
+        if owner is None:
+            break
+        time.sleep(ctx.rng.uniform(0.0, 0.15))
+        ctx.nemesis.sigkill(owner, moment=i)
+        kills += 1
+        workers.append(ctx.processes.spawn_worker(f"worker-{len(workers) + 1}"))
+    done = ctx.wait_terminal(api, run_id, timeout_s=120)
+    ctx.figures["random_kills"] = float(kills)
+    ctx.expect("the run completed with its answer after the kills",
+               done["state"] == "completed" and done["result_json"] == {"answer": "random moments"},
+               f"{done['state']} after {kills} kills", "R-EXEC-4")
