@@ -242,6 +242,7 @@ class RunOwner:
             if self.conn.closed or self.conn.broken:
                 # The session is gone (idle-in-transaction timeout, termination, connection
                 # loss): so is the lease (R-EXEC-11).
+                self._refused("session_lost")
                 raise LostOwnership(f"{what}: session lost ({exc.sqlstate or type(exc).__name__})") from exc
             raise  # the session lives: the caller counts this failure (R-EXEC-6, R-EXEC-12)
         if got is None:
