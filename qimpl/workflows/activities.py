@@ -32,7 +32,13 @@ from qimpl.crashpoints import declare
 from qimpl.db import journal as journal_db
 from qimpl.db import runs as repo
 from qimpl.db.sessions import bound_session, keepalive_params
-from qimpl.errors import SAFE_MESSAGES, DeadlinePassed, LockNotAcquired, LostOwnership
+from qimpl.errors import (
+    SAFE_MESSAGES,
+    DeadlinePassed,
+    LockNotAcquired,
+    LostOwnership,
+    ProviderFailed,
+)
 from qimpl.journal import tool_results
 from qimpl.legacy import run_inline
 from qimpl.lifecycle import TERMINAL, RunState
@@ -93,6 +99,13 @@ async def _counted(run_id: str, step: int) -> AsyncIterator[None]:
         log.warning("step %s of run %s could not be stored: %s", step, run_id, type(exc).__name__,
                     extra={"run_id": run_id, "step": step})
         raise _StepFailed(f"unstored_result:{type(exc).__name__}") from None
+
+
+def _failure_kind(exc: Exception) -> str:
+    """The log's and the call record's word for a provider error: its fixed ``code``
+    when it is a ``ProviderFailed`` (R-PROV-1), else its type's name; never its text."""
+    code = exc.code if isinstance(exc, ProviderFailed) else type(exc).__name__
+    return f"provider_error:{code}"
 
 
 async def _settle(owner: RunOwner, call: int, **outcome: Any) -> None:
@@ -236,7 +249,7 @@ class AgentActivities:
                 run_id=inp.run_id, tenant_id=inp.tenant_id, generation=inp.generation,
                 attempt=owner.attempt, step=step, prompt=row["prompt"], state=state,
                 inputs=inputs, decisions=decisions, tool_results=results,
-                workspace_id=workspace_id, grant_token=grant))
+                tools=self.tools.registry.describe(), workspace_id=workspace_id, grant_token=grant))
             if result is None:  # the deadline passed during the call (R-EXEC-8)
                 return repo.outcome(await owner.expire())
             async with _counted(inp.run_id, step):
@@ -279,7 +292,7 @@ class AgentActivities:
                 return None
             kind = "provider_timeout"
         except Exception as exc:  # noqa: BLE001 - any provider error is one counted failure
-            kind = f"provider_error:{type(exc).__name__}"
+            kind = _failure_kind(exc)
         else:
             tokens_in, tokens_out = reported_tokens(result.usage)
             await _settle(owner, call, status="succeeded", input_tokens=tokens_in,
