@@ -385,8 +385,9 @@ def no_unapproved_effect(history: Sequence[Event]) -> Check:
 
 
 #: Provider-call records are stamped by the database before the call, the synthetic
-#: provider's own lines by the worker as the call begins (one machine, two clocks).
-RECORD_CLOCK_SLACK_S = 0.05
+#: provider's own lines by the worker as the call begins: causally ordered on one host's
+#: clock, so only rounding is allowed for (a record stamped after its call is a defect).
+RECORD_CLOCK_SLACK_S = 0.001
 
 
 def provider_calls_recorded(history: Sequence[Event]) -> Check:
