@@ -106,3 +106,12 @@ def test_run_usage_adds_keys_and_counts_the_record_for_durable_runs() -> None:
     legacy = run_usage(committed, {**observed, "wall_s": None}, durable=False)
     assert legacy == {**committed, "wall_time_s": 38.167}
     assert run_usage({}, observed, durable=True)["tool_calls"] == 0
+
+
+@pytest.mark.req("R-Q34-2")
+def test_without_the_synthetic_record_only_the_reads_are_checked() -> None:
+    h = [e for e in recorded() if e["type"] != "provider_call"]
+    check = ck.provider_calls_recorded(h)
+    assert check.ok is True and check.detail.startswith("no provider's own record")
+    short = _edit(h, "client", lambda e: {**e, "usage": {**e["usage"], "provider_calls": 9}})
+    assert ck.provider_calls_recorded(short).ok is False
