@@ -235,3 +235,30 @@ def test_configured_by_settings_with_a_shortcut_and_a_secret_key(monkeypatch: py
     with pytest.raises(ConfigError) as bad_url:
         factory({})
     assert KEY not in str(bad_url.value)
+
+
+@pytest.mark.req("R-PROV-1", "R-RESUME-1", "R-TOOL-2")
+def test_the_conversation_is_a_function_of_the_context() -> None:
+    """Inputs go where they arrived (before the turn that first saw them); each tool call
+    is answered by its journaled result, or ``no_result`` so the protocol's pairing holds."""
+    from qimpl.providers.chat import conversation
+
+    asked = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "charge", "arguments": "{}"}},
+        {"id": "b", "type": "function", "function": {"name": "charge", "arguments": "{}"}}]}
+    state = {"turns": [{"inputs_seen": 0, "message": {"role": "assistant", "content": "which?"}},
+                       {"inputs_seen": 1, "message": asked}]}
+    c = ctx(3, state=state, inputs=("blue", "and hurry"),
+            tool_results=({"id": "a", "status": "failed", "result": {"code": "refused"}},))
+    assert conversation(c, system_prompt="be brief") == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "charge me 5"},
+        {"role": "assistant", "content": "which?"},
+        {"role": "user", "content": "blue"},
+        asked,
+        {"role": "tool", "tool_call_id": "a", "content": '{"result":{"code":"refused"},"status":"failed"}'},
+        {"role": "tool", "tool_call_id": "b", "content": '{"status":"no_result"}'},
+        {"role": "user", "content": "and hurry"},
+    ]
+    with pytest.raises(ValueError):
+        conversation(ctx(2, state={"turns": "nonsense"}))
