@@ -36,7 +36,7 @@ def run_usage(committed: Mapping[str, Any], observed: Mapping[str, Any] | None, 
     for a durable run, ``provider_calls``, ``input_tokens`` and ``output_tokens`` taken from
     ``observed`` (the aggregate of its provider-call record, ``qimpl.db.usage``), plus
     ``provider_calls_no_outcome`` (calls whose outcome no owner recorded: in progress, or
-    their attempt died), ``tool_calls`` (0 when none was sent) and the wall times in seconds: ``wall_time_s`` from ``accepted_at``
+    their owner stopped during them: it died, lost its lease, or the run was cancelled), ``tool_calls`` (0 when none was sent) and the wall times in seconds: ``wall_time_s`` from ``accepted_at``
     and ``wall_s`` (kept from earlier versions) from ``started_at``, each to the run's end
     or now, by the database's clock. Keys are only added, never removed."""
     usage = dict(committed)
