@@ -6,13 +6,15 @@
     ├── LockNotAcquired        another owner holds the run's advisory lock (R-EXEC-2)
     ├── RunNotFound            run_not_found (R-AUTH-1)
     ├── DispatchUnknown        durable_dispatch_unknown (R-CREATE-5)
-    └── UnsafeDatabaseRole     database_role_unsafe: a process would bypass row-level security (R-AUTH-4)
+    ├── UnsafeDatabaseRole     database_role_unsafe: a process would bypass row-level security (R-AUTH-4)
+    └── ProviderFailed         a provider call failed; ``code`` is a fixed word, never the provider's text
+        └── ProviderTimedOut   provider_timeout (also a TimeoutError: R-EXEC-12)
 """
 
 from __future__ import annotations
 
-__all__ = ["SAFE_MESSAGES", "DeadlinePassed", "DispatchUnknown", "LockNotAcquired", "LostOwnership", "QimplError", "RunNotFound",
-           "UnsafeDatabaseRole"]
+__all__ = ["SAFE_MESSAGES", "DeadlinePassed", "DispatchUnknown", "LockNotAcquired", "LostOwnership",
+           "ProviderFailed", "ProviderTimedOut", "QimplError", "RunNotFound", "UnsafeDatabaseRole"]
 
 
 class QimplError(Exception):
@@ -48,6 +50,29 @@ class UnsafeDatabaseRole(QimplError):
     start (R-AUTH-4)."""
 
     code = "database_role_unsafe"
+
+
+class ProviderFailed(QimplError):
+    """A provider call failed (R-PROV-1): one counted failure of the step (R-EXEC-6). The
+    instance's ``code`` (``provider_http_500``, ``provider_unreachable``,
+    ``provider_malformed_response``, ...) is its whole message: a provider's own error text
+    may echo a prompt, a header or a key, so none of it is kept."""
+
+    code = "provider_failed"
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class ProviderTimedOut(ProviderFailed, TimeoutError):
+    """The provider's own timeout (a read or request timeout): a counted failure, never an
+    expiry; only the deadline expires a run (R-EXEC-12)."""
+
+    code = "provider_timeout"
+
+    def __init__(self, code: str = "provider_timeout") -> None:
+        super().__init__(code)
 
 
 #: The fixed ``error_message`` of each ``error_code`` a run can end with (R-EXEC-6):

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from qimpl.settings import ConfigError
 from qimpl.tools import ToolCall
 
 __all__ = ["EchoProvider", "Provider", "StepContext", "StepResult", "load_provider"]
@@ -52,6 +53,9 @@ class StepContext:
     #: ``denied`` (its approval was denied: nothing ran), ``not_executed`` and
     #: ``compensated`` (recorded by an operator). ``id`` is the provider's own id.
     tool_results: tuple[Mapping[str, Any], ...] = ()
+    #: The tools the runtime can run, by name: ``{name, description, parameters}`` (the
+    #: arguments' JSON Schema), from the worker's registry (``ToolRegistry.describe``).
+    tools: tuple[Mapping[str, Any], ...] = ()
     #: The run's workspace (the request's ``workspace_id``, default ``"default"``, R-AUTH-2).
     workspace_id: str = "default"
     #: The principal's live authorisation grant for ``workspace_id`` (never projected, R-READ-3).
@@ -113,6 +117,8 @@ def load_provider(path: str, config: Mapping[str, Any]) -> Provider:
         raise ValueError(f"{path!r}: module {module_name!r} has no {attr!r}") from None
     try:
         provider = factory(config)
+    except ConfigError as exc:  # names the variable and why, never its value
+        raise ValueError(f"{path!r}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - reported by type: a message may echo the config
         raise ValueError(f"{path!r}: the factory raised {type(exc).__name__} "
                          "(check QIMPL_PROVIDER_CONFIG)") from None

@@ -6,6 +6,7 @@ process, each validating only what that process reads.
     ├── ApiSettings      + provider (legacy paths), authentication, pool
     └── WorkerSettings   + provider, tools, activities, reconciler, metrics port
     AdminSettings        the schema owner's DSN (``python -m qimpl.scripts.api_keys``)
+    OpenAIChatSettings   the OpenAI-compatible provider (``QIMPL_PROVIDER=openai``, R-PROV-1)
 
 Names the spec fixes keep their names (``AGENT_CONCURRENCY_LIMIT``,
 ``DURABLE_AGENT_RECONCILE_TENANTS``); everything else is prefixed ``QIMPL_``. Each field
@@ -23,16 +24,25 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Annotated, Any, NoReturn, TypeVar
 
-from pydantic import AliasChoices, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 __all__ = [
     "EXIT_CONFIG",
     "MIN_DISTINCT_CHARS",
     "MIN_STATIC_KEY_CHARS",
+    "PROVIDER_SHORTCUTS",
     "AdminSettings",
     "ApiSettings",
     "ConfigError",
+    "OpenAIChatSettings",
     "Settings",
     "WorkerSettings",
     "config_error",
@@ -74,6 +84,13 @@ def _check_dsn(value: str) -> str:
     if not value.startswith(_DSN_SCHEMES):
         raise ValueError("must be a PostgreSQL URL postgresql://user:password@host:port/database")
     return value
+
+
+#: Provider names ``QIMPL_PROVIDER`` accepts besides an import path.
+PROVIDER_SHORTCUTS: Mapping[str, str] = {
+    "echo": "qimpl.provider:EchoProvider",
+    "openai": "qimpl.providers.openai_chat:factory",
+}
 
 
 def _import_path(value: str) -> str:
@@ -149,7 +166,7 @@ class _ProviderSettings(BaseSettings):
 
     provider: str = Field(
         default="qimpl.provider:EchoProvider",
-        description="provider plugin `module:factory` (`qimpl/provider.py`), loaded and validated at start by **both** the API (legacy paths, `/v1/answer`) and the worker: set it alike on both. The default echoes the prompt",
+        description="provider plugin `module:factory` (`qimpl/provider.py`), or a shortcut: `echo`, `openai` (an OpenAI-compatible chat-completions server, `QIMPL_OPENAI_*`); loaded and validated at start by **both** the API (legacy paths, `/v1/answer`) and the worker: set it alike on both. The default echoes the prompt",
         json_schema_extra=_example("qualify.fakes.synthetic:SyntheticProvider"))
     provider_config: Annotated[dict[str, Any], NoDecode] = Field(
         default_factory=dict, description="JSON object given to the provider factory (echo: `{\"steps\": 3}`)",
@@ -158,7 +175,7 @@ class _ProviderSettings(BaseSettings):
     @field_validator("provider")
     @classmethod
     def _provider_path(cls, value: str) -> str:
-        return _import_path(value)
+        return _import_path(PROVIDER_SHORTCUTS.get(value, value))
 
     @field_validator("provider_config", mode="before")
     @classmethod
@@ -279,9 +296,37 @@ class AdminSettings(BaseSettings):
         return _check_dsn(value)
 
 
+class OpenAIChatSettings(BaseSettings):
+    """The OpenAI-compatible chat-completions provider (``QIMPL_PROVIDER=openai``,
+    ``qimpl.providers.openai_chat``, R-PROV-1), read by the processes that load it. The
+    API key is a secret: never logged, echoed or put in a run, an error or a report."""
+
+    model_config = SettingsConfigDict(env_prefix="QIMPL_OPENAI_", extra="ignore", frozen=True)
+
+    base_url: str = Field(
+        default="https://api.openai.com/v1", pattern=r"^https?://",
+        description="base URL of the chat-completions server (`…/v1`); any OpenAI-compatible server (vLLM, llama.cpp, Ollama, a gateway)",
+        json_schema_extra=_example("http://127.0.0.1:8080/v1"))
+    model: str = Field(
+        min_length=1, description="the model name sent with every request",
+        json_schema_extra=_example("gpt-4o-mini"))
+    api_key: SecretStr = Field(
+        default=SecretStr(""),
+        description="the server's API key (a secret: never logged or echoed); empty for a server that needs none",
+        json_schema_extra=_example("sk-…"))
+    request_timeout_s: float = Field(
+        default=60.0, gt=0, le=3600,
+        description="seconds one provider call may take, first byte to last (and each read); past it the call is a counted failure (R-EXEC-12). The client never retries: the run's lifecycle does (R-EXEC-6)",
+        json_schema_extra=_example("60"))
+    system_prompt: str = Field(
+        default="", description="a system message sent first in every request; empty: none",
+        json_schema_extra=_example("You are a careful assistant."))
+
+
 #: Which process reads which model (the table's last column), in table order.
 PROCESSES: dict[str, type[BaseSettings]] = {
-    "API": ApiSettings, "worker": WorkerSettings, "sweep": Settings, "api_keys, migrate": AdminSettings}
+    "API": ApiSettings, "worker": WorkerSettings, "sweep": Settings, "api_keys, migrate": AdminSettings,
+    "API and worker with `QIMPL_PROVIDER=openai`": OpenAIChatSettings}
 
 S = TypeVar("S", bound=BaseSettings)
 
@@ -396,6 +441,8 @@ def settings_table() -> str:
                 default = "— (required)"
             else:
                 value = info.get_default(call_default_factory=True)
+                if isinstance(value, SecretStr):  # a secret's default is shown as empty or hidden
+                    value = "" if not value.get_secret_value() else "(secret)"
                 default = f"`{json.dumps(value) if isinstance(value, (dict, list)) else value}`"
                 if value in ("", {}, []) and not isinstance(value, bool):
                     default = "empty" if value == "" else default

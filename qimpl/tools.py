@@ -99,10 +99,12 @@ Invoke = Callable[[ToolContext, Mapping[str, Any]], Awaitable[Mapping[str, Any]]
 class ToolSpec:
     """A registered tool. ``invoke`` is required except for developer-hosted tools;
     ``timeout_s`` (seconds) bounds one invocation (past it the outcome is unknown).
-    ``result_schema`` validates developer-hosted results (422 on a mismatch)."""
+    ``result_schema`` validates developer-hosted results (422 on a mismatch).
+    ``description`` tells a model what the tool does (R-PROV-1)."""
 
     name: str
     kind: ToolKind
+    description: str = ""
     invoke: Invoke | None = None
     arguments_schema: Mapping[str, Any] = field(default_factory=lambda: dict(_ANY_OBJECT))
     result_schema: Mapping[str, Any] = field(default_factory=lambda: dict(_ANY_OBJECT))
@@ -137,6 +139,13 @@ class ToolRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._specs)
+
+    def describe(self) -> tuple[dict[str, Any], ...]:
+        """What a provider may ask for (``StepContext.tools``), by name:
+        ``{name, description, parameters}`` with ``parameters`` the arguments' JSON Schema."""
+        return tuple({"name": s.name, "description": s.description,
+                      "parameters": dict(s.arguments_schema)}
+                     for s in sorted(self._specs.values(), key=lambda s: s.name))
 
 
 def schema_errors(schema: Mapping[str, Any], value: Any) -> list[dict[str, str]]:

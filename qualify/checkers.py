@@ -31,6 +31,7 @@ __all__ = [
     "no_write_by_a_superseded_attempt",
     "one_terminal_state",
     "one_workflow_per_generation",
+    "provider_calls_recorded",
     "row_version_strictly_increasing",
     "run_checks",
     "slot_holders",
@@ -432,6 +433,69 @@ def no_unapproved_effect(history: Sequence[Event]) -> Check:
     return Check(name, not bad, _summary(bad) or f"{seen} calls needing an approval", ("R-TOOL-5", "R-Q-5"))
 
 
+#: Provider-call records are stamped by the database before the call, the synthetic
+#: provider's own lines by the worker as the call begins: causally ordered on one host's
+#: clock, so only rounding is allowed for (a record stamped after its call is a defect).
+RECORD_CLOCK_SLACK_S = 0.001
+
+
+def provider_calls_recorded(history: Sequence[Event]) -> Check:
+    """Observed usage counts every provider call (R-Q34-2, R-Q-5), per durable run: each
+    call the synthetic provider saw — by any attempt, also one that failed or died — has
+    the owner's record (``provider_calls``) for the same generation, attempt and step,
+    committed before the call; a record with an outcome (``succeeded``, ``failed``,
+    ``cancelled``) is a call the provider saw (only a record with no outcome may lack
+    one: its attempt died between the record and the call); and every terminal read of
+    the run by a client reports ``usage.provider_calls`` equal to the calls recorded.
+    A history with no synthetic-provider record at all (a scenario of another provider,
+    which checks that provider's count itself) has only its reads checked. Legacy runs
+    (``lifecycle_version`` 1) are not recorded and not checked."""
+    name = "observed usage counts every provider call"
+    reqs = ("R-Q34-2", "R-Q-5")
+    durable = {str(e["run_id"]) for e in _of(history, "run") if int(e.get("lifecycle_version") or 2) >= 2}
+    calls: dict[tuple[str, int, int, int], list[Event]] = defaultdict(list)
+    for e in _of(history, "provider_call"):
+        if str(e["run_id"]) in durable:
+            calls[(str(e["run_id"]), int(e["generation"]), int(e["attempt"]), int(e["step"]))].append(e)
+    records: dict[tuple[str, int, int, int], list[Event]] = defaultdict(list)
+    for e in _of(history, "provider_call_record"):
+        if str(e["run_id"]) in durable:
+            records[(str(e["run_id"]), int(e["generation"]), int(e["attempt"]),
+                     int(e["step"]))].append(e)
+    # Without the synthetic provider's own record (a scenario of another provider, which
+    # checks that provider's count itself) only the reads are compared with the record.
+    observed = any(e.get("type") == "provider_call" for e in history)
+    bad = []
+    for key in sorted(set(calls) | set(records)) if observed else ():
+        run, gen, attempt, step = key
+        asked, recorded = sorted(calls.get(key, []), key=lambda e: e["t"]), records.get(key, [])
+        settled = [r for r in recorded if r.get("status") != "started"]
+        where = f"{run}: step {step} (g{gen} a{attempt})"
+        if len(recorded) < len(asked):
+            bad.append(f"{where} asked {len(asked)} times, recorded {len(recorded)}")
+        elif len(settled) > len(asked):
+            bad.append(f"{where} recorded with an outcome {len(settled)} times, asked {len(asked)}")
+        elif asked and float(min(r["t"] for r in recorded)) > asked[0]["t"] + RECORD_CLOCK_SLACK_S:
+            late = float(min(r["t"] for r in recorded)) - asked[0]["t"]
+            bad.append(f"{where} recorded {late:.3f} s after it was asked")
+    per_run = Counter(str(e["run_id"]) for e in _of(history, "provider_call_record"))
+    reads = 0
+    for e in _of(history, "client"):
+        usage = e.get("usage")
+        if (e.get("op") != "read" or e.get("phase") != "ok" or e.get("state") not in TERMINAL
+                or not isinstance(usage, dict) or str(e.get("run_id")) not in durable):
+            continue
+        reads += 1
+        want = per_run.get(str(e["run_id"]), 0)
+        if usage.get("provider_calls") != want:
+            bad.append(f"{e['run_id']}: read reports provider_calls {usage.get('provider_calls')},"
+                       f" {want} recorded")
+    asked_n, recorded_n = sum(map(len, calls.values())), sum(map(len, records.values()))
+    seen = f"{asked_n} calls asked" if observed else "no provider's own record of its calls"
+    return Check(name, not bad, _summary(bad) or f"{seen}, {recorded_n} recorded, {reads} terminal reads",
+                 reqs)
+
+
 SLOT_STATES = frozenset({"running", "awaiting_approval"})
 
 
@@ -480,6 +544,7 @@ GENERIC_CHECKERS: tuple[Callable[[Sequence[Event]], Check], ...] = (
     journal_matches_run_record,
     deadline_from_acceptance,
     one_workflow_per_generation,
+    provider_calls_recorded,
 )
 
 

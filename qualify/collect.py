@@ -25,6 +25,14 @@ _TOOL_INVOCATIONS = (
     " FROM tool_invocations ORDER BY intent_at, run_id, step, position"
 )
 
+#: Every column of ``provider_calls`` (the owner's record of each provider call, R-Q34-2),
+#: times as epoch seconds on the database's clock (``t`` started, ``ended_t`` settled).
+_PROVIDER_CALLS = (
+    "SELECT id, run_id::text, tenant_id, generation, attempt, step, row_version, status,"
+    " outcome_code, input_tokens, output_tokens, extract(epoch FROM started_at)::float8 AS t,"
+    " extract(epoch FROM ended_at)::float8 AS ended_t, committed_by FROM provider_calls ORDER BY id"
+)
+
 #: The fakes' own records (relative to the control directory) and their event types.
 FILE_EVENTS = (
     ("provider_calls.jsonl", "provider_call"),
@@ -36,7 +44,8 @@ FILE_EVENTS = (
 
 def database_events(dsn: str) -> list[Event]:
     """Every run (its deadline), transition (from the database's own audit trigger),
-    checkpoint and tool invocation (the journal, R-TOOL-1)."""
+    checkpoint, tool invocation (the journal, R-TOOL-1) and provider-call record
+    (observed usage, R-Q34-2)."""
     out: list[Event] = []
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
         writer = conn.execute(
@@ -52,7 +61,7 @@ def database_events(dsn: str) -> list[Event]:
         ):
             out.append({"type": "transition", **row})
         for row in conn.execute(
-            "SELECT run_id::text, tenant_id, state, generation, row_version, error_code,"
+            "SELECT run_id::text, tenant_id, state, generation, row_version, error_code, lifecycle_version,"
             " extract(epoch FROM accepted_at)::float8 AS t,"
             " extract(epoch FROM deadline_at)::float8 AS deadline_t FROM runs"
         ):
@@ -66,6 +75,10 @@ def database_events(dsn: str) -> list[Event]:
         if journal and journal["present"]:  # absent before the tool journal's migration
             for row in conn.execute(_TOOL_INVOCATIONS):
                 out.append({"type": "tool_invocation", **row})
+        record = conn.execute("SELECT to_regclass('provider_calls') IS NOT NULL AS present").fetchone()
+        if record and record["present"]:  # absent before the provider-call record's migration
+            for row in conn.execute(_PROVIDER_CALLS):
+                out.append({"type": "provider_call_record", **row})
         for row in conn.execute(
             "SELECT run_id::text, approval_id, approved, principal_id,"
             " extract(epoch FROM decided_at)::float8 AS t FROM approval_decisions ORDER BY decided_at"

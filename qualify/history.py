@@ -8,13 +8,16 @@ Events are plain dicts with ``t`` (seconds since the epoch) and ``type``:
 - ``transition``  one row of ``run_transitions``, written by the database's own trigger:
                   ``run_id, row_version, old_state, new_state, generation, owner_attempt,
                   checkpoint_step, id``
-- ``run``         one row of ``runs`` at collection: ``run_id, state, deadline_t`` (``t`` = accepted)
+- ``run``         one row of ``runs`` at collection: ``run_id, state, deadline_t``,
+                  ``lifecycle_version`` (``t`` = accepted)
 - ``checkpoint``  one row of ``run_checkpoints``: ``run_id, step, generation, attempt, row_version``
 - ``provider_call`` one line of the synthetic provider's own record: ``run_id, step, attempt, pid``
 - ``crash_point`` a struck crash point with its context
 - ``barrier``     a synthetic-provider barrier that was reached
 - ``tool_invocation`` one row of the tool journal ``tool_invocations`` (``t`` = intent,
                   ``outcome_t``), R-TOOL-1
+- ``provider_call_record`` one row of ``provider_calls``, the owner's record of a provider
+                  call made before the call (``t`` = started, ``ended_t``, ``status``), R-Q34-2
 - ``approval_decision`` one row of ``approval_decisions``: ``run_id, approval_id, approved``
 - ``sink_request`` / ``sink_execution`` one line of the side-effect sink's own record:
                   ``call_id, run_id, tool, kind`` (every request; the effects it performed)

@@ -153,6 +153,25 @@ CATALOG: tuple[Mutant, ...] = (
                "await asyncio.wait_for(handle.cancel(), timeout=svc.settings.dispatch_timeout_s)",
                "pass")),
         "cancel-stops-a-long-step", "the provider step was cancelled within 1 s of the cancel"),
+    Mutant(
+        "provider-call-recorded-after-the-call", "observed usage (R-Q34-2)",
+        (Patch("qimpl/workflows/activities.py", "        call = await owner.call_started(ctx.step)\n",
+               "        call = 0\n"),
+         Patch("qimpl/workflows/activities.py",
+               "            tokens_in, tokens_out = reported_tokens(result.usage)\n",
+               "            call = await owner.call_started(ctx.step)\n"
+               "            tokens_in, tokens_out = reported_tokens(result.usage)\n")),
+        "worker-killed-mid-activity", "observed usage counts every provider call"),
+    Mutant(
+        "usage-from-the-checkpoint", "observed usage (R-Q34-2)",
+        (Patch("qimpl/usage.py", "    if durable:\n", "    if False:\n"),),
+        "worker-killed-mid-activity", "observed usage counts every provider call"),
+    Mutant(
+        "provider-timeout-not-a-timeout", "provider failures (R-PROV-1, R-EXEC-12)",
+        (Patch("qimpl/providers/openai_chat.py", "            raise ProviderTimedOut() from None",
+               '            raise ProviderFailed("provider_error") from None'),),
+        "openai-provider-through-the-lifecycle",
+        "the provider-call record: both failures counted under safe codes"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).

@@ -114,7 +114,10 @@ class RunView(BaseModel):
     result_json: dict[str, Any] | None
     error_code: str | None
     error_message: str | None
-    usage: dict[str, Any]
+    usage: dict[str, Any] = Field(description=(
+        "observed usage (R-Q34-2): provider_calls (every call asked, by every attempt), "
+        "provider_calls_no_outcome, input_tokens, output_tokens, tool_calls, wall_time_s "
+        "(accepted_at to the end or now, seconds), wall_s (started_at to the end or now)"))
     #: The run's tool journal (R-Q34-3): each call's ``call_id, tool, kind, step, sent,
     #: settled, outcome`` (``unknown`` for an intent with no outcome) and ``settled_by``.
     tool_invocations: list[dict[str, Any]] = Field(default_factory=list)

@@ -32,12 +32,19 @@ from qimpl.crashpoints import declare
 from qimpl.db import journal as journal_db
 from qimpl.db import runs as repo
 from qimpl.db.sessions import bound_session, keepalive_params
-from qimpl.errors import SAFE_MESSAGES, DeadlinePassed, LockNotAcquired, LostOwnership
+from qimpl.errors import (
+    SAFE_MESSAGES,
+    DeadlinePassed,
+    LockNotAcquired,
+    LostOwnership,
+    ProviderFailed,
+)
 from qimpl.journal import tool_results
 from qimpl.legacy import run_inline
 from qimpl.lifecycle import TERMINAL, RunState
 from qimpl.provider import Provider, StepContext, StepResult
 from qimpl.tools import ToolRegistry
+from qimpl.usage import reported_tokens
 from qimpl.workflows.lease import OwnershipLease
 from qimpl.workflows.owner import RunOwner
 from qimpl.workflows.tool_steps import ToolSteps
@@ -92,6 +99,24 @@ async def _counted(run_id: str, step: int) -> AsyncIterator[None]:
         log.warning("step %s of run %s could not be stored: %s", step, run_id, type(exc).__name__,
                     extra={"run_id": run_id, "step": step})
         raise _StepFailed(f"unstored_result:{type(exc).__name__}") from None
+
+
+def _failure_kind(exc: Exception) -> str:
+    """The log's and the call record's word for a provider error: its fixed ``code``
+    when it is a ``ProviderFailed`` (R-PROV-1), else its type's name; never its text."""
+    code = exc.code if isinstance(exc, ProviderFailed) else type(exc).__name__
+    return f"provider_error:{code}"
+
+
+async def _settle(owner: RunOwner, call: int, **outcome: Any) -> None:
+    """Record a provider call's outcome (R-Q34-2). A database error while the session
+    lives leaves the record ``started`` (no outcome seen; the call is still counted);
+    a refusal (LostOwnership) passes through: the owner stops."""
+    try:
+        await owner.call_ended(call, **outcome)
+    except psycopg.Error as exc:
+        log.warning("outcome of provider call %s of run %s not recorded: %s", call, owner.run_id,
+                    type(exc).__name__, extra={"run_id": owner.run_id})
 
 
 class _StepFailed(Exception):
@@ -224,7 +249,7 @@ class AgentActivities:
                 run_id=inp.run_id, tenant_id=inp.tenant_id, generation=inp.generation,
                 attempt=owner.attempt, step=step, prompt=row["prompt"], state=state,
                 inputs=inputs, decisions=decisions, tool_results=results,
-                workspace_id=workspace_id, grant_token=grant))
+                tools=self.tools.registry.describe(), workspace_id=workspace_id, grant_token=grant))
             if result is None:  # the deadline passed during the call (R-EXEC-8)
                 return repo.outcome(await owner.expire())
             async with _counted(inp.run_id, step):
@@ -252,18 +277,30 @@ class AgentActivities:
     async def _ask(self, owner: RunOwner, ctx: StepContext) -> StepResult | None:
         """One provider call bounded by the deadline. Returns None when the *deadline*
         passed during it; a provider's own timeout, or any other provider error, is a
-        counted failure (_StepFailed), never an expiry (R-EXEC-12)."""
+        counted failure (_StepFailed), never an expiry (R-EXEC-12).
+
+        The call is recorded before it is made and settled after (observed usage,
+        R-Q34-2): a record the database refuses (LostOwnership, DeadlinePassed) means the
+        call is not made."""
+        call = await owner.call_started(ctx.step)
         try:
             async with asyncio.timeout(owner.seconds_left()) as deadline:
-                return await self.provider.step(ctx)
+                result = await self.provider.step(ctx)
         except TimeoutError:
             if deadline.expired():
+                await _settle(owner, call, status="cancelled", code="deadline_exceeded")
                 return None
             kind = "provider_timeout"
         except Exception as exc:  # noqa: BLE001 - any provider error is one counted failure
-            kind = f"provider_error:{type(exc).__name__}"
+            kind = _failure_kind(exc)
+        else:
+            tokens_in, tokens_out = reported_tokens(result.usage)
+            await _settle(owner, call, status="succeeded", input_tokens=tokens_in,
+                          output_tokens=tokens_out)
+            return result
         log.warning("provider failed at step %s of run %s: %s", ctx.step, ctx.run_id, kind,
                     extra={"run_id": ctx.run_id, "step": ctx.step})
+        await _settle(owner, call, status="failed", code=kind)
         raise _StepFailed(kind)
 
     async def _count(self, owner: RunOwner, inp: RunInput, kind: str) -> dict[str, Any]:

@@ -230,21 +230,10 @@ class RunOwner:
                 if got is not None and then is not None:
                     await then(cur, got)
         except psycopg.Error as exc:
-            if exc.sqlstate == DEADLINE_SQLSTATE:
-                raise DeadlinePassed(f"{what}: deadline passed") from exc
-            if exc.sqlstate in GUARD_SQLSTATES or exc.sqlstate == "23505":
-                self._refused(f"guard:{exc.sqlstate}")
-                raise LostOwnership(f"{what} rejected: {exc.sqlstate}") from exc
-            if exc.sqlstate in _CONTENDED:
-                # Another session holds the row (a cancel, a sweep): contention, bounded by
-                # that session's own timeouts, not a refusal of this result.
-                raise LostOwnership(f"{what}: row busy ({exc.sqlstate})") from exc
-            if self.conn.closed or self.conn.broken:
-                # The session is gone (idle-in-transaction timeout, termination, connection
-                # loss): so is the lease (R-EXEC-11).
-                self._refused("session_lost")
-                raise LostOwnership(f"{what}: session lost ({exc.sqlstate or type(exc).__name__})") from exc
-            raise  # the session lives: the caller counts this failure (R-EXEC-6, R-EXEC-12)
+            refused = self._refusal(exc, what)
+            if refused is exc:
+                raise
+            raise refused from exc
         if got is None:
             self._refused("fenced")
             raise LostOwnership(f"{what} fenced")
@@ -259,6 +248,68 @@ class RunOwner:
                     extra={"event": "owner.write_refused", "run_id": self.run_id, "how": how,
                            "attempt": self.attempt, "generation": self.generation,
                            "row_version": self.row_version})
+
+    def _refusal(self, exc: psycopg.Error, what: str) -> Exception:
+        """What a failed owner write means: DeadlinePassed, LostOwnership (refused by a
+        guard, contended, or the session is gone), else ``exc`` itself (the session lives:
+        the caller counts this failure, R-EXEC-6, R-EXEC-12)."""
+        if exc.sqlstate == DEADLINE_SQLSTATE:
+            return DeadlinePassed(f"{what}: deadline passed")
+        if exc.sqlstate in GUARD_SQLSTATES or exc.sqlstate == "23505":
+            self._refused(f"guard:{exc.sqlstate}")
+            return LostOwnership(f"{what} rejected: {exc.sqlstate}")
+        if exc.sqlstate in _CONTENDED:
+            # Another session holds the row (a cancel, a sweep): contention, bounded by
+            # that session's own timeouts, not a refusal of this result.
+            return LostOwnership(f"{what}: row busy ({exc.sqlstate})")
+        if self.conn.closed or self.conn.broken:
+            # The session is gone (idle-in-transaction timeout, termination, connection
+            # loss): so is the lease (R-EXEC-11).
+            self._refused("session_lost")
+            return LostOwnership(f"{what}: session lost ({exc.sqlstate or type(exc).__name__})")
+        return exc
+
+    # -- the provider-call record (observed usage, R-Q34-2) ------------------------------
+    async def call_started(self, step: int) -> int:
+        """Record a provider call for ``step`` *before* it is made; returns the record's
+        id. The database accepts it only from this owner at its fencing token and before
+        the deadline (``provider_calls_guard``). Raises LostOwnership when refused (QG012:
+        the call must not be made, R-EXEC-7/11) or DeadlinePassed (QG006, R-EXEC-8)."""
+        what = f"provider call {step} of run {self.run_id}"
+        try:
+            cur = await self.conn.execute(
+                "INSERT INTO provider_calls (run_id, generation, attempt, step, row_version)"
+                " VALUES (%s, %s, %s, %s, %s) RETURNING id",
+                (self.run_id, self.generation, self.attempt, step, self.row_version))
+            got = await cur.fetchone()
+        except psycopg.Error as exc:
+            refused = self._refusal(exc, what)
+            if refused is exc:
+                raise
+            raise refused from exc
+        assert got is not None
+        return int(got[0])
+
+    async def call_ended(self, call: int, *, status: str, input_tokens: int | None = None,
+                         output_tokens: int | None = None, code: str | None = None) -> None:
+        """Settle record ``call`` (``succeeded``, ``failed`` or ``cancelled``) with the
+        token counts the provider reported (None: not reported) and, for a failure, its
+        safe kind ``code``. Raises LostOwnership when refused (no longer the owner, or the
+        record is not this attempt's open one)."""
+        what = f"provider call record {call} of run {self.run_id}"
+        try:
+            cur = await self.conn.execute(
+                "UPDATE provider_calls SET status = %s, outcome_code = %s, input_tokens = %s,"
+                " output_tokens = %s WHERE id = %s AND status = 'started' AND attempt = %s"
+                " RETURNING id", (status, code, input_tokens, output_tokens, call, self.attempt))
+            got = await cur.fetchone()
+        except psycopg.Error as exc:
+            refused = self._refusal(exc, what)
+            if refused is exc:
+                raise
+            raise refused from exc
+        if got is None:
+            raise LostOwnership(f"{what}: not this attempt's open record")
 
     async def checkpoint(self, step: int, *, state: Mapping[str, Any], usage: Mapping[str, Any],
                          answer: str | None = None, pending: Mapping[str, Any] | None = None,

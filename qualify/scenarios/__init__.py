@@ -13,6 +13,7 @@ from qualify.scenarios import (  # noqa: F401  (registers)
     legacy,
     lifecycle,
     probes,
+    providers,
     reconciler,
     schema,
     security,

@@ -150,7 +150,8 @@ class ScenarioContext:
             doc = self.read_run(api, run_id)
             if doc["state"] in TERMINAL:
                 self.history.record("client", op="read", phase="ok", run_id=run_id,
-                                    state=doc["state"], row_version=doc["row_version"])
+                                    state=doc["state"], row_version=doc["row_version"],
+                                    usage=doc.get("usage"))
                 return doc
             interrupt.check()
             if time.monotonic() > deadline:

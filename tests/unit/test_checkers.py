@@ -22,7 +22,14 @@ def cp(step: int, v: int, t: float) -> dict[str, Any]:
 
 
 def call(step: int, t: float, attempt: int = 1) -> dict[str, Any]:
-    return {"type": "provider_call", "run_id": R, "step": step, "attempt": attempt, "t": t}
+    return {"type": "provider_call", "run_id": R, "step": step, "attempt": attempt, "generation": 1,
+            "t": t}
+
+
+def rec(step: int, t: float, attempt: int = 1, status: str = "succeeded") -> dict[str, Any]:
+    """The owner's record of a provider call, committed before it (R-Q34-2)."""
+    return {"type": "provider_call_record", "run_id": R, "step": step, "attempt": attempt,
+            "generation": 1, "status": status, "t": t}
 
 
 def good() -> list[dict[str, Any]]:
@@ -31,10 +38,11 @@ def good() -> list[dict[str, Any]]:
          "row_version": 8, "generation": 1},
         {"type": "client", "op": "create", "phase": "ok", "run_id": R, "t": 0.5},
         tr(1, None, "accepted", 1), tr(2, "accepted", "queued", 2), tr(3, "queued", "running", 3),
-        call(1, 3.1), tr(4, "running", "running", 4, 1), cp(1, 4, 4),
-        call(2, 4.1), tr(5, "running", "running", 5, 2), cp(2, 5, 5),
+        rec(1, 3.05), call(1, 3.1), tr(4, "running", "running", 4, 1), cp(1, 4, 4),
+        rec(2, 4.05), call(2, 4.1), tr(5, "running", "running", 5, 2), cp(2, 5, 5),
         # attempt 2 after a crash: step 3 may be asked again (it was never checkpointed)
-        call(3, 5.1), call(3, 6.1, attempt=2), tr(6, "running", "running", 6.5, 2),
+        rec(3, 5.05, status="started"), call(3, 5.1), rec(3, 6.05, attempt=2), call(3, 6.1, attempt=2),
+        tr(6, "running", "running", 6.5, 2),
         tr(7, "running", "running", 7, 3), cp(3, 7, 7), tr(8, "running", "completed", 8, 3),
     ])
 

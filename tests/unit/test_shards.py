@@ -30,7 +30,7 @@ def _summary(k: int, n: int, ids: list[str], *, seed: int = 7, status: str = "pa
 def test_the_shards_partition_the_selection(n: int) -> None:
     scenarios = [_sc(i) for i in IDS]
     parts = [[sc.id for sc in shard_of(scenarios, (k, n))] for k in range(1, n + 1)]
-    assert sorted(sum(parts, [])) == sorted(IDS)
+    assert sorted(i for part in parts for i in part) == sorted(IDS)
     assert all(len(set(a) & set(b)) == 0 for i, a in enumerate(parts) for b in parts[i + 1:])
 
 

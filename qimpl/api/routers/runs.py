@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import secrets
 import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -36,7 +35,9 @@ from qimpl.api.receipts import (
 )
 from qimpl.db import journal as journal_db
 from qimpl.db import runs as repo
+from qimpl.db import usage as usage_db
 from qimpl.lifecycle import RunState, workflow_id
+from qimpl.usage import run_usage
 
 __all__ = ["router"]
 
@@ -45,7 +46,8 @@ log = logging.getLogger("qimpl.api")
 router = APIRouter()
 
 
-def _view(row: dict[str, Any], invocations: list[dict[str, Any]]) -> RunView:
+def _view(row: dict[str, Any], invocations: list[dict[str, Any]],
+          observed: dict[str, Any] | None) -> RunView:
     return RunView(
         run_id=str(row["run_id"]), agent_id=row["agent_id"], state=row["state"],
         durability=row["durability"], lifecycle_version=row["lifecycle_version"],
@@ -53,19 +55,10 @@ def _view(row: dict[str, Any], invocations: list[dict[str, Any]]) -> RunView:
         deadline_at=row["deadline_at"], accepted_at=row["accepted_at"],
         started_at=row["started_at"], completed_at=row["completed_at"],
         result_json=row["result_json"], error_code=row["error_code"],
-        error_message=row["error_message"], usage=_usage(row),
+        error_message=row["error_message"],
+        usage=run_usage(row["usage"] or {}, observed, durable=int(row["lifecycle_version"]) >= 2),
         tool_invocations=journal.summary(invocations),
     )
-
-
-def _usage(row: dict[str, Any]) -> dict[str, Any]:
-    """Observed usage (R-Q34-2): the counters the owner committed (provider calls, tokens,
-    tool calls) and the wall time from start to end (or to now, while live)."""
-    usage = dict(row["usage"] or {})
-    if row["started_at"] is not None:
-        end = row["completed_at"] or datetime.now(UTC)
-        usage["wall_s"] = round((end - row["started_at"]).total_seconds(), 3)
-    return usage
 
 
 async def create_legacy(svc: Services, agent_id: str, body: CreateRunRequest, principal: Principal,
@@ -160,4 +153,5 @@ async def read_run(
     """Read a run (R-READ-1); another principal or tenant gets 404 (R-AUTH-1)."""
     async with svc.tenant(principal.tenant_id) as conn:
         row = await owned_run(conn, agent_id, run_id, principal)
-        return _view(row, await journal_db.invocations(conn, str(run_id)))
+        return _view(row, await journal_db.invocations(conn, str(run_id)),
+                     await usage_db.observed(conn, str(run_id)))

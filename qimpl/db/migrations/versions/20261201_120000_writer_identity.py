@@ -38,6 +38,7 @@ STATES = _PREV.STATES
 ALLOWED = _PREV.ALLOWED  # no transition changes in this revision
 GUARD_SQL = _PREV.GUARD_SQL
 SAFE_PATH = _PREV.SAFE_PATH
+TENANT_TABLES = _PREV.TENANT_TABLES
 
 #: The run's advisory lock as ``pg_locks`` shows a bigint key: high half in ``classid``,
 #: low half in ``objid`` (both unsigned), ``objsubid = 1``.

@@ -1,0 +1,34 @@
+"""Reading a run's observed usage from its provider-call record (R-Q34-2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+__all__ = ["OBSERVED_SQL", "observed"]
+
+#: One run's provider calls, tokens and wall times (seconds, the database's clock).
+OBSERVED_SQL = """
+SELECT count(p.id) AS provider_calls,
+       count(p.id) FILTER (WHERE p.status = 'started') AS provider_calls_no_outcome,
+       coalesce(sum(p.input_tokens), 0) AS input_tokens,
+       coalesce(sum(p.output_tokens), 0) AS output_tokens,
+       extract(epoch FROM coalesce(r.completed_at, clock_timestamp()) - r.accepted_at)::float8
+           AS wall_time_s,
+       extract(epoch FROM coalesce(r.completed_at, clock_timestamp()) - r.started_at)::float8
+           AS wall_s
+FROM runs r LEFT JOIN provider_calls p ON p.run_id = r.run_id
+WHERE r.run_id = %s
+GROUP BY r.run_id
+"""
+
+
+async def observed(conn: psycopg.AsyncConnection[Any], run_id: str) -> dict[str, Any] | None:
+    """``{provider_calls, provider_calls_no_outcome, input_tokens, output_tokens,
+    wall_time_s, wall_s}`` of ``run_id`` (None when the run is not visible to ``conn``'s
+    tenant). ``wall_s`` is None before the run started."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(OBSERVED_SQL, (run_id,))
+        return await cur.fetchone()

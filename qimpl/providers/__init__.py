@@ -1,0 +1,2 @@
+"""Provider adapters behind the provider seam (``qimpl.provider``): ``openai_chat``, an
+OpenAI-compatible chat-completions server (R-PROV-1)."""

@@ -1,0 +1,90 @@
+"""The OpenAI-compatible provider adapter in the real worker (R-PROV-1): a fake
+chat-completions server (``qualify.fakes.chat_server``) answers over HTTP; the run goes
+through a server error, the adapter's own timeout, a tool call run through the journal,
+and an answer built from the journaled result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from qualify.fakes.chat_server import ChatServer, chat_prompt
+from qualify.scenarios.base import ScenarioContext, scenario
+from qualify.scenarios.lifecycle import accepted
+
+#: A canary API key: it must reach the server as the bearer token and nothing else.
+API_KEY_CANARY = "sk-canary-7f3a9c1e5b2d8f40a6c3e1b9d7f5a2c4"
+REQUEST_TIMEOUT_S = 0.5
+
+
+def _requests(control: Path) -> list[dict[str, Any]]:
+    path = control / "chat_requests.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+@scenario(
+    "openai-provider-through-the-lifecycle",
+    title="The OpenAI-compatible adapter against a fake chat-completions server: a 500 at "
+          "step 1 and the adapter's own timeout at step 2 are counted failures and retried; "
+          "the model's tool call runs once through the journal and its result comes back as a "
+          "tool message; usage counts all four requests; the API key never leaks",
+    requirements=("R-PROV-1", "R-EXEC-6", "R-EXEC-12", "R-TOOL-1", "R-Q34-2"),
+)
+def openai_provider_through_the_lifecycle(ctx: ScenarioContext) -> None:
+    server = ChatServer(ctx.control, hold_s=REQUEST_TIMEOUT_S * 6).start()
+    try:
+        env = {"QIMPL_PROVIDER": "openai", "QIMPL_PROVIDER_CONFIG": "{}",
+               "QIMPL_OPENAI_BASE_URL": f"{server.url}/v1", "QIMPL_OPENAI_MODEL": "fake-1",
+               "QIMPL_OPENAI_API_KEY": API_KEY_CANARY,
+               "QIMPL_OPENAI_REQUEST_TIMEOUT_S": str(REQUEST_TIMEOUT_S),
+               "QIMPL_PROVIDER_MAX_FAILURES": "5"}
+        api = ctx.processes.api(**env)
+        ctx.processes.worker(**env)
+        run_id = accepted(ctx, api, prompt=chat_prompt(
+            tool={"name": "charge", "arguments": {"amount": 5}}, fail={"1": 500, "2": "timeout"},
+            answer="charged"))
+        run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    finally:
+        server.stop()
+    asked = _requests(ctx.control)
+    outcomes = [(r["step"], r["outcome"]) for r in asked]
+    ctx.expect("the server was asked: step 1 (500, then the tool call), step 2 (held past the "
+               "timeout, then the answer)",
+               outcomes == [(1, "http_500"), (1, "tool_call"), (2, "held"), (2, "answer")],
+               str(outcomes), "R-PROV-1", "R-EXEC-6", "R-EXEC-12")
+    answer = (run.get("result_json") or {}).get("answer", "")
+    ctx.expect("the run completed with the answer built from the journaled tool result",
+               run["state"] == "completed" and answer.startswith("charged ")
+               and '"status":"succeeded"' in answer,
+               f"{run['state']}: {answer[:200]!r}", "R-PROV-1", "R-TOOL-1")
+    bodies = [r["body"] for r in asked]
+    ctx.expect("every request streamed with usage, offered the tools and carried the key",
+               all(b.get("stream") is True and b.get("stream_options") == {"include_usage": True}
+                   and "charge" in {t["function"]["name"] for t in b.get("tools", [])}
+                   for b in bodies) and all(r["authorized"] for r in asked),
+               f"{len(bodies)} requests", "R-PROV-1")
+    same = len(bodies) == 4 and bodies[0] == bodies[1] and bodies[2] == bodies[3]
+    fed = bodies[3]["messages"][-1] if len(bodies) == 4 else {}
+    ctx.expect("a retried step sent the same request; step 2 fed the tool result as a tool "
+               "message for the model's call id",
+               same and fed.get("role") == "tool" and fed.get("tool_call_id") == "call_1",
+               json.dumps(fed)[:300], "R-PROV-1", "R-EXEC-4", "R-TOOL-2")
+    records = ctx.sql("SELECT step, status, outcome_code, input_tokens FROM provider_calls"
+                      " WHERE run_id = %s ORDER BY id", run_id)
+    ctx.expect("the provider-call record: both failures counted under safe codes",
+               [(r[0], r[1], r[2]) for r in records] == [
+                   (1, "failed", "provider_error:provider_http_500"), (1, "succeeded", None),
+                   (2, "failed", "provider_timeout"), (2, "succeeded", None)],
+               str(records), "R-EXEC-6", "R-EXEC-12", "R-Q34-2")
+    usage = run.get("usage") or {}
+    tokens = sum(r["usage"]["prompt_tokens"] for r in asked if r["outcome"] in ("tool_call", "answer"))
+    ctx.expect("usage counts every request the server saw, and the tokens of those answered",
+               usage.get("provider_calls") == len(asked) == 4 and usage.get("input_tokens") == tokens
+               and usage.get("output_tokens") == 6 and usage.get("tool_calls") == 1,
+               str(usage), "R-Q34-2", "R-PROV-1")
+    leaks = [p.name for p in sorted(ctx.deployment.logs_dir.glob("*.log"))
+             if API_KEY_CANARY in p.read_text(errors="replace")]
+    record = json.dumps(run)
+    ctx.expect("the API key is in no log and not in the run record (the 500's body quoted it)",
+               not leaks and API_KEY_CANARY not in record, ", ".join(leaks), "R-PROV-1", "R-READ-3")
