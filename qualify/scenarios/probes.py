@@ -122,8 +122,9 @@ def _rls_probes(dsn: str, run_id: str, victim: str, intruder: str) -> dict[str, 
     out: dict[str, str] = {}
     with psycopg.connect(dsn, autocommit=True, application_name="qualify-probe") as conn:
         conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (intruder,))
+        # Tables that hold rows of this run (the tool journal has none here).
         for table in ("runs", "run_checkpoints", "run_transitions", "idempotency_records",
-                      "tool_invocations", "provider_calls"):
+                      "provider_calls"):
             row = conn.execute(f"SELECT count(*) FROM {table} WHERE run_id = %s", (run_id,)).fetchone()
             out[f"read {table}"] = f"{row[0] if row else '?'} rows"
         try:
