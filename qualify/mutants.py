@@ -90,7 +90,7 @@ CATALOG: tuple[Mutant, ...] = (
         "approval-flow", "an unknown action_version is 409 action_version_mismatch and runs nothing"),
     Mutant(
         "stream-ignores-last-event-id", "stream replay (R-EVENT-2)",
-        (Patch("qimpl/api/routers/events.py", "int(last_event_id or 0)))", "0))"),),
+        (Patch("qimpl/api/routers/events.py", "str(run_id), int(last_event_id or 0),", "str(run_id), 0,"),),
         "event-stream", "stream events complete, ordered and ending in the run's terminal state"),
     Mutant(
         "reconciler-expires-nothing", "reconciler expiry (R-EXEC-8, R-OPS-3)",

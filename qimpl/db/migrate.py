@@ -11,7 +11,7 @@ from alembic.config import Config
 
 __all__ = ["BASELINE", "HEAD", "alembic_config", "downgrade", "load_revision", "upgrade"]
 
-HEAD = "20261201_100000_hardening"
+HEAD = "20261202_090000_event_journal"
 BASELINE = "20261001_000000_baseline"
 _DIR = Path(__file__).with_name("migrations")
 

@@ -70,8 +70,8 @@ def event_stream(ctx: ScenarioContext) -> None:
         ctx.expect("reconnecting after the terminal event: 204, nothing more (a client stops)",
                    after == [{"status": 204, "body": ""}], str(after)[:200], "R-EVENT-3")
     kinds = {e.get("event") for e in first + rest}
-    ctx.expect("the journal has state changes and checkpoints", {"state", "checkpoint"} <= kinds,
-               str(sorted(k for k in kinds if k)), "R-EVENT-1")
+    ctx.expect("the journal has state changes, checkpoints and the answer's output event",
+               {"state", "checkpoint", "output"} <= kinds, str(sorted(k for k in kinds if k)), "R-EVENT-1")
     other = accepted(ctx, apis[0], prompt=make_prompt(steps=1))
     borrowed = read_stream(ctx, apis[0], other, key)
     ctx.expect("this run's stream key is refused for another run (404)",
