@@ -221,7 +221,7 @@ def _journal(history: Sequence[Event]) -> dict[str, dict[int, str | None]]:
 
 
 def stream_events_consistent(history: Sequence[Event]) -> Check:
-    """Events delivered to stream clients (R-EVENT-2/3), per run: ids strictly increasing
+    """Events delivered to stream clients (R-EVENT-2/3), per run and client: ids strictly increasing
     (no duplicate across reconnects), each one an event the journal recorded, of the
     journal's kind, and — for a stream read to its end — every journal event delivered and
     the last event ``terminal`` with the run's final state. A pruned run's journal is gone
@@ -231,7 +231,10 @@ def stream_events_consistent(history: Sequence[Event]) -> Check:
     journal = _journal(history)
     pruned = {str(e["run_id"]) for e in _of(history, "event_prune")}
     bad = []
-    for run, evs in _by_run(_of(history, "stream_event")).items():
+    by_client: dict[tuple[str, str], list[Event]] = defaultdict(list)
+    for e in _of(history, "stream_event"):  # each client's own sequence (several may follow a run)
+        by_client[(str(e["run_id"]), str(e.get("client", "")))].append(e)
+    for (run, _client), evs in sorted(by_client.items()):
         ids = [int(e["event_id"]) for e in sorted(evs, key=lambda e: e["t"])]
         if any(b <= a for a, b in itertools.pairwise(ids)):
             bad.append(f"{run}: ids not strictly increasing {ids}")

@@ -8,8 +8,9 @@ connection LISTENing on it and wakes the streams that follow that run: one
 A notification is only a hint: a stream always reads the journal itself (after its last
 ``seq``). Whenever the listener (re)subscribes — at start, and after its connection died
 (``pg_terminate_backend``, a PostgreSQL restart) and came back with backoff — every open
-stream is woken for a catch-up read, so events committed while nobody listened are not
-lost; streams also read on their own every ``fallback_s`` (belt and braces).
+stream is woken for a catch-up read once LISTEN is in place again, so events committed
+while nobody listened are not lost; streams also read on their own every ``fallback_s``
+(belt and braces).
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ class EventHub:
                 self.listening.clear()
                 log.warning("event listener lost (%s); reconnecting in %.1f s", type(exc).__name__,
                             delay, extra={"event": "events.listener_lost"})
-                self.wake()
+                # Streams are woken by the catch-up after the resubscribe (and their
+                # fallback read), not here: a read now would miss what commits meanwhile.
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._backoff_s[1])

@@ -167,6 +167,11 @@ def test_stream_checker_compares_kinds_with_the_journal() -> None:
     relabelled = [{**e, "event": "state"} if e["event_id"] == 8 else e for e in delivered]
     assert ck.stream_events_consistent(merge(good(), journal(), relabelled)).ok is False
     assert ck.stream_events_consistent(merge(good(), journal(), delivered[:-2] + delivered[-1:])).ok is False
+    two = [{**e, "client": c, "t": e["t"] + d} for e in delivered for c, d in (("a", 0.0), ("b", 0.5))]
+    assert ck.stream_events_consistent(merge(good(), journal(), two)).ok is True
+    b_missing = [e for e in two if not (e["client"] == "b" and e["event_id"] == 3)]
+    result = ck.stream_events_consistent(merge(good(), journal(), b_missing))
+    assert result.ok is False and "incomplete" in result.detail
 
 
 def prune(run: str, tenant: str, who: str, t: float) -> dict[str, Any]:
