@@ -259,7 +259,8 @@ def stream_events_consistent(history: Sequence[Event]) -> Check:
 def event_journal_matches_run_record(history: Sequence[Event]) -> Check:
     """The event journal (R-EVENT-1, R-EVENT-3, R-Q-5), per run not pruned: ``seq`` is
     1, 2, … without gaps; every transition has exactly one event at its ``row_version``
-    (``state``, ``checkpoint``, ``tool_call``, ``tool_result`` or ``terminal``) and no
+    (``state``, ``checkpoint``, ``tool_call``, ``tool_result`` or ``terminal``: a tool
+    invocation's intent and outcome versions are its ``tool_call``/``tool_result``) and no
     event names a row version the run never had; the last event is ``terminal`` exactly
     when the run is terminal, and then its state, row version and generation are the run
     record's; otherwise the last transition's event is the run record's row version.
@@ -277,6 +278,9 @@ def event_journal_matches_run_record(history: Sequence[Event]) -> Check:
     by_run: dict[str, list[Event]] = defaultdict(list)
     for e in events:
         by_run[str(e["run_id"])].append(e)
+    tools: dict[str, list[Event]] = defaultdict(list)
+    for e in _of(history, "tool_invocation"):
+        tools[str(e["run_id"])].append(e)
     bad = []
     for run, record in sorted(records.items()):
         if run in pruned:
@@ -294,6 +298,15 @@ def event_journal_matches_run_record(history: Sequence[Event]) -> Check:
             bad.append(f"{run}: events for row versions recorded {extra[:10]} (repeated or never written)")
         if not evs:
             continue
+        kinds = {int(e["row_version"]): e["kind"] for e in evs if e["kind"] not in ("output", "usage")}
+        for inv in tools.get(run, []):
+            intent, outcome = inv.get("intent_row_version"), inv.get("outcome_row_version")
+            want = [(intent, "tool_result" if intent == outcome else "tool_call")] if intent else []
+            want += [(outcome, "tool_result")] if outcome and outcome != intent else []
+            for version, kind in want:
+                if kinds.get(int(version)) != kind:
+                    bad.append(f"{run}: call {inv['call_id']} at v{version} is a "
+                               f"{kinds.get(int(version))} event, not {kind}")
         last = evs[-1]
         terminal = record["state"] in TERMINAL
         if terminal != (last["kind"] == "terminal"):

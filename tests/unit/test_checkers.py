@@ -156,6 +156,13 @@ def test_journal_checker_catches_a_missing_repeated_or_wrong_last_event() -> Non
     no_end = j[:-1]
     result = ck.event_journal_matches_run_record(merge(good(), no_end))
     assert result.ok is False and "last event output" in result.detail
+    inv = {"type": "tool_invocation", "run_id": R, "call_id": "c1", "intent_row_version": 5,
+           "outcome_row_version": 6, "t": 5.0}
+    tooled = [ev(5, "tool_call", 5) if e["seq"] == 5 else ev(6, "tool_result", 6) if e["seq"] == 6 else e
+              for e in j]
+    assert ck.event_journal_matches_run_record(merge(good(), tooled, [inv])).ok is True
+    result = ck.event_journal_matches_run_record(merge(good(), j, [inv]))
+    assert result.ok is False and "call c1 at v5 is a checkpoint event, not tool_call" in result.detail
     pruned = [{"type": "event_prune", "run_id": R, "tenant_id": "t", "pruned_by": "r", "events": 9, "t": 30}]
     assert ck.event_journal_matches_run_record(merge(good(), [ev(1, "state", 1), *pruned])).ok is True
 
