@@ -106,6 +106,21 @@ def _journal(ctx: ScenarioContext, run_id: str) -> list[int]:
     return [int(r[0]) for r in ctx.sql("SELECT seq FROM run_events WHERE run_id = %s ORDER BY seq", run_id)]
 
 
+def _keep_alive(api: ManagedProcess, run_id: str, key: str, *, after: int) -> str:
+    """The first line of a stream resumed after event ``after`` while nothing new is
+    written: a keep-alive comment (``: ping …``) if the API sends them; else what came."""
+    headers = {"X-Stream-Key": key, "Last-Event-ID": str(after)}
+    try:
+        with httpx.stream("GET", f"{api.base_url}{PATH.format(run_id=run_id)}", headers=headers,
+                          timeout=httpx.Timeout(10.0, read=5.0)) as resp:
+            for line in resp.iter_lines():
+                if line:
+                    return line
+    except httpx.HTTPError as exc:
+        return f"no line: {type(exc).__name__}"
+    return "no line: the stream ended"
+
+
 def _admin(ctx: ScenarioContext, statement: str) -> None:
     """One statement as the stack's administrator (no result rows)."""
     import psycopg
@@ -221,7 +236,7 @@ def stream_survives_api_kill(ctx: ScenarioContext) -> None:
     faults=(f"pg_terminate_backend of {LISTEN_APPLICATION}",),
 )
 def stream_survives_listener_loss(ctx: ScenarioContext) -> None:
-    api = ctx.processes.api(**NOTIFY_ONLY)
+    api = ctx.processes.api(QIMPL_EVENT_PING_S="0.3", **NOTIFY_ONLY)
     ctx.processes.worker()
     resp = ctx.create_run(api, prompt=make_prompt(steps=4, delay_ms=20, answer="caught up",
                                                   barrier={"step": 3, "name": "quiet"}))
@@ -231,6 +246,8 @@ def stream_survives_listener_loss(ctx: ScenarioContext) -> None:
     followers = [Follower(ctx, f"subscriber-{i}", [api], run_id, key, deadline_s=45) for i in (1, 2)]
     ctx.wait_barrier("quiet")
     _woken(ctx, followers, 5)
+    ping = _keep_alive(api, run_id, key, after=5)
+    ctx.expect("a quiet stream gets keep-alive comments", ping.startswith(":"), ping[:80], "R-EVENT-2")
     before = ctx.sql("SELECT pid FROM pg_stat_activity WHERE application_name = %s", LISTEN_APPLICATION)
     try:
         # The listener cannot reconnect until the run has written everything.
