@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import Deployment, Processes
@@ -129,6 +130,12 @@ def main() -> None:
         busy = [_create(base, make_prompt(steps=30, delay_ms=200))[1] for _ in range(args.streams)]
         streams = Streams(base, [(d["run_id"], d["stream_key"]) for d in busy])
         _wait(f"{args.streams} streams open", lambda: streams.open_with_events == args.streams, 60)
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            sessions = admin.execute(
+                "SELECT application_name, count(*) FROM pg_stat_activity"
+                " WHERE application_name LIKE 'qimpl-api%%' GROUP BY 1 ORDER BY 1").fetchall()
+        print(f"API database sessions with {args.streams} streams open: "
+              + ", ".join(f"{name} {n}" for name, n in sessions) + " (pool max 10, plus one LISTEN)")
         timings: dict[str, list[float]] = {"create": [], "cancel": [], "resume": []}
         created = []
         for _ in range(args.calls):
