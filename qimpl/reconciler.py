@@ -8,7 +8,9 @@ a call to Temporal:
    sweep at once) in one transaction with a savepoint per run (an error on one run is
    logged and counted and the sweep goes on); after the commit, tell Temporal, best
    effort, by cancelling the run's current workflow.
-2. **Prune idempotency keys** older than their retention (24 h by default).
+2. **Prune idempotency keys** older than their retention (24 h by default), and **event
+   streams** of runs that ended more than ``event_retention_s`` ago, at most 100 runs per
+   sweep, claimed with ``SKIP LOCKED`` (R-EVENT-5; ``qimpl.db.events``).
 3. **Confirm dispatch** of ``accepted`` runs (and ``queued`` ones whose new generation
    was never confirmed, after an approval) whose current generation was handed to
    dispatch more than ``grace_s`` ago (``dispatch_requested_at``: creation, resume or
@@ -48,6 +50,7 @@ from temporalio.client import Client
 
 from qimpl import metrics
 from qimpl.db import runs as repo
+from qimpl.db.events import prune_event_streams
 from qimpl.db.sessions import bound_session
 from qimpl.dispatch import dispatch, workflow_status
 from qimpl.errors import SAFE_MESSAGES, DispatchUnknown
@@ -75,6 +78,7 @@ class SweepResult:
     workflows_checked: int = 0
     vanished: int = 0
     pruned_keys: int = 0
+    pruned_streams: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -251,15 +255,22 @@ async def sweep_tenant(
     expired = await _expire(conn, res, limit)
     await _confirm(conn, client, settings, res, limit - res.candidates, grace_s)
     await _check_workflows(conn, client, settings, res, limit, grace_s)
+    try:
+        res.pruned_streams = await prune_event_streams(
+            conn, retention_s=settings.event_retention_s, reconciler=reconciler, limit=limit)
+    except psycopg.Error as exc:
+        res.errors += 1
+        log.warning("event streams of tenant %s not pruned: %s", tenant, exc.sqlstate)
     await conn.execute(
         "INSERT INTO reconciler_sweeps (reconciler, tenant_id, started_at, candidates, expired,"
-        " dispatched, errors) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-        (reconciler, tenant, started, res.candidates, res.expired, res.dispatched, res.errors),
+        " dispatched, errors, pruned) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+        (reconciler, tenant, started, res.candidates, res.expired, res.dispatched, res.errors,
+         res.pruned_streams),
     )
     res.pruned_keys = await repo.prune_idempotency(conn, tenant,
                                                    retention_s=settings.idempotency_retention_s)
     await _tell_temporal(client, expired, settings.dispatch_timeout_s)
-    if res.candidates or res.vanished:
+    if res.candidates or res.vanished or res.pruned_streams:
         log.info("swept tenant %s: %s", tenant, res.as_dict(),
                  extra={"event": "reconciler.sweep", "duration_ms": round((time.monotonic() - t0) * 1000)})
     return res

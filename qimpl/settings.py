@@ -141,6 +141,10 @@ class Settings(BaseSettings):
         default=86400, gt=0,
         description="how long `Idempotency-Key`s are remembered, seconds (pruned by the reconciler, R-CREATE-2)",
         json_schema_extra=_example("86400"))
+    event_retention_s: int = Field(
+        default=604800, ge=0,
+        description="how long a run's event stream is kept after its terminal event, seconds; then the reconciler prunes it (at most 100 runs per tenant per sweep) and reading it answers 410 `event_stream_pruned` (R-EVENT-5)",
+        json_schema_extra=_example("604800"))
     reconcile_grace_s: float = Field(
         default=6.0, ge=0,
         description="a generation is dispatched by the reconciler only this long after it was handed to dispatch (creation, resume, approval); a live run's workflow is checked only this long after its dispatch was confirmed",
@@ -209,6 +213,14 @@ class ApiSettings(_ProviderSettings, Settings):
         json_schema_extra=_example('{"dev-key": {"tenant": "acme", "principal": "alice"}}'))
     api_pool_size: int = Field(default=10, ge=1, description="API connection pool size",
                                json_schema_extra=_example("10"))
+    event_ping_s: float = Field(
+        default=15.0, gt=0,
+        description="seconds between keep-alive comments on an open event stream (R-EVENT-2)",
+        json_schema_extra=_example("15"))
+    event_fallback_poll_s: float = Field(
+        default=5.0, gt=0,
+        description="an open event stream reads the journal at least this often, seconds, even without a notification (the LISTEN connection wakes it at once)",
+        json_schema_extra=_example("5"))
     max_body_bytes: int = Field(
         default=1_048_576, ge=1024,
         description="largest request body the API reads, bytes; larger is 413 `body_too_large`, "

@@ -22,6 +22,8 @@ __all__ = [
     "checkpoints_one_per_step",
     "deadline_from_acceptance",
     "deadline_respected",
+    "event_journal_matches_run_record",
+    "event_prunes_bounded",
     "journal_matches_run_record",
     "no_execution_without_intent",
     "no_side_effect_repeated",
@@ -253,31 +255,144 @@ def deadline_respected(history: Sequence[Event]) -> Check:
     return Check(name, not bad, _summary(bad), ("R-EXEC-8", "R-EXEC-12"))
 
 
+def _journal(history: Sequence[Event]) -> dict[str, dict[int, str | None]]:
+    """Per run, the event ids a stream may deliver and their kinds: the event journal's
+    ``seq -> kind`` (``run_event``), or for a history without the journal (an older
+    schema) the transitions' ids, kinds unknown."""
+    journal: dict[str, dict[int, str | None]] = defaultdict(dict)
+    events = _of(history, "run_event")
+    if events:
+        for e in events:
+            journal[str(e["run_id"])][int(e["seq"])] = str(e["kind"])
+    else:
+        for t in _of(history, "transition"):
+            journal[str(t["run_id"])][int(t["id"])] = None
+    return journal
+
+
 def stream_events_consistent(history: Sequence[Event]) -> Check:
-    """Events delivered to stream clients (R-EVENT-2/3), per run: ids strictly increasing
-    (no duplicate across reconnects), each one a transition the database recorded, and —
-    for a stream read to its end — every transition delivered and the last event
-    ``terminal`` with the run's final state."""
+    """Events delivered to stream clients (R-EVENT-2/3), per run and client: ids strictly increasing
+    (no duplicate across reconnects), each one an event the journal recorded, of the
+    journal's kind, and — for a stream read to its end — every journal event delivered and
+    the last event ``terminal`` with the run's final state. A pruned run's journal is gone
+    (R-EVENT-5): only the order of what was delivered is checked."""
     name = "stream events complete, ordered and ending in the run's terminal state"
     finals = {str(e["run_id"]): e["state"] for e in _of(history, "run")}
-    journal: dict[str, list[int]] = defaultdict(list)
-    for t in _of(history, "transition"):
-        journal[str(t["run_id"])].append(int(t["id"]))
+    journal = _journal(history)
+    pruned = {str(e["run_id"]) for e in _of(history, "event_prune")}
     bad = []
-    for run, evs in _by_run(_of(history, "stream_event")).items():
+    by_client: dict[tuple[str, str], list[Event]] = defaultdict(list)
+    for e in _of(history, "stream_event"):  # each client's own sequence (several may follow a run)
+        by_client[(str(e["run_id"]), str(e.get("client", "")))].append(e)
+    for (run, _client), evs in sorted(by_client.items()):
         ids = [int(e["event_id"]) for e in sorted(evs, key=lambda e: e["t"])]
         if any(b <= a for a, b in itertools.pairwise(ids)):
             bad.append(f"{run}: ids not strictly increasing {ids}")
-        unknown = set(ids) - set(journal.get(run, []))
+        if run in pruned:
+            continue
+        recorded = journal.get(run, {})
+        unknown = set(ids) - set(recorded)
         if unknown:
             bad.append(f"{run}: events the journal never recorded {sorted(unknown)}")
+        wrong = [e["event_id"] for e in evs if recorded.get(int(e["event_id"])) not in (None, e["event"])]
+        if wrong:
+            bad.append(f"{run}: events delivered as another kind than the journal's {wrong}")
         last = max(evs, key=lambda e: int(e["event_id"]))
         if last["event"] == "terminal":
-            if ids != sorted(journal.get(run, [])):
-                bad.append(f"{run}: stream incomplete: got {ids}, journal {sorted(journal.get(run, []))}")
+            if ids != sorted(recorded):
+                bad.append(f"{run}: stream incomplete: got {ids}, journal {sorted(recorded)}")
             if last["state"] != finals.get(run):
                 bad.append(f"{run}: terminal event {last['state']} but run is {finals.get(run)}")
     return Check(name, not bad, _summary(bad), ("R-EVENT-2", "R-EVENT-3"))
+
+
+def event_journal_matches_run_record(history: Sequence[Event]) -> Check:
+    """The event journal (R-EVENT-1, R-EVENT-3, R-Q-5), per run not pruned: ``seq`` is
+    1, 2, … without gaps; every transition has exactly one event at its ``row_version``
+    (``state``, ``checkpoint``, ``tool_call``, ``tool_result`` or ``terminal``: a tool
+    invocation's intent and outcome versions are its ``tool_call``/``tool_result``) and no
+    event names a row version the run never had; the last event is ``terminal`` exactly
+    when the run is terminal, and then its state, row version and generation are the run
+    record's; otherwise the last transition's event is the run record's row version.
+    Passes with a note on a history without the journal (an older schema)."""
+    name = "event journal consistent with the run record"
+    reqs = ("R-EVENT-1", "R-EVENT-3", "R-Q-5")
+    events = _of(history, "run_event")
+    if not events:
+        return Check(name, True, "no event journal in this history")  # cites nothing: vacuous
+    pruned = {str(e["run_id"]) for e in _of(history, "event_prune")}
+    records = {str(e["run_id"]): e for e in _of(history, "run")}
+    versions: dict[str, list[int]] = defaultdict(list)
+    for t in _of(history, "transition"):
+        versions[str(t["run_id"])].append(int(t["row_version"]))
+    by_run: dict[str, list[Event]] = defaultdict(list)
+    for e in events:
+        by_run[str(e["run_id"])].append(e)
+    tools: dict[str, list[Event]] = defaultdict(list)
+    for e in _of(history, "tool_invocation"):
+        tools[str(e["run_id"])].append(e)
+    bad = []
+    for run, record in sorted(records.items()):
+        if run in pruned:
+            continue
+        evs = sorted(by_run.get(run, []), key=lambda e: int(e["seq"]))
+        seqs = [int(e["seq"]) for e in evs]
+        if seqs != list(range(1, len(seqs) + 1)):
+            bad.append(f"{run}: seq not 1..n {seqs[:12]}")
+        described = Counter(int(e["row_version"]) for e in evs if e["kind"] not in ("output", "usage"))
+        missing = sorted(set(versions.get(run, [])) - set(described))
+        if missing:
+            bad.append(f"{run}: transitions with no event: row versions {missing[:10]}")
+        extra = sorted(v for v, n in described.items() if n > 1 or v not in versions.get(run, []))
+        if extra:
+            bad.append(f"{run}: events for row versions recorded {extra[:10]} (repeated or never written)")
+        if not evs:
+            continue
+        kinds = {int(e["row_version"]): e["kind"] for e in evs if e["kind"] not in ("output", "usage")}
+        for inv in tools.get(run, []):
+            intent, outcome = inv.get("intent_row_version"), inv.get("outcome_row_version")
+            want = [(intent, "tool_result" if intent == outcome else "tool_call")] if intent else []
+            want += [(outcome, "tool_result")] if outcome and outcome != intent else []
+            for version, kind in want:
+                if kinds.get(int(version)) != kind:
+                    bad.append(f"{run}: call {inv['call_id']} at v{version} is a "
+                               f"{kinds.get(int(version))} event, not {kind}")
+        last = evs[-1]
+        terminal = record["state"] in TERMINAL
+        if terminal != (last["kind"] == "terminal"):
+            bad.append(f"{run}: last event {last['kind']} but the run is {record['state']}")
+        elif terminal and (last["state"], int(last["row_version"]), last["generation"]) != (
+                record["state"], int(record["row_version"]), record["generation"]):
+            bad.append(f"{run}: terminal event {last['state']} v{last['row_version']} "
+                       f"g{last['generation']} but the run is {record['state']} "
+                       f"v{record['row_version']} g{record['generation']}")
+        elif not terminal and max(described, default=0) != int(record["row_version"]):
+            bad.append(f"{run}: newest event at v{max(described, default=0)}, run at v{record['row_version']}")
+    return Check(name, not bad, _summary(bad) or f"{len(by_run)} runs' journals", reqs)
+
+
+def event_prunes_bounded(history: Sequence[Event]) -> Check:
+    """Pruning (R-EVENT-5, R-OPS-3): each pruning transaction (tombstones sharing
+    ``pruned_by`` and ``t``) pruned at most 100 streams of one tenant; every pruned run is
+    terminal and its journal holds nothing. Passes with a note when nothing was pruned."""
+    name = "at most 100 event streams pruned per tenant per sweep, only ended runs"
+    reqs = ("R-EVENT-5", "R-OPS-3")
+    prunes = _of(history, "event_prune")
+    if not prunes:
+        return Check(name, True, "nothing pruned")  # cites nothing: vacuous
+    records = {str(e["run_id"]): e for e in _of(history, "run")}
+    left = Counter(str(e["run_id"]) for e in _of(history, "run_event"))
+    sweeps = Counter((e["pruned_by"], e["tenant_id"], e["t"]) for e in prunes)
+    bad = [f"{who} pruned {n} streams of {tenant} in one sweep" for (who, tenant, _), n in sweeps.items()
+           if n > 100]
+    for e in prunes:
+        run = str(e["run_id"])
+        if records.get(run, {}).get("state") not in TERMINAL:
+            bad.append(f"{run}: pruned while {records.get(run, {}).get('state')}")
+        if left.get(run):
+            bad.append(f"{run}: pruned but {left[run]} events remain")
+    return Check(name, not bad, _summary(bad) or f"{len(prunes)} streams in {len(sweeps)} sweeps "
+                 f"(largest {max(sweeps.values())})", reqs)
 
 
 def _calls(events: Iterable[Event]) -> dict[str, list[Event]]:
@@ -538,6 +653,8 @@ GENERIC_CHECKERS: tuple[Callable[[Sequence[Event]], Check], ...] = (
     every_write_by_its_owner,
     deadline_respected,
     stream_events_consistent,
+    event_journal_matches_run_record,
+    event_prunes_bounded,
     no_side_effect_repeated,
     no_execution_without_intent,
     no_unapproved_effect,

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
 from qualify.history import Event
 
-__all__ = ["database_events", "file_events", "workflow_events"]
+__all__ = ["database_events", "file_events", "journal_events", "workflow_events"]
 
 
 #: Every column of ``tool_invocations``, times as epoch seconds on the database's clock
@@ -44,10 +45,14 @@ FILE_EVENTS = (
 
 def database_events(dsn: str) -> list[Event]:
     """Every run (its deadline), transition (from the database's own audit trigger),
-    checkpoint, tool invocation (the journal, R-TOOL-1) and provider-call record
-    (observed usage, R-Q34-2)."""
+    checkpoint, tool invocation (the journal, R-TOOL-1), provider-call record (observed
+    usage, R-Q34-2) and journal event (R-EVENT-1), all read in one snapshot."""
     out: list[Event] = []
-    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
+    # One snapshot for every table: a write still committing cannot leave its transition
+    # without its run record or its event in the history.
+    with psycopg.connect(dsn, row_factory=dict_row) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.read_only = True
         writer = conn.execute(
             "SELECT count(*) = 4 AS present FROM information_schema.columns"
             " WHERE table_name = 'run_transitions' AND column_name = ANY(%s)",
@@ -79,11 +84,35 @@ def database_events(dsn: str) -> list[Event]:
         if record and record["present"]:  # absent before the provider-call record's migration
             for row in conn.execute(_PROVIDER_CALLS):
                 out.append({"type": "provider_call_record", **row})
+        events = conn.execute("SELECT to_regclass('run_events') IS NOT NULL AS present").fetchone()
+        if events and events["present"]:  # absent before the event journal's migration
+            out.extend(journal_events(conn))
         for row in conn.execute(
             "SELECT run_id::text, approval_id, approved, principal_id,"
             " extract(epoch FROM decided_at)::float8 AS t FROM approval_decisions ORDER BY decided_at"
         ):
             out.append({"type": "approval_decision", **row})
+    return out
+
+
+def journal_events(conn: psycopg.Connection[Any]) -> list[Event]:
+    """The event journal (R-EVENT-1) as ``run_event`` events (``run_id, seq, kind,
+    row_version, state, generation``; an ``output`` event's text as its length only) and
+    its tombstones as ``event_prune`` events (``run_id, tenant_id, pruned_by, events``,
+    ``t`` the pruning transaction's start: one sweep's share it), times on the database's
+    clock."""
+    out: list[Event] = []
+    for row in conn.execute(
+        "SELECT run_id::text, seq, kind, row_version, data->>'state' AS state,"
+        " (data->>'generation')::int AS generation, length(data->>'text') AS text_chars,"
+        " extract(epoch FROM at)::float8 AS t FROM run_events ORDER BY at, run_id, seq"
+    ):
+        out.append({"type": "run_event", **row})
+    for row in conn.execute(
+        "SELECT run_id::text, tenant_id, pruned_by, events, extract(epoch FROM pruned_at)::float8 AS t"
+        " FROM run_event_prunes ORDER BY pruned_at, run_id"
+    ):
+        out.append({"type": "event_prune", **row})
     return out
 
 

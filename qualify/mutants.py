@@ -90,8 +90,26 @@ CATALOG: tuple[Mutant, ...] = (
         "approval-flow", "an unknown action_version is 409 action_version_mismatch and runs nothing"),
     Mutant(
         "stream-ignores-last-event-id", "stream replay (R-EVENT-2)",
-        (Patch("qimpl/api/routers/events.py", "int(last_event_id or 0)))", "0))"),),
+        (Patch("qimpl/api/routers/events.py", "str(run_id), int(last_event_id or 0),", "str(run_id), 0,"),),
         "event-stream", "stream events complete, ordered and ending in the run's terminal state"),
+    Mutant(
+        "event-catch-up-skipped", "event stream catch-up after the listener resubscribes (R-EVENT-2)",
+        (Patch("qimpl/api/event_hub.py",
+               "self.wake()  # catch up: events committed while nobody listened", "pass"),),
+        "stream-survives-listener-loss",
+        "subscriber-1: every event exactly once, in order, ending with the terminal event"),
+    Mutant(
+        "event-written-before-the-step", "events appended at commit, in the change's transaction (R-EVENT-1)",
+        (Patch("qimpl/db/migrations/versions/20261202_090000_event_journal.py",
+               "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.run_transitions_event();",
+               "NOT DEFERRABLE FOR EACH ROW EXECUTE FUNCTION public.run_transitions_event();"),),
+        "tool-kill-after-reply", "event journal consistent with the run record"),
+    Mutant(
+        "event-prune-unbounded", "event stream pruning bound (R-EVENT-5)",
+        (Patch("qimpl/db/migrations/versions/20261202_090000_event_journal.py",
+               "LIMIT least(greatest(p_limit, 0), {PRUNE_LIMIT})", "LIMIT greatest(p_limit, 0)"),
+         Patch("qimpl/db/events.py", "min(limit, PRUNE_LIMIT)))", "100000))")),
+        "event-streams-pruned", "at most 100 event streams pruned per tenant per sweep, only ended runs"),
     Mutant(
         "reconciler-expires-nothing", "reconciler expiry (R-EXEC-8, R-OPS-3)",
         (Patch("qimpl/reconciler.py", 'AND deadline_at <= clock_timestamp()"', 'AND false"'),),

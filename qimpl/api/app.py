@@ -78,7 +78,9 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         app.state.services = services
         async with services.pool.connection() as conn:
             await refuse_unsafe_role(conn, "API", log)
+        services.events.start()
         yield
+        await services.events.stop()
         await services.pool.close()
 
     app = FastAPI(title="qimpl durable agent runs", version="0.1.0", lifespan=lifespan)

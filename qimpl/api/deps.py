@@ -17,6 +17,7 @@ from temporalio.client import Client
 
 from qimpl.api.auth import Authenticator, DbKeyAuthenticator, Principal, StaticKeyAuthenticator
 from qimpl.api.errors import ApiError
+from qimpl.api.event_hub import EventHub
 from qimpl.db import runs as repo
 from qimpl.db.sessions import bound_session, keepalive_params
 from qimpl.legacy import run_inline
@@ -63,6 +64,9 @@ class Services:
         self.authenticator: Authenticator = (
             StaticKeyAuthenticator(settings.api_keys) if settings.auth == "static"
             else DbKeyAuthenticator(self.pool))
+        #: The process's one LISTEN connection for the event journal (R-EVENT-2).
+        self.events = EventHub(settings.database_url, application_name="qimpl-api-listen",
+                               connect_kwargs=keepalive_params(settings.api_lock_timeout_s))
         self._client: Client | None = None
         self._client_lock = asyncio.Lock()
         self._provider: Provider | None = None

@@ -1,45 +1,150 @@
-"""The run's event stream (R-EVENT-1..4, R-AUTH-3): read part of it from one API, drop the
-connection, resume with Last-Event-ID on another; the run goes on; keys are bound to runs."""
+"""The run's event stream (R-EVENT-1..5, R-AUTH-3, R-Q-5): read part of it from one API,
+drop the connection, resume with Last-Event-ID on another; two clients follow a run through
+an API that is SIGKILLed; the API's LISTEN connection is terminated while events are
+written; expired streams are pruned by several reconcilers at once. Clients follow streams
+with ``qimpl.client.stream`` (what an application would use)."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 
+from qimpl.client.stream import FollowResult, StreamEvent, follow_run, parse_sse
+from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
-from qualify.scenarios.base import ScenarioContext, scenario
+from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted
 
 PATH = "/v1/agents/agent-1/runs/{run_id}/events"
+#: The API's LISTEN session (``qimpl.api.deps.Services``) and its database role.
+LISTEN_APPLICATION = "qimpl-api-listen"
+API_ROLE = "qimpl_api"
 
 
 def read_stream(ctx: ScenarioContext, api: ManagedProcess, run_id: str, key: str, *,
-                last_event_id: str | None = None, stop_after: int | None = None) -> list[dict[str, Any]]:
-    """Read SSE events (recording each in the history) until the stream ends or
-    ``stop_after`` events; returns them as ``{id, event, data}``."""
+                last_event_id: str | None = None, stop_after: int | None = None,
+                client: str = "") -> list[dict[str, Any]]:
+    """Read SSE events of one connection (recording each in the history) until the stream
+    ends or ``stop_after`` events; returns them as ``{id, event, data}``, or a refusal as
+    ``[{status, body}]``."""
     headers = {"X-Stream-Key": key, **({"Last-Event-ID": last_event_id} if last_event_id else {})}
     got: list[dict[str, Any]] = []
     with httpx.stream("GET", f"{api.base_url}{PATH.format(run_id=run_id)}", headers=headers,
                       timeout=60) as resp:
         if resp.status_code != 200:
             return [{"status": resp.status_code, "body": resp.read().decode()[:200]}]
-        event: dict[str, Any] = {}
-        for line in resp.iter_lines():
-            if line.startswith(("id:", "event:", "data:")):
-                field, _, value = line.partition(":")
-                event[field] = value.strip()
-            elif not line and event:
-                data = json.loads(event.get("data", "{}"))
-                ctx.history.record("stream_event", run_id=run_id, event_id=int(event["id"]),
-                                   event=event.get("event"), state=data.get("state"), process=api.name)
-                got.append(event)
-                event = {}
-                if stop_after is not None and len(got) >= stop_after:
-                    break
+        for event in parse_sse(resp.iter_lines()):
+            _record(ctx, run_id, event, api.name, client)
+            got.append({"id": str(event.id), "event": event.event, "data": json.dumps(event.data)})
+            if stop_after is not None and len(got) >= stop_after:
+                break
     return got
+
+
+def _record(ctx: ScenarioContext, run_id: str, event: StreamEvent, process: str, client: str) -> None:
+    ctx.history.record("stream_event", run_id=run_id, event_id=event.id, event=event.event,
+                       state=event.data.get("state"), process=process, client=client)
+
+
+class Follower:
+    """A client following a run with ``follow_run`` in a thread, recording every event."""
+
+    def __init__(self, ctx: ScenarioContext, name: str, apis: list[ManagedProcess], run_id: str,
+                 key: str, *, deadline_s: float = 30.0) -> None:
+        self.name, self.result, self.error = name, FollowResult(), ""
+        urls = {a.base_url: a.name for a in apis}
+
+        def on_event(event: StreamEvent, base: str) -> None:
+            _record(ctx, run_id, event, urls[base], name)
+            self.result.events.append(event)
+
+        def follow() -> None:
+            try:
+                done = follow_run(list(urls), "agent-1", run_id, stream_key=key, api_key=API_KEY,
+                                  deadline_s=deadline_s, max_reconnects=50, backoff_s=(0.05, 0.5),
+                                  on_event=on_event)
+                self.result.terminal, self.result.run = done.terminal, done.run
+                self.result.connections, self.result.ended = done.connections, done.ended
+            except Exception as exc:  # noqa: BLE001 - reported by the scenario's checks
+                self.error = f"{type(exc).__name__}: {exc}"[:200]
+
+        self.thread = threading.Thread(target=follow, name=f"follow-{name}", daemon=True)
+        self.thread.start()
+
+    def wait_events(self, n: int, timeout_s: float = 20.0) -> bool:
+        """Whether ``n`` events arrived within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.result.events) < n:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                return False
+            time.sleep(0.02)
+        return True
+
+    def join(self, timeout_s: float) -> None:
+        self.thread.join(timeout_s)
+
+
+#: No fallback read within a scenario: a stream learns of new events only from NOTIFY
+#: (or the catch-up after its listener resubscribes).
+NOTIFY_ONLY = {"QIMPL_EVENT_FALLBACK_POLL_S": "600"}
+
+
+def _woken(ctx: ScenarioContext, followers: list[Follower], n: int) -> bool:
+    """Check that every follower got the first ``n`` events as they committed."""
+    got = [f.wait_events(n) for f in followers]
+    return ctx.expect(f"the followers were woken for each of the first {n} events (NOTIFY; no fallback read)",
+                      all(got), str([len(f.result.events) for f in followers]), "R-EVENT-2")
+
+
+def _journal(ctx: ScenarioContext, run_id: str) -> list[int]:
+    return [int(r[0]) for r in ctx.sql("SELECT seq FROM run_events WHERE run_id = %s ORDER BY seq", run_id)]
+
+
+def _keep_alive(api: ManagedProcess, run_id: str, key: str, *, after: int) -> str:
+    """The first line of a stream resumed after event ``after`` while nothing new is
+    written: a keep-alive comment (``: ping …``) if the API sends them; else what came."""
+    headers = {"X-Stream-Key": key, "Last-Event-ID": str(after)}
+    try:
+        with httpx.stream("GET", f"{api.base_url}{PATH.format(run_id=run_id)}", headers=headers,
+                          timeout=httpx.Timeout(10.0, read=5.0)) as resp:
+            for line in resp.iter_lines():
+                if line:
+                    return line
+    except httpx.HTTPError as exc:
+        return f"no line: {type(exc).__name__}"
+    return "no line: the stream ended"
+
+
+def _admin(ctx: ScenarioContext, statement: str) -> None:
+    """One statement as the stack's administrator (no result rows)."""
+    import psycopg
+
+    with psycopg.connect(ctx.deployment.dsn, autocommit=True) as conn:
+        conn.execute(statement)  # type: ignore[arg-type]  # a constant of this module
+
+
+def _check_followers(ctx: ScenarioContext, followers: list[Follower], run_id: str, api: ManagedProcess,
+                     *reqs: str) -> None:
+    """Every follower got every journal event exactly once, in order, ending with the
+    terminal event, and that event equals the run record."""
+    record = ctx.read_run(api, run_id)
+    journal = _journal(ctx, run_id)
+    for f in followers:
+        ids = [e.id for e in f.result.events]
+        ctx.expect(f"{f.name}: every event exactly once, in order, ending with the terminal event",
+                   not f.error and ids == journal and f.result.ended == "terminal",
+                   f"got {ids} ended {f.result.ended!r} {f.error}; journal {journal}", *reqs)
+        term = f.result.terminal.data if f.result.terminal else {}
+        got = (term.get("state"), term.get("row_version"), term.get("generation"))
+        want = (record["state"], record["row_version"], record["generation"])
+        ctx.expect(f"{f.name}: the terminal event equals GET run (state, row_version, generation)",
+                   got == want, f"event {got}, run {want}", "R-EVENT-3")
 
 
 @scenario(
@@ -70,8 +175,8 @@ def event_stream(ctx: ScenarioContext) -> None:
         ctx.expect("reconnecting after the terminal event: 204, nothing more (a client stops)",
                    after == [{"status": 204, "body": ""}], str(after)[:200], "R-EVENT-3")
     kinds = {e.get("event") for e in first + rest}
-    ctx.expect("the journal has state changes and checkpoints", {"state", "checkpoint"} <= kinds,
-               str(sorted(k for k in kinds if k)), "R-EVENT-1")
+    ctx.expect("the journal has state changes, checkpoints and the answer's output event",
+               {"state", "checkpoint", "output"} <= kinds, str(sorted(k for k in kinds if k)), "R-EVENT-1")
     other = accepted(ctx, apis[0], prompt=make_prompt(steps=1))
     borrowed = read_stream(ctx, apis[0], other, key)
     ctx.expect("this run's stream key is refused for another run (404)",
@@ -87,3 +192,140 @@ def event_stream(ctx: ScenarioContext) -> None:
     ctx.expect("no stream key: 401 stream_key_required",
                nokey.status_code == 401 and nokey.json().get("code") == "stream_key_required",
                nokey.text[:120], "R-AUTH-3")
+
+
+@scenario(
+    "stream-survives-api-kill",
+    title="Two clients follow one run through API instance X; X is SIGKILLed mid-stream; they "
+          "reconnect to Y with Last-Event-ID: every event exactly once, in order, ending with "
+          "the terminal event equal to GET run",
+    requirements=("R-EVENT-2", "R-EVENT-3", "R-EVENT-4", "R-Q-5"),
+    faults=("sigkill of the API serving the streams",),
+)
+def stream_survives_api_kill(ctx: ScenarioContext) -> None:
+    x, y = ctx.processes.api("api-x", **NOTIFY_ONLY), ctx.processes.api("api-y", **NOTIFY_ONLY)
+    ctx.processes.worker()
+    resp = ctx.create_run(x, prompt=make_prompt(steps=6, delay_ms=50, answer="followed",
+                                                barrier={"step": 4, "name": "mid-stream"}))
+    if resp is None or resp.status_code != 202:
+        raise HarnessError("the run was not accepted")
+    run_id, key = resp.json()["run_id"], resp.json()["stream_key"]
+    followers = [Follower(ctx, f"client-{i}", [x, y], run_id, key) for i in (1, 2)]
+    ctx.wait_barrier("mid-stream")
+    _woken(ctx, followers, 5)  # accepted, queued, running and steps 1-3's checkpoints
+    fault = ctx.nemesis.sigkill(x, while_streaming=run_id)
+    ctx.release_barrier("mid-stream")
+    for f in followers:
+        f.join(40)
+    ctx.expect("X was killed while both clients were mid-stream", bool(fault["landed"]),
+               json.dumps(fault.get("evidence", {}), default=str)[:200])
+    _check_followers(ctx, followers, run_id, y, "R-EVENT-2", "R-EVENT-3")
+    moved = all(y.base_url in f.result.connections[1:] for f in followers)
+    ctx.expect("both clients reconnected to Y", moved,
+               str([f.result.connections for f in followers]), "R-EVENT-2")
+    ctx.expect("losing the stream's API did not cancel the run: it completed",
+               ctx.read_run(y, run_id)["state"] == "completed", "", "R-EVENT-4")
+
+
+@scenario(
+    "stream-survives-listener-loss",
+    title="The API's LISTEN connection is terminated (pg_terminate_backend) and cannot come "
+          "back while the run writes its last events; once it does, subscribers still get "
+          "every event (a catch-up read after the resubscribe), with no fallback poll to help",
+    requirements=("R-EVENT-2", "R-EVENT-3", "R-Q-5"),
+    faults=(f"pg_terminate_backend of {LISTEN_APPLICATION}",),
+)
+def stream_survives_listener_loss(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api(QIMPL_EVENT_PING_S="0.3", **NOTIFY_ONLY)
+    ctx.processes.worker()
+    resp = ctx.create_run(api, prompt=make_prompt(steps=4, delay_ms=20, answer="caught up",
+                                                  barrier={"step": 3, "name": "quiet"}))
+    if resp is None or resp.status_code != 202:
+        raise HarnessError("the run was not accepted")
+    run_id, key = resp.json()["run_id"], resp.json()["stream_key"]
+    followers = [Follower(ctx, f"subscriber-{i}", [api], run_id, key, deadline_s=45) for i in (1, 2)]
+    ctx.wait_barrier("quiet")
+    _woken(ctx, followers, 5)
+    ping = _keep_alive(api, run_id, key, after=5)
+    ctx.expect("a quiet stream gets keep-alive comments", ping.startswith(":"), ping[:80], "R-EVENT-2")
+    before = ctx.sql("SELECT pid FROM pg_stat_activity WHERE application_name = %s", LISTEN_APPLICATION)
+    try:
+        # The listener cannot reconnect until the run has written everything.
+        _admin(ctx, f"ALTER ROLE {API_ROLE} CONNECTION LIMIT 0")
+        fault = ctx.nemesis.terminate_backend(ctx.deployment.dsn, LISTEN_APPLICATION)
+        ctx.release_barrier("quiet")
+        deadline = time.monotonic() + 30
+        while ctx.sql("SELECT state FROM runs WHERE run_id = %s", run_id)[0][0] != "completed":
+            if time.monotonic() > deadline:
+                raise HarnessError("the run did not complete")
+            time.sleep(0.05)
+        written = len(_journal(ctx, run_id))
+        delivered = [len(f.result.events) for f in followers]
+    finally:
+        _admin(ctx, f"ALTER ROLE {API_ROLE} CONNECTION LIMIT -1")
+    deadline = time.monotonic() + 30
+    while not (after := ctx.sql("SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                                LISTEN_APPLICATION)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for f in followers:
+        f.join(40)
+    ctx.expect("the LISTEN session was terminated and a new one took its place",
+               bool(fault["landed"]) and bool(after) and set(after).isdisjoint(before),
+               f"before {before}, after {after}")
+    ctx.expect("events were written while nobody listened",
+               all(d < written for d in delivered), f"delivered {delivered} of {written} by then")
+    _check_followers(ctx, followers, run_id, api, "R-EVENT-2", "R-EVENT-3")
+
+
+@scenario(
+    "event-streams-pruned",
+    title="250 ended runs with a 1 s event retention and three reconcilers at once: every "
+          "expired stream pruned exactly once, at most 100 per tenant per sweep; a pruned "
+          "stream answers 410 event_stream_pruned, the run record stays; a live run's stream "
+          "is kept",
+    requirements=("R-EVENT-5", "R-OPS-3", "R-Q-5"),
+)
+def event_streams_pruned(ctx: ScenarioContext) -> None:
+    from qualify.scenarios.reconciler import RECONCILE
+
+    api = ctx.processes.api()
+    n = 250
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        run_ids = list(pool.map(lambda i: accepted(ctx, api, prompt=make_prompt(steps=1), key=f"pr-{i}"),
+                                range(n)))
+        list(pool.map(lambda r: ctx.cancel_run(api, r), run_ids))
+    live = ctx.create_run(api, prompt=make_prompt(steps=1), key="still-live")
+    if live is None or live.status_code != 202:
+        raise HarnessError("the live run was not accepted")
+    live_id, live_key = live.json()["run_id"], live.json()["stream_key"]
+    keys = dict(ctx.sql("SELECT run_id::text, stream_key FROM runs WHERE run_id = %s", run_ids[0]))
+    idle_queue = {"QIMPL_TASK_QUEUE": f"{ctx.deployment.task_queue}-reconcile-only"}
+    env = {"QIMPL_EVENT_RETENTION_S": "1", **RECONCILE, **idle_queue}
+    reconcilers = [ctx.processes.spawn_worker(f"reconciler-{i + 1}", env=env) for i in range(3)]
+    for proc in reconcilers:  # booted together: their first sweeps overlap
+        proc.wait_ready()
+    deadline = time.monotonic() + 60
+    while ctx.sql("SELECT count(*) FROM run_event_prunes")[0][0] < n:
+        if time.monotonic() > deadline:
+            raise HarnessError("not every expired stream was pruned within 60 s")
+        time.sleep(0.2)
+    sweeps = ctx.sql("SELECT reconciler, pruned FROM reconciler_sweeps WHERE pruned > 0 ORDER BY id")
+    ctx.expect("at most 100 streams pruned per tenant per sweep, and sweeps account for all",
+               max(p for _, p in sweeps) <= 100 and sum(p for _, p in sweeps) == n,
+               f"sweeps {[p for _, p in sweeps]}", "R-EVENT-5", "R-OPS-3")
+    ctx.figures["reconcilers_that_pruned"] = len({r for r, _ in sweeps})
+    twice = ctx.sql("SELECT count(*) FROM run_event_prunes WHERE run_id <> ALL(%s::uuid[])", run_ids)
+    left = ctx.sql("SELECT count(*) FROM run_events WHERE run_id = ANY(%s::uuid[])", run_ids)
+    ctx.expect("exactly the 250 expired streams pruned, nothing of them left",
+               twice[0][0] == 0 and left[0][0] == 0, f"others {twice[0][0]}, left {left[0][0]}", "R-EVENT-5")
+    gone = read_stream(ctx, api, run_ids[0], keys[run_ids[0]])
+    body = json.loads(gone[0].get("body") or "{}") if gone and "status" in gone[0] else {}
+    ctx.expect("a pruned stream answers 410 event_stream_pruned",
+               bool(gone) and gone[0].get("status") == 410 and body.get("code") == "event_stream_pruned",
+               str(gone)[:200], "R-EVENT-5")
+    ctx.expect("the pruned run's record stays readable",
+               ctx.read_run(api, run_ids[0])["state"] == "cancelled", "", "R-EVENT-5")
+    kept = read_stream(ctx, api, live_id, live_key, stop_after=1)
+    ctx.expect("a live run's stream is kept", bool(kept) and kept[0].get("event") == "state",
+               str(kept)[:200], "R-EVENT-5")
+    ctx.cancel_run(api, live_id)

@@ -357,23 +357,34 @@ def _step_cancellations(ctx: ScenarioContext, run_id: str) -> list[dict[str, Any
 
 @scenario(
     "cancel-stops-a-long-step",
-    title="Cancel during one 30-second provider step: the step is stopped within a second of the "
-          "cancel (cancellation delivered to the activity, not noticed at the next fenced "
-          "write), the lock session is gone, and nothing is written after the cancel",
-    requirements=("R-Q34-1", "R-CANCEL-1", "R-EXEC-7"),
+    title="Cancel during one 30-second provider step with AGENT_CONCURRENCY_LIMIT=1 and a run "
+          "waiting for the slot: the step is stopped within a second of the cancel commit "
+          "(cancellation delivered to the activity, not noticed at the next fenced write), the "
+          "lock session is gone, the waiting run starts within heartbeat timeout + 2 s, and no "
+          "provider call, checkpoint or event follows the cancel commit but the terminal event",
+    requirements=("R-Q34-1", "R-CANCEL-1", "R-EXEC-7", "R-EXEC-9", "R-EVENT-1"),
 )
 def cancel_stops_a_long_step(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
-    ctx.processes.worker()
+    ctx.processes.worker(AGENT_CONCURRENCY_LIMIT="1")
     run_id = accepted(ctx, api, prompt=make_prompt(steps=2, delay_ms=30_000))
-    cancelled_at = _cancel_once_asked(ctx, api, run_id, calls=1)
+    deadline = time.monotonic() + 30
+    while not provider_calls(ctx, run_id):
+        if time.monotonic() > deadline:
+            raise HarnessError("the run never got going")
+        time.sleep(0.02)
+    waiting = accepted(ctx, api, prompt=make_prompt(steps=2, answer="next"))  # no slot until the cancel
+    _cancel_once_asked(ctx, api, run_id, calls=1)
+    # Times on the database's clock: the cancel's commit as the transition guard recorded it.
+    cancel_t = float(ctx.sql("SELECT extract(epoch FROM at)::float8 FROM run_transitions"
+                             " WHERE run_id = %s AND new_state = 'cancelled'", run_id)[0][0])
     stop_by = time.monotonic() + 10
     while not _step_cancellations(ctx, run_id) and time.monotonic() < stop_by:
         time.sleep(0.02)
     stopped = _step_cancellations(ctx, run_id)
-    took = round(stopped[0]["t"] - cancelled_at, 3) if stopped else None
+    took = round(stopped[0]["t"] - cancel_t, 3) if stopped else None
     ctx.figures["step_stopped_after_cancel_s"] = took if took is not None else -1.0
-    ctx.expect("the provider step was cancelled within 1 s of the cancel",
+    ctx.expect("the provider step was cancelled within 1 s of the cancel commit",
                took is not None and took <= 1.0, f"after {took} s", "R-Q34-1")
     owner = f"qimpl-owner:{run_id}"
     gone_by = time.monotonic() + 5
@@ -383,7 +394,28 @@ def cancel_stops_a_long_step(ctx: ScenarioContext) -> None:
         time.sleep(0.05)
     held = ctx.sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", owner)[0][0]
     ctx.expect("the owner's lock session is gone", held == 0, f"{held} sessions", "R-Q34-1")
+    nxt = ctx.wait_terminal(api, waiting, timeout_s=30)
+    started = ctx.sql("SELECT extract(epoch FROM min(at))::float8 FROM run_transitions"
+                      " WHERE run_id = %s AND new_state = 'running'", waiting)[0][0]
+    bound = ctx.deployment.heartbeat_timeout_s + 2.0
+    slot_after = round(float(started) - cancel_t, 3) if started is not None else None
+    ctx.figures["next_run_started_after_cancel_s"] = slot_after if slot_after is not None else -1.0
+    ctx.expect(f"the tenant slot was released: the waiting run started within {bound:.0f} s of the "
+               "cancel commit, and completed",
+               slot_after is not None and slot_after <= bound and nxt["state"] == "completed",
+               f"after {slot_after} s, {nxt['state']}", "R-Q34-1", "R-EXEC-9")
     after = ctx.sql("SELECT count(*) FROM run_transitions WHERE run_id = %s AND new_state <> 'cancelled'"
                     " AND at > (SELECT at FROM run_transitions WHERE run_id = %s AND new_state = 'cancelled')",
                     run_id, run_id)[0][0]
     ctx.expect("nothing written after the cancel commit", after == 0, f"{after} writes", "R-EXEC-7")
+    late_calls = [c for c in provider_calls(ctx, run_id) if c["t"] > cancel_t]
+    late_checkpoints = ctx.sql("SELECT count(*) FROM run_checkpoints WHERE run_id = %s"
+                               " AND created_at > to_timestamp(%s)", run_id, cancel_t)[0][0]
+    events = ctx.sql("SELECT seq, kind, extract(epoch FROM at)::float8 FROM run_events WHERE run_id = %s"
+                     " ORDER BY seq", run_id)
+    late_events = [k for _, k, t in events if t > cancel_t and k != "terminal"]
+    last = events[-1][1] if events else None
+    ctx.expect("no provider call, checkpoint or event after the cancel commit but the terminal event",
+               not late_calls and not late_checkpoints and not late_events and last == "terminal",
+               f"{len(late_calls)} calls, {late_checkpoints} checkpoints, events {late_events}, last {last}",
+               "R-Q34-1", "R-EVENT-1")

@@ -133,6 +133,86 @@ def test_stream_checker() -> None:
     assert ck.stream_events_consistent(merge(good(), wrong_end)).ok is False
 
 
+def ev(seq: int, kind: str, v: int, state: str = "running") -> dict[str, Any]:
+    return {"type": "run_event", "run_id": R, "seq": seq, "kind": kind, "row_version": v,
+            "state": state, "generation": 1, "t": 10.0 + seq}
+
+
+def journal() -> list[dict[str, Any]]:
+    kinds = ["state", "state", "state", "checkpoint", "checkpoint", "checkpoint", "checkpoint"]
+    return [*(ev(v, k, v) for v, k in enumerate(kinds, start=1)), ev(8, "output", 7),
+            ev(9, "terminal", 8, "completed")]
+
+
+@pytest.mark.req("R-EVENT-1")
+@pytest.mark.req("R-EVENT-3")
+@pytest.mark.req("R-Q-5")
+def test_journal_checker_catches_a_missing_repeated_or_wrong_last_event() -> None:
+    assert ck.event_journal_matches_run_record(merge(good(), journal())).ok is True
+    assert "no event journal" in ck.event_journal_matches_run_record(good()).detail
+    j = journal()
+    missing = [e for e in j if e["seq"] != 5]
+    assert ck.event_journal_matches_run_record(merge(good(), missing)).ok is False
+    renumbered = [{**e, "seq": i} for i, e in enumerate(missing, start=1)]
+    result = ck.event_journal_matches_run_record(merge(good(), renumbered))
+    assert result.ok is False and "no event" in result.detail
+    repeated = [*j[:5], {**j[4], "seq": 6}, *({**e, "seq": e["seq"] + 1} for e in j[5:])]
+    assert ck.event_journal_matches_run_record(merge(good(), repeated)).ok is False
+    wrong_end = [*j[:-1], ev(9, "terminal", 8, "cancelled")]
+    result = ck.event_journal_matches_run_record(merge(good(), wrong_end))
+    assert result.ok is False and "terminal event cancelled" in result.detail
+    no_end = j[:-1]
+    result = ck.event_journal_matches_run_record(merge(good(), no_end))
+    assert result.ok is False and "last event output" in result.detail
+    inv = {"type": "tool_invocation", "run_id": R, "call_id": "c1", "intent_row_version": 5,
+           "outcome_row_version": 6, "t": 5.0}
+    tooled = [ev(5, "tool_call", 5) if e["seq"] == 5 else ev(6, "tool_result", 6) if e["seq"] == 6 else e
+              for e in j]
+    assert ck.event_journal_matches_run_record(merge(good(), tooled, [inv])).ok is True
+    result = ck.event_journal_matches_run_record(merge(good(), j, [inv]))
+    assert result.ok is False and "call c1 at v5 is a checkpoint event, not tool_call" in result.detail
+    pruned = [{"type": "event_prune", "run_id": R, "tenant_id": "t", "pruned_by": "r", "events": 9, "t": 30}]
+    assert ck.event_journal_matches_run_record(merge(good(), [ev(1, "state", 1), *pruned])).ok is True
+
+
+@pytest.mark.req("R-EVENT-3")
+def test_stream_checker_compares_kinds_with_the_journal() -> None:
+    delivered = [se(e["seq"], e["kind"], e["state"], 20 + e["seq"]) for e in journal()]
+    assert ck.stream_events_consistent(merge(good(), journal(), delivered)).ok is True
+    relabelled = [{**e, "event": "state"} if e["event_id"] == 8 else e for e in delivered]
+    assert ck.stream_events_consistent(merge(good(), journal(), relabelled)).ok is False
+    assert ck.stream_events_consistent(merge(good(), journal(), delivered[:-2] + delivered[-1:])).ok is False
+    two = [{**e, "client": c, "t": e["t"] + d} for e in delivered for c, d in (("a", 0.0), ("b", 0.5))]
+    assert ck.stream_events_consistent(merge(good(), journal(), two)).ok is True
+    b_missing = [e for e in two if not (e["client"] == "b" and e["event_id"] == 3)]
+    result = ck.stream_events_consistent(merge(good(), journal(), b_missing))
+    assert result.ok is False and "incomplete" in result.detail
+
+
+def prune(run: str, tenant: str, who: str, t: float) -> dict[str, Any]:
+    return {"type": "event_prune", "run_id": run, "tenant_id": tenant, "pruned_by": who,
+            "events": 3, "t": t}
+
+
+@pytest.mark.req("R-EVENT-5")
+@pytest.mark.req("R-OPS-3")
+def test_prune_checker_catches_more_than_100_per_sweep_and_a_live_run() -> None:
+    def runs(n: int, state: str = "cancelled") -> list[dict[str, Any]]:
+        return [{"type": "run", "run_id": f"r{i}", "state": state, "t": 1.0} for i in range(n)]
+
+    assert "nothing pruned" in ck.event_prunes_bounded(runs(3)).detail
+    hundred = [prune(f"r{i}", "t", "rec-1", 50.0) for i in range(100)]
+    other = [prune(f"r{i}", "t", "rec-2", 50.0) for i in range(100, 150)]
+    assert ck.event_prunes_bounded(merge(runs(150), hundred, other)).ok is True
+    over = [prune(f"r{i}", "t", "rec-1", 50.0) for i in range(101)]
+    result = ck.event_prunes_bounded(merge(runs(101), over))
+    assert result.ok is False and "101 streams" in result.detail
+    live = ck.event_prunes_bounded(merge(runs(1, "running"), [prune("r0", "t", "rec-1", 5.0)]))
+    assert live.ok is False and "pruned while running" in live.detail
+    kept = [{"type": "run_event", "run_id": "r0", "seq": 1, "kind": "state", "t": 60.0}]
+    assert ck.event_prunes_bounded(merge(runs(1), [prune("r0", "t", "rec-1", 5.0)], kept)).ok is False
+
+
 @pytest.mark.req("R-EXEC-9")
 def test_slot_holders_counts_overlap_in_commit_order() -> None:
     def t(i: int, run: str, new: str) -> dict[str, Any]:

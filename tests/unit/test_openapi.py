@@ -28,7 +28,7 @@ EXPECTED = {
     ("post", "/v1/agents/{agent_id}/runs/{run_id}/cancel"): {"200", "401", "404", "422"},
     ("post", "/v1/agents/{agent_id}/runs/{run_id}/resume"): {"202", "400", "401", "404", "409", "422", "503"},
     ("post", "/v1/agents/{agent_id}/runs/{run_id}/tool-approval/{approval_id}"): {"200", "401", "404", "409", "422"},
-    ("get", "/v1/agents/{agent_id}/runs/{run_id}/events"): {"200", "401", "404", "422"},
+    ("get", "/v1/agents/{agent_id}/runs/{run_id}/events"): {"200", "401", "404", "410", "422"},
     ("post", "/v1/answer"): {"200", "401", "422", "502"},
     ("post", "/v1/agents/{agent_id}/runs/{run_id}/pause"): {"401", "404", "409", "501"},
 }

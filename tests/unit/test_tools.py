@@ -88,13 +88,10 @@ def test_results_are_settled_calls_in_order_and_the_summary_shows_unknowns() -> 
 
 
 @pytest.mark.req("R-TOOL-1", "R-EVENT-1")
-def test_journal_writes_are_tool_events_in_the_stream() -> None:
-    base = {"id": 7, "run_id": "r", "row_version": 5, "old_state": "running", "new_state": "running",
-            "generation": 1, "checkpoint_step": 1}
-    assert event_of({**base, "tool_call_id": None})["event"] == "checkpoint"
-    intent = event_of({**base, "tool_call_id": "c", "tool_name": "t", "tool_status": "succeeded",
-                       "tool_outcome_row_version": 6})
-    assert intent["event"] == "tool_call" and "status" not in json.loads(intent["data"])
-    outcome = event_of({**base, "tool_call_id": "c", "tool_name": "t", "tool_status": "succeeded",
-                        "tool_outcome_row_version": 5})
-    assert outcome["event"] == "tool_result" and json.loads(outcome["data"])["status"] == "succeeded"
+def test_journal_rows_are_sse_events_with_the_runs_own_sequence_number() -> None:
+    """The kinds come from the journal (its trigger classifies tool writes, tested in
+    tests/integration/test_event_journal.py); the SSE event carries them unchanged."""
+    row = {"seq": 7, "kind": "tool_result", "data": {"call_id": "c", "tool": "t", "status": "succeeded"}}
+    event = event_of(row)
+    assert event["id"] == "7" and event["event"] == "tool_result"
+    assert json.loads(event["data"]) == row["data"]

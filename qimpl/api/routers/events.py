@@ -1,4 +1,4 @@
-"""The run's event stream for the holder of its stream key (R-EVENT-2/3, R-AUTH-3); the
+"""The run's event stream for the holder of its stream key (R-EVENT-2/3/5, R-AUTH-3); the
 stream itself is ``qimpl.api.events``."""
 
 from __future__ import annotations
@@ -46,15 +46,21 @@ async def run_events(
         raise ApiError(404, "run_not_found", "no such run")
     async with svc.tenant(tenant_id) as conn:
         row = await repo.get_run(conn, str(run_id), tenant_id=tenant_id)
-        last = await conn.execute("SELECT max(id) FROM run_transitions WHERE run_id = %s",
-                                  (str(run_id),))
-        newest = (await last.fetchone() or (None,))[0]
+        last = await conn.execute(
+            "SELECT (SELECT max(seq) FROM run_events WHERE run_id = %s),"
+            " EXISTS (SELECT 1 FROM run_event_prunes WHERE run_id = %s)", (str(run_id), str(run_id)))
+        newest, pruned = await last.fetchone() or (None, False)
     if row is None or row["agent_id"] != agent_id:
         raise ApiError(404, "run_not_found", "no such run")
+    if pruned:
+        raise ApiError(410, "event_stream_pruned",
+                       "this run's events were pruned after its retention; read the run instead")
     if (last_event_id is not None and row["state"] in TERMINAL
             and (newest is None or int(last_event_id) >= int(newest))):
         # The client already saw the terminal event: 204 tells an EventSource to stop
         # reconnecting (the SSE standard), instead of a stream that never ends.
         return Response(status_code=204)
-    return EventSourceResponse(stream_events(lambda: svc.tenant(tenant_id), str(run_id),
-                                             int(last_event_id or 0)))
+    return EventSourceResponse(
+        stream_events(lambda: svc.tenant(tenant_id), svc.events, str(run_id), int(last_event_id or 0),
+                      fallback_s=svc.settings.event_fallback_poll_s),
+        ping=svc.settings.event_ping_s)

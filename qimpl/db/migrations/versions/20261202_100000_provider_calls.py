@@ -1,7 +1,7 @@
 """Observed usage: a record of every provider call, written before the call (R-Q34-2).
 
 Revision ID: 20261202_100000_provider_calls
-Revises: 20261201_120000_writer_identity
+Revises: 20261202_090000_event_journal
 Create Date: 2026-12-02 10:00:00
 
 ``provider_calls`` holds one row per call of the provider seam by a run's owner. The
@@ -34,7 +34,7 @@ from alembic import op
 from qimpl.db.migrate import load_revision
 
 revision = "20261202_100000_provider_calls"
-down_revision = "20261201_120000_writer_identity"
+down_revision = "20261202_090000_event_journal"
 branch_labels = None
 depends_on = None
 

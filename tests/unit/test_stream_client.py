@@ -1,0 +1,100 @@
+"""The stream client helper (R-EVENT-2, R-EVENT-3, R-EVENT-5): reconnects with
+Last-Event-ID to another base URL, delivers every event once and in order, and reads the
+run record when a stream ends without its terminal event."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from qimpl.client.stream import StreamError, follow_run, parse_sse
+
+RUN = "00000000-0000-0000-0000-000000000001"
+
+
+def sse(seq: int, kind: str, state: str = "running") -> bytes:
+    return f"id: {seq}\nevent: {kind}\ndata: {json.dumps({'state': state})}\n\n".encode()
+
+
+class Dropping(httpx.SyncByteStream):
+    """A body that sends ``chunks`` and then, if ``drop``, fails like a killed server."""
+
+    def __init__(self, chunks: list[bytes], *, drop: bool) -> None:
+        self.chunks, self.drop = chunks, drop
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self.chunks
+        if self.drop:
+            raise httpx.ReadError("connection reset by peer")
+
+
+def test_parse_sse_skips_comments_and_joins_data_lines() -> None:
+    lines = [": ping", "id: 3", "event: output", "data: {\"a\":", "data: 1}", "", ": ping", ""]
+    events = list(parse_sse(lines))
+    assert [(e.id, e.event, e.data) for e in events] == [(3, "output", {"a": 1})]
+
+
+@pytest.mark.req("R-EVENT-2")
+@pytest.mark.req("R-EVENT-3")
+def test_reconnects_to_another_api_with_last_event_id_and_delivers_each_event_once() -> None:
+    seen: list[tuple[str, str | None]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        last = request.headers.get("last-event-id")
+        seen.append((request.url.host, last))
+        if request.url.host == "x":  # X dies after two events (and a repeat of the first)
+            return httpx.Response(200, stream=Dropping([sse(1, "state"), sse(2, "state"), sse(1, "state")],
+                                                       drop=True))
+        after = int(last or 0)
+        body = [sse(i, "checkpoint") for i in range(after + 1, 5)] + [sse(5, "terminal", "completed")]
+        return httpx.Response(200, stream=Dropping(body, drop=False))
+
+    with httpx.Client(transport=httpx.MockTransport(handler)) as client:
+        result = follow_run(["http://x", "http://y"], "a", RUN, stream_key="k", client=client,
+                            backoff_s=(0.0, 0.0))
+    assert [e.id for e in result.events] == [1, 2, 3, 4, 5]
+    assert result.ended == "terminal" and result.terminal is not None
+    assert result.terminal.data["state"] == "completed"
+    assert seen == [("x", None), ("y", "2")]
+
+
+@pytest.mark.req("R-EVENT-3")
+def test_a_stream_that_never_ends_in_a_terminal_event_reads_the_run() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/events"):
+            return httpx.Response(200, stream=Dropping([sse(1, "state")], drop=True))
+        assert request.headers["authorization"] == "Bearer key"
+        return httpx.Response(200, json={"run_id": RUN, "state": "running"})
+
+    with httpx.Client(transport=httpx.MockTransport(handler)) as client:
+        result = follow_run(["http://x"], "a", RUN, stream_key="k", api_key="key", client=client,
+                            max_reconnects=2, backoff_s=(0.0, 0.0))
+    assert result.ended == "gave_up" and result.terminal is None
+    assert [e.id for e in result.events] == [1] and len(result.connections) == 3
+    assert result.run == {"run_id": RUN, "state": "running"}
+
+
+@pytest.mark.req("R-EVENT-5")
+def test_a_pruned_stream_reads_the_run_and_a_refusal_raises() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "gone" and request.url.path.endswith("/events"):
+            return httpx.Response(410, json={"code": "event_stream_pruned", "message": "pruned"})
+        if request.url.path.endswith("/events"):
+            return httpx.Response(404, json={"code": "run_not_found", "message": "no such run"})
+        return httpx.Response(200, json={"state": "completed"})
+
+    with httpx.Client(transport=httpx.MockTransport(handler)) as client:
+        pruned = follow_run(["http://gone"], "a", RUN, stream_key="k", api_key="key", client=client)
+        assert pruned.ended == "pruned" and pruned.run == {"state": "completed"}
+        with pytest.raises(StreamError) as refused:
+            follow_run(["http://x"], "a", RUN, stream_key="k", client=client)
+    assert refused.value.code == "run_not_found" and refused.value.status == 404
+
+
+def test_204_means_the_terminal_event_was_already_seen() -> None:
+    with httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(204))) as client:
+        result = follow_run(["http://x"], "a", RUN, stream_key="k", last_event_id=9, client=client)
+    assert result.ended == "done" and result.events == []
