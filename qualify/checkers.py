@@ -306,6 +306,31 @@ def stream_events_consistent(history: Sequence[Event]) -> Check:
     return Check(name, not bad, _summary(bad), ("R-EVENT-2", "R-EVENT-3"))
 
 
+def usage_events_match_the_record(history: Sequence[Event]) -> Check:
+    """Every settled provider call (the provider-call record) has exactly one ``usage``
+    event in its run's journal, with its attempt, step and status, and every usage event
+    names a settled call; each event's running total of calls counts at least the calls
+    settled up to it (R-EVENT-1, R-Q34-2). Pruned runs' journals are gone and skipped."""
+    name = "one usage event per settled provider call"
+    events = [e for e in _of(history, "run_event") if e["kind"] == "usage"]
+    records = [r for r in _of(history, "provider_call_record") if r["status"] != "started"]
+    if not records and not events:
+        return Check(name, True, "no settled provider call")  # cites nothing: vacuous
+    pruned = {str(e["run_id"]) for e in _of(history, "event_prune")}
+    want = Counter((str(r["run_id"]), int(r["attempt"]), int(r["step"]), r["status"])
+                   for r in records if str(r["run_id"]) not in pruned)
+    got = Counter((str(e["run_id"]), int(e["attempt"]), int(e["step"]), e["status"]) for e in events)
+    bad = [f"{k[0]}: call a{k[1]} step {k[2]} {k[3]}: {got[k]} usage events for {n} settled"
+           for k, n in sorted((want | got).items()) if want[k] != got[k]]
+    for run, evs in _by_run(events).items():
+        totals = [int(e["total_calls"]) for e in sorted(evs, key=lambda e: int(e["seq"]))]
+        if any(b < a for a, b in itertools.pairwise(totals)) or (
+                totals and totals[-1] < len(evs)):
+            bad.append(f"{run}: running totals {totals[:10]} for {len(evs)} usage events")
+    return Check(name, not bad, _summary(bad) or f"{sum(want.values())} settled calls",
+                 ("R-EVENT-1", "R-Q34-2"))
+
+
 def event_journal_matches_run_record(history: Sequence[Event]) -> Check:
     """The event journal (R-EVENT-1, R-EVENT-3, R-Q-5), per run not pruned: ``seq`` is
     1, 2, … without gaps; every transition has exactly one event at its ``row_version``
@@ -654,6 +679,7 @@ GENERIC_CHECKERS: tuple[Callable[[Sequence[Event]], Check], ...] = (
     deadline_respected,
     stream_events_consistent,
     event_journal_matches_run_record,
+    usage_events_match_the_record,
     event_prunes_bounded,
     no_side_effect_repeated,
     no_execution_without_intent,

@@ -97,7 +97,8 @@ def database_events(dsn: str) -> list[Event]:
 
 def journal_events(conn: psycopg.Connection[Any]) -> list[Event]:
     """The event journal (R-EVENT-1) as ``run_event`` events (``run_id, seq, kind,
-    row_version, state, generation``; an ``output`` event's text as its length only) and
+    row_version, state, generation``; an ``output`` event's text as its length only; a
+    ``usage`` event's call ``attempt, step, status`` and ``total_calls``) and
     its tombstones as ``event_prune`` events (``run_id, tenant_id, pruned_by, events``,
     ``t`` the pruning transaction's start: one sweep's share it), times on the database's
     clock."""
@@ -105,6 +106,8 @@ def journal_events(conn: psycopg.Connection[Any]) -> list[Event]:
     for row in conn.execute(
         "SELECT run_id::text, seq, kind, row_version, data->>'state' AS state,"
         " (data->>'generation')::int AS generation, length(data->>'text') AS text_chars,"
+        " (data->>'attempt')::int AS attempt, (data->>'step')::int AS step,"
+        " data->>'status' AS status, (data->'totals'->>'provider_calls')::int AS total_calls,"
         " extract(epoch FROM at)::float8 AS t FROM run_events ORDER BY at, run_id, seq"
     ):
         out.append({"type": "run_event", **row})

@@ -190,6 +190,13 @@ CATALOG: tuple[Mutant, ...] = (
                '            raise ProviderFailed("provider_error") from None'),),
         "openai-provider-through-the-lifecycle",
         "the provider-call record: both failures counted under safe codes"),
+
+    Mutant(
+        "usage-event-not-journaled", "usage events in the event journal (R-EVENT-1, R-Q34-2)",
+        (Patch("qimpl/db/migrations/versions/20261202_110000_usage_events.py",
+               "FOR EACH ROW WHEN (OLD.status = 'started' AND NEW.status <> 'started')",
+               "FOR EACH ROW WHEN (false)"),),
+        "happy-path", "one usage event per settled provider call"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).
