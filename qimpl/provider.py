@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,11 @@ class StepContext:
     workspace_id: str = "default"
     #: The principal's live authorisation grant for ``workspace_id`` (never projected, R-READ-3).
     grant_token: str | None = field(default=None, repr=False)
+    #: Where a provider that streams its output hands each piece as it arrives (R-EVENT-1):
+    #: ``await ctx.emit(text)`` appends an ``output`` delta event to the run's journal.
+    #: Optional for a provider; None when nobody listens (the legacy path). Raises
+    #: LostOwnership when the attempt no longer owns the run: let it propagate.
+    emit: Callable[[str], Awaitable[None]] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -197,6 +197,14 @@ CATALOG: tuple[Mutant, ...] = (
                "FOR EACH ROW WHEN (OLD.status = 'started' AND NEW.status <> 'started')",
                "FOR EACH ROW WHEN (false)"),),
         "happy-path", "one usage event per settled provider call"),
+
+    Mutant(
+        "output-delta-unfenced", "output deltas are owner writes (R-EVENT-1, R-EXEC-7)",
+        (Patch("qimpl/db/migrations/versions/20261202_120000_output_deltas.py",
+               "    IF r.state IS DISTINCT FROM 'running' OR r.generation <> p_generation\n"
+               "       OR r.owner_attempt IS DISTINCT FROM p_attempt OR r.row_version <> p_row_version THEN",
+               "    IF r.state IS DISTINCT FROM 'running' THEN"),),
+        "stale-writers-refused", "the output fence refuses a delta from a stale row_version (QG013)"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).

@@ -80,6 +80,8 @@ class OpenAIChatProvider(Provider):
                         delta = folded.add(chunk.model_dump())
                         if delta and self.on_delta is not None:
                             self.on_delta(ctx, delta)
+                        if delta and ctx.emit is not None:
+                            await ctx.emit(delta)  # into the run's event journal (R-EVENT-1)
         except (TimeoutError, openai.APITimeoutError):
             raise ProviderTimedOut() from None
         except openai.APIStatusError as exc:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -45,6 +46,7 @@ from qimpl.lifecycle import TERMINAL, RunState
 from qimpl.provider import Provider, StepContext, StepResult
 from qimpl.tools import ToolRegistry
 from qimpl.usage import reported_tokens
+from qimpl.workflows.deltas import OutputDeltas
 from qimpl.workflows.lease import OwnershipLease
 from qimpl.workflows.owner import RunOwner
 from qimpl.workflows.tool_steps import ToolSteps
@@ -283,9 +285,13 @@ class AgentActivities:
         R-Q34-2): a record the database refuses (LostOwnership, DeadlinePassed) means the
         call is not made."""
         call = await owner.call_started(ctx.step)
+        deltas = OutputDeltas(owner, ctx.step)
         try:
             async with asyncio.timeout(owner.seconds_left()) as deadline:
-                result = await self.provider.step(ctx)
+                result = await self.provider.step(dataclasses.replace(ctx, emit=deltas.emit))
+                await deltas.flush()
+        except (LostOwnership, DeadlinePassed):
+            raise  # a streamed delta was refused: this attempt no longer owns the run
         except TimeoutError:
             if deadline.expired():
                 await _settle(owner, call, status="cancelled", code="deadline_exceeded")

@@ -269,6 +269,24 @@ class RunOwner:
             return LostOwnership(f"{what}: session lost ({exc.sqlstate or type(exc).__name__})")
         return exc
 
+    # -- output deltas (the event journal, R-EVENT-1) -----------------------------------
+    async def output_delta(self, step: int, delta: str) -> None:
+        """Append a piece of step ``step``'s output, as the provider streamed it, to the
+        run's event journal (an ``output`` event with ``partial: true``), through
+        ``qimpl_append_output``: an owner write fenced by this owner's token. Raises
+        LostOwnership when refused (QG013: no longer the owner) and DeadlinePassed after
+        the deadline (QG006)."""
+        what = f"output of step {step} of run {self.run_id}"
+        try:
+            await self.conn.execute(
+                "SELECT qimpl_append_output(%s, %s, %s, %s, %s, %s)",
+                (self.run_id, self.generation, self.attempt, self.row_version, step, delta))
+        except psycopg.Error as exc:
+            refused = self._refusal(exc, what)
+            if refused is exc:
+                raise
+            raise refused from exc
+
     # -- the provider-call record (observed usage, R-Q34-2) ------------------------------
     async def call_started(self, step: int) -> int:
         """Record a provider call for ``step`` *before* it is made; returns the record's

@@ -12,7 +12,8 @@ The run's prompt is its script, a JSON object (a plain-text prompt means the def
      "usage": {"input_tokens": -1},              # merged into every step's usage
      "state": {"x": NaN},                        # merged into every step's state
      "park": {"step": 2, "kind": "approval"},    # park at step 2 of generation 1
-     "tools": {"2": [{"tool": "charge", "arguments": {"amount": 5}}]}}
+     "tools": {"2": [{"tool": "charge", "arguments": {"amount": 5}}]},
+     "deltas": 4}                                # stream 4 output pieces per step
 
 ``tools`` maps a step (< ``steps``) to the tool calls that step asks for (R-TOOL-1): at that
 step, in every generation and attempt (a pure function of the step), the step returns
@@ -56,7 +57,7 @@ from typing import Any
 from qimpl.provider import Provider, StepContext, StepResult
 from qimpl.tools import ToolCall
 
-__all__ = ["Script", "SyntheticProvider", "grant_digest", "make_prompt"]
+__all__ = ["Script", "SyntheticProvider", "delta_piece", "grant_digest", "make_prompt"]
 
 BARRIER_POLL_S = 0.01
 BARRIER_MAX_S = 600.0
@@ -66,7 +67,7 @@ class Script:
     """A parsed script; unknown keys are refused so a typo cannot make a vacuous test."""
 
     KEYS = frozenset({"steps", "answer", "barrier", "fail", "delay_ms", "park", "answer_bytes",
-                      "usage", "state", "tools"})
+                      "usage", "state", "tools", "deltas"})
 
     def __init__(self, doc: Mapping[str, Any]) -> None:
         unknown = set(doc) - self.KEYS
@@ -81,6 +82,9 @@ class Script:
         if doc.get("answer_bytes"):
             self.answer = "x" * int(doc["answer_bytes"])
         self.delay_ms = int(doc.get("delay_ms", 0))
+        #: Stream this many output pieces per step (``s<step>a<attempt>.<i> ``) through
+        #: ``ctx.emit`` before the step returns (R-EVENT-1), each after ``delay_ms / deltas``.
+        self.deltas = int(doc.get("deltas", 0))
         self.barrier: Mapping[str, Any] | None = doc.get("barrier")
         self.fail: Any = doc.get("fail")
         #: ``{"step": n, "kind": "input" | "approval"}``: park the run at step n of
@@ -128,6 +132,11 @@ class Script:
             attempts = self.fail.get("attempts")
             return (steps is None or step in steps) and (attempts is None or attempt in attempts)
         return False
+
+
+def delta_piece(step: int, attempt: int, i: int) -> str:
+    """The ``i``-th output piece the synthetic provider streams at ``step`` of ``attempt``."""
+    return f"s{step}a{attempt}.{i} "
 
 
 def make_prompt(**script: Any) -> str:
@@ -191,7 +200,11 @@ class SyntheticProvider(Provider):
         try:
             if script.barrier and int(script.barrier["step"]) == ctx.step:
                 await self._barrier(str(script.barrier["name"]), ctx)
-            if script.delay_ms:
+            if script.deltas and ctx.emit is not None:
+                for i in range(script.deltas):
+                    await asyncio.sleep(script.delay_ms / 1000 / script.deltas)
+                    await ctx.emit(delta_piece(ctx.step, ctx.attempt, i))
+            elif script.delay_ms:
                 await asyncio.sleep(script.delay_ms / 1000)
         except asyncio.CancelledError:
             self._record_cancellation(ctx)

@@ -16,7 +16,7 @@ import httpx
 
 from qimpl.client.stream import FollowResult, StreamEvent, follow_run, parse_sse
 from qualify.errors import HarnessError
-from qualify.fakes.synthetic import make_prompt
+from qualify.fakes.synthetic import delta_piece, make_prompt
 from qualify.processes import ManagedProcess
 from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted
@@ -45,6 +45,33 @@ def read_stream(ctx: ScenarioContext, api: ManagedProcess, run_id: str, key: str
             if stop_after is not None and len(got) >= stop_after:
                 break
     return got
+
+
+def _streamed_while_running(events: list[dict[str, Any]], *, steps: int,
+                            pieces: int) -> tuple[str, bool, str, str]:
+    """A check (name, ok, detail, requirement) that each step's output arrived as it was
+    produced: its ``output`` delta events (``partial``) come before the step's checkpoint
+    and, for the attempt that checkpointed it, join to exactly the pieces the synthetic
+    provider streamed (R-EVENT-1)."""
+    deltas: dict[tuple[int, int], list[str]] = {}
+    order: dict[int, int] = {}
+    bad = []
+    for i, e in enumerate(events):
+        data = json.loads(e.get("data") or "{}")
+        if e.get("event") == "output" and data.get("partial"):
+            deltas.setdefault((int(data["step"]), int(data["attempt"])), []).append(data["delta"])
+            order.setdefault(int(data["step"]), i)
+        elif e.get("event") == "checkpoint":
+            step = int(data.get("checkpoint_step") or data.get("step") or 0)
+            if step and (step not in order or order[step] > i):
+                bad.append(f"step {step}: checkpoint before any streamed output")
+    for step in range(1, steps + 1):
+        joined = {attempt: "".join(parts) for (s, attempt), parts in deltas.items() if s == step}
+        want = {a: "".join(delta_piece(step, a, i) for i in range(pieces)) for a in joined}
+        if not joined or joined != want:
+            bad.append(f"step {step}: streamed {joined}, expected {want or 'some output'}")
+    return ("each step's output streamed before its checkpoint, piece by piece", not bad,
+            "; ".join(bad[:4]) or f"{sum(len(v) for v in deltas.values())} delta events", "R-EVENT-1")
 
 
 def _record(ctx: ScenarioContext, run_id: str, event: StreamEvent, process: str, client: str) -> None:
@@ -157,7 +184,8 @@ def _check_followers(ctx: ScenarioContext, followers: list[Follower], run_id: st
 def event_stream(ctx: ScenarioContext) -> None:
     apis = [ctx.processes.api("api-1"), ctx.processes.api("api-2")]
     ctx.processes.worker()
-    resp = ctx.create_run(apis[0], prompt=make_prompt(steps=5, delay_ms=150, answer="streamed"))
+    resp = ctx.create_run(apis[0], prompt=make_prompt(steps=5, delay_ms=150, answer="streamed",
+                                                      deltas=3))
     assert resp is not None
     run_id, key = resp.json()["run_id"], resp.json()["stream_key"]
     first = read_stream(ctx, apis[0], run_id, key, stop_after=3)
@@ -175,8 +203,10 @@ def event_stream(ctx: ScenarioContext) -> None:
         ctx.expect("reconnecting after the terminal event: 204, nothing more (a client stops)",
                    after == [{"status": 204, "body": ""}], str(after)[:200], "R-EVENT-3")
     kinds = {e.get("event") for e in first + rest}
-    ctx.expect("the journal has state changes, checkpoints and the answer's output event",
-               {"state", "checkpoint", "output"} <= kinds, str(sorted(k for k in kinds if k)), "R-EVENT-1")
+    ctx.expect("the journal has state changes, checkpoints, usage and the answer's output event",
+               {"state", "checkpoint", "output", "usage"} <= kinds, str(sorted(k for k in kinds if k)),
+               "R-EVENT-1")
+    ctx.expect(*_streamed_while_running(first + rest, steps=5, pieces=3))
     other = accepted(ctx, apis[0], prompt=make_prompt(steps=1))
     borrowed = read_stream(ctx, apis[0], other, key)
     ctx.expect("this run's stream key is refused for another run (404)",

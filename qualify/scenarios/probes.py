@@ -59,10 +59,11 @@ def _owner_row(ctx: ScenarioContext, run_id: str) -> dict[str, Any]:
     return dict(zip(("row_version", "generation", "owner_attempt", "state"), row, strict=True))
 
 
-def _fence_probe(dsn: str, run_id: str, tenant: str, token: dict[str, int], step: int) -> str:
-    """Write ``step``'s checkpoint through ``RunOwner`` with ``token``; returns how the
-    database answered: ``refused`` (no row matched: LostOwnership), ``guard:<SQLSTATE>``
-    or ``written``."""
+def _fence_probe(dsn: str, run_id: str, tenant: str, token: dict[str, int], step: int,
+                 write: str = "checkpoint") -> str:
+    """Write ``step``'s checkpoint (or, ``write="output delta"``, a piece of its streamed
+    output) through ``RunOwner`` with ``token``; returns how the database answered:
+    ``refused`` (no row matched: LostOwnership), ``guard:<SQLSTATE>`` or ``written``."""
     from qimpl.errors import LostOwnership
     from qimpl.workflows.owner import RunOwner
 
@@ -72,7 +73,10 @@ def _fence_probe(dsn: str, run_id: str, tenant: str, token: dict[str, int], step
             await conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
             owner = RunOwner(conn, run_id=run_id, deadline_left_s=3600.0, **token)
             try:
-                await owner.checkpoint(step, state={"probe": True}, usage={})
+                if write == "checkpoint":
+                    await owner.checkpoint(step, state={"probe": True}, usage={})
+                else:
+                    await owner.output_delta(step, "probe")
             except LostOwnership as exc:
                 cause = exc.__cause__
                 code = getattr(cause, "sqlstate", None)
@@ -176,6 +180,10 @@ def stale_writers_refused(ctx: ScenarioContext) -> None:
         ctx.history.record("probe", mechanism="fence", case=case, run_id=run_id, answer=answer)
         ctx.expect(f"the fence refuses {case}", answer == "refused",
                    f"{answer} (token {token}, owner {owner})", "R-EXEC-7")
+        streamed = _fence_probe(worker_dsn, run_id, "t-dev", token, step=2, write="output delta")
+        ctx.history.record("probe", mechanism="output fence", case=case, run_id=run_id, answer=streamed)
+        ctx.expect(f"the output fence refuses a delta from {case} (QG013)", streamed == "guard:QG013",
+                   f"{streamed} (token {token}, owner {owner})", "R-EXEC-7", "R-EVENT-1")
 
     for case, set_clause, sqlstate in GUARD_CASES:
         answer = _guard_probe(worker_dsn, run_id, "t-dev", set_clause)

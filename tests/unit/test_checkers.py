@@ -246,3 +246,21 @@ def test_catches_an_expiry_before_the_deadline() -> None:
     early = [*with_deadline(100.0)[:-1], tr(8, "running", "expired", 8, 3)]
     check = ck.deadline_respected(early)
     assert check.ok is False and "before its deadline" in check.detail
+
+
+def usage_ev(seq: int, step: int, attempt: int, total: int) -> dict[str, Any]:
+    return {**ev(seq, "usage", 3 + step), "attempt": attempt, "step": step, "status": "succeeded",
+            "total_calls": total}
+
+
+@pytest.mark.req("R-EVENT-1")
+@pytest.mark.req("R-Q34-2")
+def test_usage_events_one_per_settled_call() -> None:
+    settled = [usage_ev(20, 1, 1, 1), usage_ev(21, 2, 1, 2), usage_ev(22, 3, 2, 4)]
+    assert ck.usage_events_match_the_record(merge(good(), journal(), settled)).ok is True
+    missing = ck.usage_events_match_the_record(merge(good(), journal(), settled[:2]))
+    assert missing.ok is False and "a2 step 3 succeeded: 0 usage events for 1 settled" in missing.detail
+    twice = ck.usage_events_match_the_record(merge(good(), journal(), settled, [usage_ev(23, 1, 1, 4)]))
+    assert twice.ok is False and "2 usage events for 1 settled" in twice.detail
+    shrinking = [usage_ev(20, 1, 1, 2), usage_ev(21, 2, 1, 1), usage_ev(22, 3, 2, 4)]
+    assert ck.usage_events_match_the_record(merge(good(), journal(), shrinking)).ok is False

@@ -7,6 +7,7 @@ R-EXEC-12, R-TOOL-1)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import threading
@@ -99,11 +100,16 @@ def sent(server: HTTPServer, index: int = -1) -> dict[str, Any]:
 def test_streams_output_deltas_into_the_answer_with_token_usage(server: HTTPServer) -> None:
     serve(server, TEXT_STREAM)
     deltas: list[str] = []
+    journaled: list[str] = []
     p = provider(server)
     p.on_delta = lambda _ctx, text: deltas.append(text)
-    result = step(p, ctx())
+
+    async def emit(text: str) -> None:  # the runtime's journal of output deltas (R-EVENT-1)
+        journaled.append(text)
+
+    result = step(p, dataclasses.replace(ctx(), emit=emit))
     assert result.answer == "Hello world" and result.tool_calls == ()
-    assert deltas == ["Hel", "lo ", "world"]
+    assert deltas == ["Hel", "lo ", "world"] == journaled
     assert dict(result.usage) == {"provider_calls": 1, "input_tokens": 12, "output_tokens": 3}
     body = sent(server)
     request, _ = server.log[-1]
