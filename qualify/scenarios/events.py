@@ -359,3 +359,89 @@ def event_streams_pruned(ctx: ScenarioContext) -> None:
     ctx.expect("a live run's stream is kept", bool(kept) and kept[0].get("event") == "state",
                str(kept)[:200], "R-EVENT-5")
     ctx.cancel_run(api, live_id)
+
+
+@scenario(
+    "two-hundred-open-streams",
+    title="200 event streams open on one API instance while the control routes (create, cancel, "
+          "resume) are used: every control call is answered, every stream ends with its run's "
+          "terminal event, and the API holds no pooled connection per stream (p99 is a figure; "
+          "its bound is measured in bench/streams.py)",
+    requirements=("R-EVENT-2", "R-EVENT-3", "R-EVENT-4"),
+)
+def two_hundred_open_streams(ctx: ScenarioContext) -> None:
+    import asyncio
+    import statistics
+
+    api = ctx.processes.api(**NOTIFY_ONLY)
+    ctx.processes.worker()
+    runs = []
+    for i in range(20):
+        resp = ctx.create_run(api, prompt=make_prompt(steps=12, delay_ms=250, answer=f"s{i}"))
+        if resp is None or resp.status_code != 202:
+            raise HarnessError("a streamed run was not accepted")
+        runs.append((resp.json()["run_id"], resp.json()["stream_key"]))
+    ended: list[str] = []
+    opened = threading.Event()
+
+    async def follow(run_id: str, key: str, client: httpx.AsyncClient, started: list[int]) -> None:
+        last = "?"
+        async with client.stream("GET", PATH.format(run_id=run_id), headers={"X-Stream-Key": key}) as resp:
+            started.append(resp.status_code)
+            if len(started) == 200:
+                opened.set()
+            async for line in resp.aiter_lines():
+                if line.startswith("event:"):
+                    last = line.removeprefix("event:").strip()
+        ended.append(last)
+
+    async def streams() -> None:
+        limits = httpx.Limits(max_connections=250, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=api.base_url, timeout=120, limits=limits) as client:
+            started: list[int] = []
+            await asyncio.gather(*(follow(*runs[i % 20], client, started) for i in range(200)))
+
+    reader = threading.Thread(target=lambda: asyncio.run(streams()), daemon=True)
+    reader.start()
+    if not opened.wait(60):
+        raise HarnessError("200 streams did not open within 60 s")
+    sessions = ctx.sql("SELECT count(*) FROM pg_stat_activity WHERE usename = 'qimpl_api'"
+                       " AND datname = current_database()")[0][0]
+    took: list[float] = []
+    codes: list[int] = []
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    for i in range(15):
+        t0 = time.monotonic()
+        parked = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs", timeout=30, headers={
+            **auth, "Idempotency-Key": f"control-{i}"}, json={
+            "prompt": make_prompt(steps=2, park={"step": 1, "kind": "input"}), "durable_temporal": True})
+        took.append(time.monotonic() - t0)
+        codes.append(parked.status_code)
+        if parked.status_code != 202:
+            continue
+        run_id = parked.json()["run_id"]
+        ctx.history.record("client", op="create", phase="ok", run_id=run_id, key=f"control-{i}")
+        base = f"{api.base_url}/v1/agents/agent-1/runs/{run_id}"
+        if i % 2:
+            ctx.wait_state(api, run_id, "awaiting_input")
+            t0 = time.monotonic()
+            resumed = httpx.post(f"{base}/resume", timeout=30, json={"additional_prompt": "go"},
+                                 headers={**auth, "Idempotency-Key": f"resume-{i}"})
+            took.append(time.monotonic() - t0)
+            codes.append(resumed.status_code)
+        t0 = time.monotonic()
+        cancelled = httpx.post(f"{base}/cancel", timeout=30, headers=auth)
+        took.append(time.monotonic() - t0)
+        codes.append(cancelled.status_code)
+    reader.join(timeout=120)
+    ctx.figures["control_p99_s_with_200_streams"] = round(statistics.quantiles(took, n=100)[98], 3)
+    ctx.figures["api_db_sessions_with_200_streams"] = float(sessions)
+    ctx.expect("every control call with 200 streams open was answered without a server error",
+               all(c < 500 for c in codes) and codes.count(202) >= 15, str(sorted(set(codes))), "R-EVENT-4")
+    ctx.expect("every one of the 200 streams ended with its run's terminal event",
+               len(ended) == 200 and set(ended) == {"terminal"},
+               f"{len(ended)} ended; last events {sorted(set(ended))}", "R-EVENT-2", "R-EVENT-3")
+    ctx.expect("no pooled connection per stream: the API's sessions stay within its pool and listener",
+               sessions <= 12, f"{sessions} sessions of qimpl_api with 200 streams open", "R-EVENT-2")
+    for run_id, _ in runs:
+        ctx.wait_terminal(api, run_id, timeout_s=60)
