@@ -242,7 +242,7 @@ def stream_survives_api_kill(ctx: ScenarioContext) -> None:
     run_id, key = resp.json()["run_id"], resp.json()["stream_key"]
     followers = [Follower(ctx, f"client-{i}", [x, y], run_id, key) for i in (1, 2)]
     ctx.wait_barrier("mid-stream")
-    _woken(ctx, followers, 5)  # accepted, queued, running and steps 1-3's checkpoints
+    _woken(ctx, followers, 5)  # the first five: states, usage and checkpoints before the barrier
     fault = ctx.nemesis.sigkill(x, while_streaming=run_id)
     ctx.release_barrier("mid-stream")
     for f in followers:
@@ -275,8 +275,10 @@ def stream_survives_listener_loss(ctx: ScenarioContext) -> None:
     run_id, key = resp.json()["run_id"], resp.json()["stream_key"]
     followers = [Follower(ctx, f"subscriber-{i}", [api], run_id, key, deadline_s=45) for i in (1, 2)]
     ctx.wait_barrier("quiet")
-    _woken(ctx, followers, 5)
-    ping = _keep_alive(api, run_id, key, after=5)
+    # Everything before the barrier is committed: states, two steps' usage and checkpoints.
+    so_far = len(_journal(ctx, run_id))
+    _woken(ctx, followers, so_far)
+    ping = _keep_alive(api, run_id, key, after=so_far)
     ctx.expect("a quiet stream gets keep-alive comments", ping.startswith(":"), ping[:80], "R-EVENT-2")
     before = ctx.sql("SELECT pid FROM pg_stat_activity WHERE application_name = %s", LISTEN_APPLICATION)
     try:
