@@ -123,8 +123,8 @@ def _specs() -> tuple[FigureSpec, ...]:
         FigureSpec("qual.run_n1_s", "qualification", "full `qualify run -n 1` wall time", "s"),
         FigureSpec("qual.run_nauto_s", "qualification", "full `qualify run -n auto` wall time", "s"),
         FigureSpec("qual.random_per_h", "qualification", "random schedules per hour (one stack)", "/h"),
-        FigureSpec("res.api_rss_mib", "resources", "API peak RSS at concurrency 500", "MiB"),
-        FigureSpec("res.worker_rss_mib", "resources", "worker peak RSS at concurrency 500", "MiB"),
+        FigureSpec("res.api_rss_mib", "resources", "API peak RSS at the top concurrency (500 in a full run)", "MiB"),
+        FigureSpec("res.worker_rss_mib", "resources", "worker peak RSS at the top concurrency (500 in a full run)", "MiB"),
         FigureSpec("res.rows_per_run", "resources", "database rows inserted per run", "rows"),
         FigureSpec("res.wal_bytes_per_run", "resources", "WAL bytes written per run", "B"),
     ]
