@@ -90,23 +90,29 @@ def draw_chart(path: Path, figures: Mapping[str, float | None], *, title: str) -
     for name, prefix, style in (("floor (bare Temporal)", "floor", "s--"), ("qimpl", "qimpl", "o-"),
                                 ("DBOS Transact", "dbos", "^:")):
         xs = [c for c in CONCURRENCY if figures.get(f"{prefix}.tput_c{c}") is not None]
-        left.plot(xs, [figures[f"{prefix}.tput_c{c}"] for c in xs], style, label=name)
-    left.set_xscale("log")
+        if xs:
+            left.plot(xs, [figures[f"{prefix}.tput_c{c}"] for c in xs], style, label=name)
+    if left.lines:
+        left.set_xscale("log")
     left.set_xlabel("concurrency (in flight)")
     left.set_ylabel("completed per second (1 worker process)")
     left.set_title("throughput")
-    left.legend()
+    if left.lines:
+        left.legend()
     for name, prefix, style in (("floor (bare Temporal)", "floor", "s--"), ("qimpl", "qimpl", "o-"),
                                 ("DBOS Transact", "dbos", "^:")):
         xs = [c for c in CONCURRENCY if figures.get(f"{prefix}.lat_c{c}_p50_s") is not None]
-        right.plot(xs, [1000 * float(figures[f"{prefix}.lat_c{c}_p50_s"] or 0) for c in xs], style,
+        if xs:
+            right.plot(xs, [1000 * float(figures[f"{prefix}.lat_c{c}_p50_s"] or 0) for c in xs], style,
                    label=name)
-    right.set_xscale("log")
-    right.set_yscale("log")
+    if right.lines:
+        right.set_xscale("log")
+        right.set_yscale("log")
     right.set_xlabel("concurrency (in flight)")
     right.set_ylabel("end-to-end p50, ms")
     right.set_title("latency under load")
-    right.legend()
+    if right.lines:
+        right.legend()
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

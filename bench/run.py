@@ -131,6 +131,8 @@ def run_bench(*, sections: Sequence[str] = tuple(SECTIONS), quick: bool = False,
         report.draw_chart(png, figures, title=title)
     except ImportError:
         log("matplotlib is not installed (pip install -e '.[bench]'): no chart")
+    except ValueError as exc:  # nothing plottable: the table and the JSON still stand
+        log(f"no chart: {exc}")
     if publish:
         text = {t.id: t.text for t in TARGETS}
         (ROOT / "bench" / "RESULTS.md").write_text(

@@ -114,6 +114,8 @@ def _specs() -> tuple[FigureSpec, ...]:
                    "dbos.resume_after_kill_s"),
         FigureSpec("recovery.sigkill_p95_s", "recovery", "worker SIGKILL -> next checkpoint by a survivor p95", "s",
                    "dbos.resume_after_kill_s"),
+        FigureSpec("recovery.sigkill_lease1_p50_s", "recovery",
+                   "worker SIGKILL -> next checkpoint p50, lease 1 s (not default)", "s", "recovery.sigkill_p50_s"),
         FigureSpec("recovery.sigstop_s", "recovery", "owner SIGSTOP -> takeover (median of trials)", "s",
                    "recovery.lease_s"),
         FigureSpec("recovery.in_txn_s", "recovery", "owner paused inside its transaction -> takeover", "s",
