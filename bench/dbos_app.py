@@ -21,7 +21,7 @@ import os
 import time
 from pathlib import Path
 
-from dbos import DBOS, DBOSConfig, SetWorkflowID
+from dbos import DBOS, DBOSConfig, SetWorkflowID, WorkflowHandleAsync
 
 from bench.load import closed_loop
 
@@ -84,7 +84,7 @@ async def _hold(control: str, workflow_id: str) -> None:
 
 
 async def _recover(workflow_id: str) -> None:
-    handle = await DBOS.retrieve_workflow_async(workflow_id)
+    handle: WorkflowHandleAsync[int] = await DBOS.retrieve_workflow_async(workflow_id)
     result = await handle.get_result()
     print(f"dbos.recovered {result}", flush=True)
 

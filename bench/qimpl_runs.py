@@ -53,8 +53,11 @@ def _table_rows(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         tables = [r[0] for r in conn.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public'").fetchall()]
-        return sum(int(conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0])  # type: ignore[index]
-                   for t in tables)
+        total = 0
+        for t in tables:
+            row = conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()
+            total += int(row[0]) if row is not None else 0
+        return total
 
 
 def _wal_lsn(dsn: str) -> int:
