@@ -6,7 +6,9 @@ timeout). Seconds throughout.
   committed by the surviving worker (``run_checkpoints.created_at``, the database's
   clock, against the kill's wall clock on the same machine); ``plan.sigkill_trials``
   trials, two workers up at every kill. ``recovery.sigkill_lease1_p50_s``: the same with
-  the harness's 1 s lease (half the trials), to show how much of it is the lease.
+  the harness's 1 s lease (half the trials), to show how much of it is the lease;
+  ``..._retry_started_p50_s``: the share until Temporal started the retried attempt (its
+  history's ``ActivityTaskStarted``), the rest being qimpl's claim and step 2.
 - ``recovery.sigstop_s``, ``recovery.in_txn_s``, ``recovery.cancel_s``: the harness's
   own scenarios ``paused-owner`` (SIGSTOP at a barrier -> first write of a later attempt),
   ``owner-paused-inside-checkpoint-transaction`` (stopped between the UPDATE and the
@@ -55,9 +57,33 @@ def _checkpoint_at(ctx: ScenarioContext, run_id: str, step: int, *, timeout_s: f
         time.sleep(0.01)
 
 
-def _sigkill_trials(env: BenchEnv, trials: int, *, lease_s: float = DEFAULT_LEASE_S) -> list[float]:
-    """Seconds from each SIGKILL of the owner to checkpoint 2 by a surviving worker."""
-    samples = []
+def _retry_started(address: str, run_id: str) -> tuple[float, int] | None:
+    """(epoch seconds, attempt) at which Temporal started the activity attempt that
+    completed the run's first generation (its ``ActivityTaskStarted`` event: Temporal
+    writes it for the last attempt only); None if the history has none."""
+    import asyncio
+
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.client import Client
+
+    from qimpl.lifecycle import workflow_id
+
+    async def fetch() -> tuple[float, int] | None:
+        client = await Client.connect(address)
+        async for event in client.get_workflow_handle(workflow_id(run_id, 1)).fetch_history_events():
+            if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                at = event.event_time.seconds + event.event_time.nanos / 1e9
+                return at, int(event.activity_task_started_event_attributes.attempt)
+        return None
+
+    return asyncio.run(fetch())
+
+
+def _sigkill_trials(env: BenchEnv, trials: int, *, lease_s: float = DEFAULT_LEASE_S
+                    ) -> tuple[list[float], list[float]]:
+    """(seconds from each SIGKILL of the owner to checkpoint 2 by a surviving worker,
+    seconds from each SIGKILL to Temporal starting the attempt that did it)."""
+    samples, started = [], []
     with deployment_context(env, f"recovery-sigkill-{lease_s:g}", lease_s=lease_s) as ctx:
         api = ctx.processes.api()
         workers = [ctx.processes.spawn_worker("worker-0"), ctx.processes.spawn_worker("worker-1")]
@@ -74,11 +100,16 @@ def _sigkill_trials(env: BenchEnv, trials: int, *, lease_s: float = DEFAULT_LEAS
             killed_at = time.time()
             ctx.nemesis.sigkill(owner, barrier=name, run_id=run_id)
             samples.append(_checkpoint_at(ctx, run_id, 2, timeout_s=60) - killed_at)
-            env.log(f"  recovery: SIGKILL -> next checkpoint {samples[-1]:.2f} s (lease {lease_s:g} s)")
             ctx.wait_terminal(api, run_id, timeout_s=60)
+            retry = _retry_started(env.temporal_address, run_id)
+            if retry is not None and retry[1] > 1:
+                started.append(retry[0] - killed_at)
+            env.log(f"  recovery: SIGKILL -> next checkpoint {samples[-1]:.2f} s (lease {lease_s:g} s;"
+                    f" Temporal started attempt {retry and retry[1]} after "
+                    f"{retry[0] - killed_at if retry else float('nan'):.2f} s)")
             workers.remove(owner)
             workers.append(ctx.processes.worker(f"worker-{i + 2}"))
-    return samples
+    return samples, started
 
 
 def _scenario_figures(env: BenchEnv, trials: int) -> tuple[dict[str, Any], dict[str, list[str]]]:
@@ -105,12 +136,17 @@ def _scenario_figures(env: BenchEnv, trials: int) -> tuple[dict[str, Any], dict[
 def measure_recovery(env: BenchEnv) -> dict[str, Any]:
     """Every recovery figure (see the module docstring); processes always reaped."""
     out: dict[str, Any] = {"recovery.lease_s": DEFAULT_LEASE_S}
-    kills = summarize(_sigkill_trials(env, env.plan.sigkill_trials))
+    samples, started = _sigkill_trials(env, env.plan.sigkill_trials)
+    kills = summarize(samples)
     out.update({"recovery.sigkill_p50_s": kills.p50, "recovery.sigkill_p95_s": kills.p95,
                 "recovery.sigkill_max_s": kills.max})
+    if started:
+        out["recovery.sigkill_retry_started_p50_s"] = summarize(started).p50
     # The same with the harness's lease (1 s): how much of the figure is the lease.
-    short = summarize(_sigkill_trials(env, max(2, env.plan.sigkill_trials // 2), lease_s=HARNESS_LEASE_S))
-    out["recovery.sigkill_lease1_p50_s"] = short.p50
+    samples, started = _sigkill_trials(env, max(2, env.plan.sigkill_trials // 2), lease_s=HARNESS_LEASE_S)
+    out["recovery.sigkill_lease1_p50_s"] = summarize(samples).p50
+    if started:
+        out["recovery.sigkill_lease1_retry_started_p50_s"] = summarize(started).p50
     figures, verdicts = _scenario_figures(env, env.plan.pause_trials)
     out.update(figures)
     out["recovery.scenario_verdicts"] = verdicts
