@@ -13,7 +13,8 @@ async def closed_loop(op: Callable[[int], Awaitable[object]], *, concurrency: in
                       total: int) -> tuple[float, list[float]]:
     """Run ``op(i)`` for i in 0..total-1 with at most ``concurrency`` in flight; returns
     (wall time in seconds from the first start to the last completion, seconds of each
-    ``op``). An exception of any ``op`` propagates (the others are cancelled)."""
+    ``op``). An exception of any ``op`` is raised in an ExceptionGroup (the others are
+    cancelled)."""
     next_i = 0
     latencies: list[float] = []
 
