@@ -8,7 +8,9 @@ Figures (seconds, per second, MiB, rows, bytes):
   them, sequential (one run at a time);
 - ``qimpl.tput_c<C>``: runs completed per second, closed loop with C runs in flight
   (create over HTTP, completion seen in the database), and ``qimpl.lat_c<C>_p50_s`` the
-  runs' ``accepted_at -> completed_at`` p50 under that load;
+  runs' ``accepted_at -> completed_at`` p50 under that load; ``qimpl.dispatch_unknown_c<C>``
+  how many creates answered 503 ``durable_dispatch_unknown`` (accepted; the worker's
+  reconciler dispatches them after its grace);
 - ``qimpl.checkpoint_p50_s``: one checkpoint commit, timed around qimpl's own
   ``RunOwner.checkpoint`` on a run this process claimed (as the worker's role);
 - ``res.rows_per_run``/``res.wal_bytes_per_run``: rows inserted into qimpl's tables and
@@ -128,22 +130,31 @@ class _Completions:
                 await asyncio.sleep(0.01)
 
 
-async def _throughput(api: ManagedProcess, dsn: str, concurrency: int, total: int) -> tuple[float, list[str], int]:
-    """(elapsed seconds, run ids, runs not completed) of ``total`` runs, ``concurrency`` in flight."""
+async def _throughput(api: ManagedProcess, dsn: str, concurrency: int, total: int
+                      ) -> tuple[float, list[str], int, int]:
+    """(elapsed seconds, run ids, runs not completed, 503 ``durable_dispatch_unknown``
+    answers) of ``total`` runs, ``concurrency`` in flight. A 503 with its receipt is an
+    accepted run whose dispatch the reconciler confirms later (R-CREATE-5): the client
+    keeps the receipt and waits for that run, as the spec tells clients to."""
     done = _Completions(dsn)
     stop = asyncio.Event()
     ids: list[str] = []
-    not_completed = 0
+    not_completed = unknown = 0
     limits = httpx.Limits(max_connections=concurrency + 5, max_keepalive_connections=concurrency + 5)
     async with httpx.AsyncClient(base_url=api.base_url, headers=HEADERS, timeout=120, limits=limits) as client:
 
         async def one(_: int) -> None:
-            nonlocal not_completed
+            nonlocal not_completed, unknown
             resp = await client.post("/v1/agents/bench/runs", json=_body(),
                                      headers={"Idempotency-Key": str(uuid.uuid4())})
-            if resp.status_code != 202:
+            doc = resp.json()
+            if resp.status_code == 503 and doc.get("code") == "durable_dispatch_unknown":
+                unknown += 1
+                run_id = str(doc["receipt"]["run_id"])
+            elif resp.status_code == 202:
+                run_id = str(doc["run_id"])
+            else:
                 raise HarnessError(f"create answered {resp.status_code}: {resp.text[:200]}")
-            run_id = str(resp.json()["run_id"])
             ids.append(run_id)
             if await done.wait(run_id) != "completed":
                 not_completed += 1
@@ -154,7 +165,7 @@ async def _throughput(api: ManagedProcess, dsn: str, concurrency: int, total: in
         finally:
             stop.set()
             await poller
-    return elapsed, ids, not_completed
+    return elapsed, ids, not_completed, unknown
 
 
 class _PeakRss:
@@ -217,7 +228,9 @@ def measure_qimpl(env: BenchEnv) -> dict[str, Any]:
     with deployment_context(env, "qimpl") as ctx:
         dsn = ctx.deployment.dsn
         api = ctx.processes.spawn_api("api-1")
-        worker = ctx.processes.spawn_worker("worker-1")
+        # As deployed: the worker runs the reconciler for the tenant, which confirms a
+        # dispatch the API could not (R-CREATE-5, R-OPS-3); everything else at defaults.
+        worker = ctx.processes.spawn_worker("worker-1", env={"DURABLE_AGENT_RECONCILE_TENANTS": '["t-dev"]'})
         api.wait_ready()
         worker.wait_ready()
         _sequential(api, dsn, 3)  # warm-up
@@ -238,16 +251,18 @@ def measure_qimpl(env: BenchEnv) -> dict[str, Any]:
             total = plan.total(c)
             if c == top:
                 with _PeakRss({"api": api.pid, "worker": worker.pid}) as rss:
-                    elapsed, run_ids, bad = asyncio.run(_throughput(api, dsn, c, total))
+                    elapsed, run_ids, bad, unknown = asyncio.run(_throughput(api, dsn, c, total))
                 out["res.api_rss_mib"], out["res.worker_rss_mib"] = rss.peak["api"], rss.peak["worker"]
                 out["res.rss_at_concurrency"] = c
             else:
-                elapsed, run_ids, bad = asyncio.run(_throughput(api, dsn, c, total))
+                elapsed, run_ids, bad, unknown = asyncio.run(_throughput(api, dsn, c, total))
             out[f"qimpl.tput_c{c}"] = (total - bad) / elapsed
             out[f"qimpl.not_completed_c{c}"] = bad
+            out[f"qimpl.dispatch_unknown_c{c}"] = unknown
             lat = _e2e(dsn, run_ids)
             if lat:
                 out[f"qimpl.lat_c{c}_p50_s"] = summarize(lat).p50
-            env.log(f"  qimpl: concurrency {c}: {(total - bad) / elapsed:.1f} runs/s ({bad} not completed)")
+            env.log(f"  qimpl: concurrency {c}: {(total - bad) / elapsed:.1f} runs/s ({bad} not completed, "
+                    f"{unknown} answered 503 durable_dispatch_unknown)")
         out["qimpl.checkpoint_p50_s"] = summarize(asyncio.run(_checkpoints(dsn, plan.commits // 5 or 10))).p50
     return out
