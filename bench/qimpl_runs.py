@@ -78,16 +78,19 @@ def _e2e(dsn: str, run_ids: list[str]) -> list[float]:
     return [float(r[0]) for r in rows]
 
 
-def _sequential(api: ManagedProcess, dsn: str, n: int) -> tuple[list[float], list[str]]:
-    """``n`` runs one at a time: (POST -> 202 seconds each, run ids)."""
-    accept, ids = [], []
+def _sequential(api: ManagedProcess, dsn: str, n: int
+                ) -> tuple[list[float], list[str], list[tuple[float, float]]]:
+    """``n`` runs one at a time: (POST -> 202 seconds each, run ids, (sent, answered)
+    epoch seconds of each POST)."""
+    accept, ids, wall = [], [], []
     with httpx.Client(base_url=api.base_url, headers=HEADERS, timeout=30) as client, \
             psycopg.connect(dsn, autocommit=True) as conn:
         for _ in range(n):
-            t0 = time.perf_counter()
+            sent, t0 = time.time(), time.perf_counter()
             resp = client.post("/v1/agents/bench/runs", json=_body(),
                                headers={"Idempotency-Key": str(uuid.uuid4())})
             accept.append(time.perf_counter() - t0)
+            wall.append((sent, time.time()))
             if resp.status_code != 202:
                 raise HarnessError(f"create answered {resp.status_code}: {resp.text[:200]}")
             run_id = resp.json()["run_id"]
@@ -100,7 +103,31 @@ def _sequential(api: ManagedProcess, dsn: str, n: int) -> tuple[list[float], lis
                 if time.monotonic() > deadline:
                     raise HarnessError(f"run {run_id} not terminal after 60 s")
                 time.sleep(0.002)
-    return accept, ids
+    return accept, ids, wall
+
+
+def _acceptance_phases(dsn: str, ids: list[str], wall: list[tuple[float, float]]) -> dict[str, float]:
+    """Where an acceptance's time goes, p50 seconds, from the database's own timestamps
+    (same machine, same clock): POST sent -> run committed (``accepted_at``: auth,
+    validation, lookups, the insert), -> dispatch confirmed (``dispatch_confirmed_at``:
+    the Temporal start and the confirming commit), -> 202 received."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = dict(conn.execute(
+            "SELECT run_id::text, ARRAY[extract(epoch FROM accepted_at)::float8,"
+            " extract(epoch FROM dispatch_confirmed_at)::float8] FROM runs WHERE run_id = ANY(%s)",
+            (ids,)).fetchall())
+    before, dispatch, after = [], [], []
+    for run_id, (sent, answered) in zip(ids, wall, strict=True):
+        accepted_at, confirmed_at = rows[run_id]
+        before.append(accepted_at - sent)
+        if confirmed_at is not None:
+            dispatch.append(confirmed_at - accepted_at)
+            after.append(answered - confirmed_at)
+    out = {"qimpl.accept_to_insert_p50_s": summarize(before).p50}
+    if dispatch:
+        out["qimpl.accept_dispatch_p50_s"] = summarize(dispatch).p50
+        out["qimpl.accept_after_confirm_p50_s"] = summarize(after).p50
+    return out
 
 
 class _Completions:
@@ -235,13 +262,14 @@ def measure_qimpl(env: BenchEnv) -> dict[str, Any]:
         worker.wait_ready()
         _sequential(api, dsn, 3)  # warm-up
         rows0, wal0 = _table_rows(dsn), _wal_lsn(dsn)
-        accept, ids = _sequential(api, dsn, plan.sequential)
+        accept, ids, wall = _sequential(api, dsn, plan.sequential)
         rows1, wal1 = _table_rows(dsn), _wal_lsn(dsn)
         out["res.rows_per_run"] = (rows1 - rows0) / plan.sequential
         out["res.wal_bytes_per_run"] = (wal1 - wal0) / plan.sequential
         e2e = _e2e(dsn, ids)
         if len(e2e) != len(ids):
             raise HarnessError(f"{len(ids) - len(e2e)} of {len(ids)} sequential runs did not complete")
+        out.update(_acceptance_phases(dsn, ids, wall))
         a, e = summarize(accept), summarize(e2e)
         out.update({"qimpl.accept_p50_s": a.p50, "qimpl.accept_p95_s": a.p95,
                     "qimpl.e2e_p50_s": e.p50, "qimpl.e2e_p95_s": e.p95})

@@ -90,6 +90,12 @@ def _specs() -> tuple[FigureSpec, ...]:
     s += [
         FigureSpec("qimpl.accept_p50_s", "qimpl", "acceptance POST -> 202 p50", "s", "floor.accept_budget_s"),
         FigureSpec("qimpl.accept_p95_s", "qimpl", "acceptance POST -> 202 p95", "s", "floor.accept_budget_s"),
+        FigureSpec("qimpl.accept_to_insert_p50_s", "qimpl", "  of which POST sent -> run committed p50", "s",
+                   "qimpl.accept_p50_s"),
+        FigureSpec("qimpl.accept_dispatch_p50_s", "qimpl", "  of which committed -> dispatch confirmed p50", "s",
+                   "qimpl.accept_p50_s"),
+        FigureSpec("qimpl.accept_after_confirm_p50_s", "qimpl", "  of which confirmed -> 202 received p50", "s",
+                   "qimpl.accept_p50_s"),
         FigureSpec("qimpl.e2e_p50_s", "qimpl", "run end-to-end (accepted_at -> completed_at) p50", "s",
                    "floor.e2e_budget_s"),
         FigureSpec("qimpl.e2e_p95_s", "qimpl", "run end-to-end (accepted_at -> completed_at) p95", "s",
