@@ -112,13 +112,14 @@ def _acceptance_phases(dsn: str, ids: list[str], wall: list[tuple[float, float]]
     validation, lookups, the insert), -> dispatch confirmed (``dispatch_confirmed_at``:
     the Temporal start and the confirming commit), -> 202 received."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = dict(conn.execute(
+        rows: dict[str, list[float | None]] = dict(conn.execute(
             "SELECT run_id::text, ARRAY[extract(epoch FROM accepted_at)::float8,"
             " extract(epoch FROM dispatch_confirmed_at)::float8] FROM runs WHERE run_id = ANY(%s)",
             (ids,)).fetchall())
     before, dispatch, after = [], [], []
     for run_id, (sent, answered) in zip(ids, wall, strict=True):
         accepted_at, confirmed_at = rows[run_id]
+        assert accepted_at is not None  # NOT NULL in the schema
         before.append(accepted_at - sent)
         if confirmed_at is not None:
             dispatch.append(confirmed_at - accepted_at)
