@@ -78,6 +78,22 @@ def _e2e(dsn: str, run_ids: list[str]) -> list[float]:
     return [float(r[0]) for r in rows]
 
 
+def _e2e_phases(dsn: str, run_ids: list[str]) -> dict[str, float]:
+    """Where a run's end-to-end time goes, p50 seconds, by the database's timestamps:
+    ``accepted_at -> started_at`` (dispatch, the workflow task, the activity's schedule,
+    its lease session and the claim) and ``started_at -> completed_at`` (three provider
+    steps, three checkpoints and the final commit)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT extract(epoch FROM started_at - accepted_at)::float8,"
+            " extract(epoch FROM completed_at - started_at)::float8 FROM runs"
+            " WHERE run_id = ANY(%s) AND state = 'completed'", (run_ids,)).fetchall()
+    if not rows:
+        return {}
+    return {"qimpl.e2e_to_claim_p50_s": summarize([float(r[0]) for r in rows]).p50,
+            "qimpl.e2e_claim_to_done_p50_s": summarize([float(r[1]) for r in rows]).p50}
+
+
 def _sequential(api: ManagedProcess, dsn: str, n: int
                 ) -> tuple[list[float], list[str], list[tuple[float, float]]]:
     """``n`` runs one at a time: (POST -> 202 seconds each, run ids, (sent, answered)
@@ -271,6 +287,7 @@ def measure_qimpl(env: BenchEnv) -> dict[str, Any]:
         if len(e2e) != len(ids):
             raise HarnessError(f"{len(ids) - len(e2e)} of {len(ids)} sequential runs did not complete")
         out.update(_acceptance_phases(dsn, ids, wall))
+        out.update(_e2e_phases(dsn, ids))
         a, e = summarize(accept), summarize(e2e)
         out.update({"qimpl.accept_p50_s": a.p50, "qimpl.accept_p95_s": a.p95,
                     "qimpl.e2e_p50_s": e.p50, "qimpl.e2e_p95_s": e.p95})
