@@ -113,6 +113,15 @@ def draw_chart(path: Path, figures: Mapping[str, float | None], *, title: str) -
     right.set_title("latency under load")
     if right.lines:
         right.legend()
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    for ax in (left, right):
+        if ax.lines:
+            shown = sorted({int(x) for line in ax.lines for x in line.get_xdata()})
+            ax.set_xticks(shown, [str(c) for c in shown])
+            ax.yaxis.set_major_formatter(ScalarFormatter())
+            ax.yaxis.set_minor_formatter(NullFormatter())
+            ax.xaxis.set_minor_formatter(NullFormatter())
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
