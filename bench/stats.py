@@ -116,6 +116,7 @@ def _specs() -> tuple[FigureSpec, ...]:
     ]
     s += [FigureSpec(f"dbos.tput_c{c}", "peer", f"DBOS workflows/s, 1 process, concurrency {c}", "/s")
           for c in CONCURRENCY]
+    s += [FigureSpec("qimpl.e2e_vs_dbos_p50_s", "peer", "qimpl end-to-end p50 vs DBOS", "s", "dbos.e2e_p50_s")]
     s += [FigureSpec(f"qimpl.tput_vs_dbos_c{c}", "peer", f"qimpl runs/s at concurrency {c} vs DBOS", "/s",
                      f"dbos.tput_c{c}") for c in CONCURRENCY]
     s += [
@@ -156,14 +157,15 @@ def derived(values: Figures) -> dict[str, float | None]:
     """The reference budgets the issue defines from floor figures (seconds):
     ``floor.e2e_budget_s`` = floor workflow p50 + 4 x floor commit p50 (the issue's
     budget for a 3-step run: a workflow plus about four commits), and
-    ``floor.accept_budget_s`` = floor commit p50 + raw Temporal start p50; plus the
-    qimpl throughput copied under the keys compared with DBOS."""
+    ``floor.accept_budget_s`` = floor commit p50 + raw Temporal start p50; plus qimpl's
+    end-to-end p50 and throughput copied under the keys compared with DBOS."""
     wf, commit, start = (values.get("floor.wf_p50_s"), values.get("floor.commit_p50_s"),
                          values.get("floor.start_p50_s"))
     out: dict[str, float | None] = {
         "floor.e2e_budget_s": None if wf is None or commit is None else wf + 4 * commit,
         "floor.accept_budget_s": None if start is None or commit is None else commit + start,
     }
+    out["qimpl.e2e_vs_dbos_p50_s"] = values.get("qimpl.e2e_p50_s")
     for c in CONCURRENCY:
         out[f"qimpl.tput_vs_dbos_c{c}"] = values.get(f"qimpl.tput_c{c}")
     return out
