@@ -45,7 +45,9 @@ def markdown(rows: Sequence[FigureRow], targets: Sequence[TargetResult], *, meta
     """The table and the targets as Markdown (``bench/RESULTS.md``)."""
     out = [f"Measured {meta.get('finished_at', '?')} at git {meta.get('git_sha', '?')}"
            f"{' (dirty)' if meta.get('git_dirty') else ''}, mode `{meta.get('mode', '?')}`, "
-           f"bench wall time {meta.get('wall_s', 0):.0f} s, {meta.get('cpus', '?')} CPUs.", "",
+           f"bench wall time {meta.get('wall_s', 0):.0f} s, {meta.get('cpus', '?')} CPUs, "
+           f"1-minute load average {meta.get('loadavg_1min', '?')} (start, end)."
+           + (f" {meta['note']}" if meta.get("note") else ""), "",
            "| section | figure | value | ratio to | status |", "|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r.spec.section} | {r.spec.label} | {format_value(r.value, r.spec.unit)} | "

@@ -4,6 +4,7 @@ the results (JSON, chart, and with ``publish`` the curated ``bench/RESULTS.md`` 
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -67,18 +68,21 @@ _EXTRA = ("dbos", "matplotlib", "rich", "typer", "httpx")
 
 def run_bench(*, sections: Sequence[str] = tuple(SECTIONS), quick: bool = False,
               full_qualify: bool = False, out: Path = ROOT / "bench" / "results",
-              publish: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
+              publish: bool = False, note: str = "",
+              log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run ``sections`` on one embedded stack; returns the results document (also written
     to ``out/<UTC stamp>.json``, with the chart beside it as ``.png``). A section that
     raises is recorded under ``errors`` and its figures stay unmeasured; the others run.
-    ``full_qualify`` adds the full ``qualify run`` timings (slow). ValueError for an
-    unknown section."""
+    ``full_qualify`` adds the full ``qualify run`` timings (slow); ``note`` (how the
+    machine was shared, say) goes into the results and ``RESULTS.md``, with the 1-minute
+    load average at the start and the end. ValueError for an unknown section."""
     from qualify.stack import EmbeddedStack
 
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         raise ValueError(f"unknown sections {sorted(unknown)}; known: {', '.join(SECTIONS)}")
     t0 = time.monotonic()
+    load_start = os.getloadavg()[0]
     stamp = utc_stamp()
     prov = provenance()
     for name in _EXTRA:
@@ -121,7 +125,8 @@ def run_bench(*, sections: Sequence[str] = tuple(SECTIONS), quick: bool = False,
     wall = round(time.monotonic() - t0, 1)
     meta = {"finished_at": datetime.now(UTC).isoformat(timespec="seconds"), "mode": "quick" if quick else "full",
             "git_sha": prov["git_sha"], "git_dirty": prov["git_dirty"], "wall_s": wall,
-            "cpus": prov["machine"]["cpus"]}
+            "cpus": prov["machine"]["cpus"], "note": note,
+            "loadavg_1min": [round(load_start, 2), round(os.getloadavg()[0], 2)]}
     doc = {"meta": meta, "provenance": prov, "sections": list(sections), "section_s": timings,
            "figures": figures, "errors": errors,
            "targets": [t.__dict__ for t in targets],
