@@ -71,6 +71,9 @@ class BenchEnv:
     log: Any = print
     #: Also time the full ``qualify run`` at -n 1 and -n auto (slow: minutes each).
     full_qualify: bool = False
+    #: Where a section keeps what must outlive the run (a failing qualification's report);
+    #: beside the results file, created on demand.
+    keep_dir: Path | None = None
 
     @property
     def pg_dsn(self) -> str:

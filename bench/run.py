@@ -100,7 +100,7 @@ def run_bench(*, sections: Sequence[str] = tuple(SECTIONS), quick: bool = False,
         log(f"stack: PostgreSQL {info.postgres_version}, Temporal {info.temporal_version}, "
             f"booted in {info.boot_s:.2f} s")
         env = BenchEnv(stack=stack, plan=Plan.of(quick), workdir=workdir, log=log,
-                       full_qualify=full_qualify)
+                       full_qualify=full_qualify, keep_dir=out / f"{stamp}-kept")
         for name in SECTIONS:
             if name not in sections:
                 continue
