@@ -1,0 +1,312 @@
+"""Pure arithmetic of the benchmark: percentiles, ratios, the figure table and the targets.
+
+No I/O and no clock: every function takes measured numbers and returns numbers or rows,
+so the unit tests (``tests/unit/test_bench_stats.py``) need no service.
+
+Figures are one flat mapping ``key -> value`` (``None``: not measured in this run).
+Every duration is in **seconds**, every rate in **per second** (``random_per_h``: per
+hour), memory in **MiB**, bytes in **bytes**. ``FIGURES`` says, for each key, its label,
+unit and the figure it is compared with (its *reference*: the floor or the peer);
+``TARGETS`` are the issue's goals as pure predicates over the same mapping.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["CONCURRENCY", "FIGURES", "TARGETS", "FigureRow", "FigureSpec", "Summary",
+           "Target", "TargetResult", "evaluate", "format_value", "percentile", "ratio",
+           "rows", "summarize"]
+
+#: Concurrency levels of the throughput figures (runs in flight at once).
+CONCURRENCY: tuple[int, ...] = (1, 10, 100, 500)
+
+Figures = Mapping[str, float | None]
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0 <= q <= 100) by linear interpolation between closest
+    ranks (numpy's default). Raises ValueError for no samples or q out of range."""
+    if not samples:
+        raise ValueError("percentile of no samples")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile {q} out of 0..100")
+    xs = sorted(samples)
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Order statistics of samples, in the samples' unit."""
+
+    n: int
+    p50: float
+    p95: float
+    mean: float
+    min: float
+    max: float
+
+
+def summarize(samples: Sequence[float]) -> Summary:
+    """``Summary`` of ``samples``; ValueError when empty."""
+    if not samples:
+        raise ValueError("summary of no samples")
+    return Summary(n=len(samples), p50=percentile(samples, 50), p95=percentile(samples, 95),
+                   mean=sum(samples) / len(samples), min=min(samples), max=max(samples))
+
+
+def ratio(value: float | None, reference: float | None) -> float | None:
+    """``value / reference``; None when either is missing or the reference is not > 0."""
+    if value is None or reference is None or reference <= 0:
+        return None
+    return value / reference
+
+
+# -- the figure table -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FigureSpec:
+    key: str
+    section: str
+    label: str
+    unit: str  # "s", "/s", "/h", "MiB", "B", "rows"
+    #: The figure this one is compared with (floor or peer); "" for none.
+    ref: str = ""
+
+
+def _specs() -> tuple[FigureSpec, ...]:
+    s: list[FigureSpec] = [
+        FigureSpec("floor.wf_p50_s", "floor", "bare workflow + 1 no-op activity, end-to-end p50", "s"),
+        FigureSpec("floor.wf_p95_s", "floor", "bare workflow + 1 no-op activity, end-to-end p95", "s"),
+        FigureSpec("floor.start_p50_s", "floor", "raw Temporal start (start_workflow) p50", "s"),
+        FigureSpec("floor.commit_p50_s", "floor", "bare one-row UPDATE commit p50", "s"),
+    ]
+    s += [FigureSpec(f"floor.tput_c{c}", "floor", f"workflows/s, 1 worker, concurrency {c}", "/s")
+          for c in CONCURRENCY]
+    s += [
+        FigureSpec("qimpl.accept_p50_s", "qimpl", "acceptance POST -> 202 p50", "s", "floor.accept_budget_s"),
+        FigureSpec("qimpl.accept_p95_s", "qimpl", "acceptance POST -> 202 p95", "s", "floor.accept_budget_s"),
+        FigureSpec("qimpl.accept_to_insert_p50_s", "qimpl", "  of which POST sent -> run committed p50", "s",
+                   "qimpl.accept_p50_s"),
+        FigureSpec("qimpl.accept_dispatch_p50_s", "qimpl", "  of which committed -> dispatch confirmed p50", "s",
+                   "qimpl.accept_p50_s"),
+        FigureSpec("qimpl.accept_after_confirm_p50_s", "qimpl", "  of which confirmed -> 202 received p50", "s",
+                   "qimpl.accept_p50_s"),
+        FigureSpec("qimpl.e2e_p50_s", "qimpl", "run end-to-end (accepted_at -> completed_at) p50", "s",
+                   "floor.e2e_budget_s"),
+        FigureSpec("qimpl.e2e_to_claim_p50_s", "qimpl", "  of which accepted -> claimed (started_at) p50", "s",
+                   "qimpl.e2e_p50_s"),
+        FigureSpec("qimpl.e2e_claim_to_done_p50_s", "qimpl", "  of which claimed -> completed p50", "s",
+                   "qimpl.e2e_p50_s"),
+        FigureSpec("qimpl.e2e_p95_s", "qimpl", "run end-to-end (accepted_at -> completed_at) p95", "s",
+                   "dbos.e2e_p95_s"),
+        FigureSpec("qimpl.checkpoint_p50_s", "qimpl", "one checkpoint commit (RunOwner.checkpoint) p50", "s",
+                   "floor.commit_p50_s"),
+    ]
+    s += [FigureSpec(f"qimpl.tput_c{c}", "qimpl", f"runs/s, 1 worker, concurrency {c}", "/s",
+                     f"floor.tput_c{c}") for c in CONCURRENCY]
+    s += [
+        FigureSpec("dbos.e2e_p50_s", "peer", "DBOS 3-step workflow end-to-end p50", "s"),
+        FigureSpec("dbos.e2e_p95_s", "peer", "DBOS 3-step workflow end-to-end p95", "s"),
+        FigureSpec("dbos.resume_after_kill_s", "peer", "DBOS SIGKILL -> restarted process ran the next step", "s"),
+    ]
+    s += [FigureSpec(f"dbos.tput_c{c}", "peer", f"DBOS workflows/s, 1 process, concurrency {c}", "/s")
+          for c in CONCURRENCY]
+    s += [FigureSpec("qimpl.e2e_vs_dbos_p50_s", "peer", "qimpl end-to-end p50 vs DBOS", "s", "dbos.e2e_p50_s")]
+    s += [FigureSpec(f"qimpl.tput_vs_dbos_c{c}", "peer", f"qimpl runs/s at concurrency {c} vs DBOS", "/s",
+                     f"dbos.tput_c{c}") for c in CONCURRENCY]
+    s += [
+        FigureSpec("recovery.lease_s", "recovery", "lease = heartbeat timeout (qimpl default)", "s"),
+        FigureSpec("recovery.sigkill_p50_s", "recovery", "worker SIGKILL -> next checkpoint by a survivor p50", "s",
+                   "dbos.resume_after_kill_s"),
+        FigureSpec("recovery.sigkill_p95_s", "recovery", "worker SIGKILL -> next checkpoint by a survivor p95", "s",
+                   "dbos.resume_after_kill_s"),
+        FigureSpec("recovery.sigkill_retry_started_p50_s", "recovery",
+                   "  of which SIGKILL -> Temporal started the retried attempt, p50", "s",
+                   "recovery.sigkill_p50_s"),
+        FigureSpec("recovery.sigkill_lease1_p50_s", "recovery",
+                   "worker SIGKILL -> next checkpoint p50, lease 1 s (not default)", "s", "recovery.sigkill_p50_s"),
+        FigureSpec("recovery.sigkill_lease1_retry_started_p50_s", "recovery",
+                   "  of which SIGKILL -> Temporal started the retried attempt, lease 1 s", "s",
+                   "recovery.sigkill_lease1_p50_s"),
+        FigureSpec("recovery.sigstop_s", "recovery", "owner SIGSTOP -> takeover (median of trials)", "s",
+                   "recovery.lease_s"),
+        FigureSpec("recovery.in_txn_s", "recovery", "owner paused inside its transaction -> takeover", "s",
+                   "recovery.lease_s"),
+        FigureSpec("recovery.cancel_s", "recovery", "cancel commit -> running step stopped", "s"),
+        FigureSpec("qual.boot_p50_s", "qualification", "stack boot p50", "s"),
+        FigureSpec("qual.run_n1_s", "qualification", "full `qualify run -n 1` wall time", "s"),
+        FigureSpec("qual.run_nauto_s", "qualification", "full `qualify run -n auto` wall time", "s"),
+        FigureSpec("qual.random_per_h", "qualification", "random schedules per hour (one stack)", "/h"),
+        FigureSpec("res.api_rss_mib", "resources", "API peak RSS at the top concurrency (500 in a full run)", "MiB"),
+        FigureSpec("res.worker_rss_mib", "resources", "worker peak RSS at the top concurrency (500 in a full run)", "MiB"),
+        FigureSpec("res.rows_per_run", "resources", "database rows inserted per run", "rows"),
+        FigureSpec("res.wal_bytes_per_run", "resources", "WAL bytes written per run", "B"),
+    ]
+    return tuple(s)
+
+
+FIGURES: tuple[FigureSpec, ...] = _specs()
+
+
+def derived(values: Figures) -> dict[str, float | None]:
+    """The reference budgets the issue defines from floor figures (seconds):
+    ``floor.e2e_budget_s`` = floor workflow p50 + 4 x floor commit p50 (the issue's
+    budget for a 3-step run: a workflow plus about four commits), and
+    ``floor.accept_budget_s`` = floor commit p50 + raw Temporal start p50; plus qimpl's
+    end-to-end p50 and throughput copied under the keys compared with DBOS."""
+    wf, commit, start = (values.get("floor.wf_p50_s"), values.get("floor.commit_p50_s"),
+                         values.get("floor.start_p50_s"))
+    out: dict[str, float | None] = {
+        "floor.e2e_budget_s": None if wf is None or commit is None else wf + 4 * commit,
+        "floor.accept_budget_s": None if start is None or commit is None else commit + start,
+    }
+    out["qimpl.e2e_vs_dbos_p50_s"] = values.get("qimpl.e2e_p50_s")
+    for c in CONCURRENCY:
+        out[f"qimpl.tput_vs_dbos_c{c}"] = values.get(f"qimpl.tput_c{c}")
+    return out
+
+
+@dataclass(frozen=True)
+class FigureRow:
+    spec: FigureSpec
+    value: float | None
+    ratio: float | None
+    #: "measured", "not measured in this run", or "last known (<file>)".
+    status: str
+
+
+def rows(values: Figures, *, previous: Figures | None = None,
+         previous_label: str = "") -> list[FigureRow]:
+    """One row per ``FIGURES`` entry with its ratio to its reference. A figure missing
+    from ``values`` but present in ``previous`` is shown with that value, labelled
+    ``last known (<previous_label>)``."""
+    full = {**values, **derived(values)}
+    out = []
+    for spec in FIGURES:
+        value, status = full.get(spec.key), "measured"
+        if value is None and previous and previous.get(spec.key) is not None:
+            value, status = previous[spec.key], f"last known ({previous_label})"
+        elif value is None:
+            status = "not measured in this run"
+        ref = full.get(spec.ref) if spec.ref else None
+        out.append(FigureRow(spec, value, ratio(value, ref) if status == "measured" else None, status))
+    return out
+
+
+def format_value(value: float | None, unit: str) -> str:
+    """Human form: seconds below 1 as ms, rates with one decimal, bytes and rows whole."""
+    if value is None:
+        return "-"
+    if unit == "s":
+        return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
+    if unit in ("/s", "/h"):
+        return f"{value:,.1f}{unit}"
+    if unit == "MiB":
+        return f"{value:.0f} MiB"
+    return f"{value:,.0f} {unit}"
+
+
+# -- targets -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TargetResult:
+    target: str
+    #: True met, False missed, None not measured.
+    met: bool | None
+    value: float | None
+    limit: float | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class Target:
+    id: str
+    text: str
+    #: (value, limit) from the figures; either None means "not measured".
+    measure: Callable[[Mapping[str, float | None]], tuple[float | None, float | None]]
+    #: True: met when value <= limit; False: met when value >= limit.
+    at_most: bool = True
+
+
+def _key(k: str) -> Callable[[Mapping[str, float | None]], float | None]:
+    return lambda v: v.get(k)
+
+
+def _const(x: float) -> Callable[[Mapping[str, float | None]], float | None]:
+    return lambda v: x
+
+
+def _scaled(k: str, factor: float) -> Callable[[Mapping[str, float | None]], float | None]:
+    return lambda v: None if v.get(k) is None else factor * float(v[k])  # type: ignore[arg-type]
+
+
+def _plus(k: str, extra: float) -> Callable[[Mapping[str, float | None]], float | None]:
+    return lambda v: None if v.get(k) is None else float(v[k]) + extra  # type: ignore[arg-type]
+
+
+def _pair(value: Callable[[Mapping[str, float | None]], float | None],
+          limit: Callable[[Mapping[str, float | None]], float | None]
+          ) -> Callable[[Mapping[str, float | None]], tuple[float | None, float | None]]:
+    return lambda v: (value(v), limit(v))
+
+
+def _best_run(v: Mapping[str, float | None]) -> float | None:
+    runs = [x for x in (v.get("qual.run_n1_s"), v.get("qual.run_nauto_s")) if x is not None]
+    return min(runs) if runs else None
+
+
+def _targets() -> tuple[Target, ...]:
+    t = [
+        Target("sigkill-p50", "worker SIGKILL -> next checkpoint by a survivor p50 <= 1.5 s",
+               _pair(_key("recovery.sigkill_p50_s"), _const(1.5))),
+        Target("sigkill-p95", "worker SIGKILL -> next checkpoint by a survivor p95 <= 2.5 s",
+               _pair(_key("recovery.sigkill_p95_s"), _const(2.5))),
+        Target("sigstop-takeover", "SIGSTOPped owner -> takeover <= lease + 2 s",
+               _pair(_key("recovery.sigstop_s"), _plus("recovery.lease_s", 2.0))),
+        Target("in-txn-takeover", "owner paused inside its transaction -> takeover <= lease + 2 s",
+               _pair(_key("recovery.in_txn_s"), _plus("recovery.lease_s", 2.0))),
+        Target("cancel", "cancel -> running step stopped <= 1 s",
+               _pair(_key("recovery.cancel_s"), _const(1.0))),
+        Target("e2e", "qimpl end-to-end p50 <= 1.5 x (floor workflow p50 + 4 x floor commit p50)",
+               _pair(_key("qimpl.e2e_p50_s"), _scaled("floor.e2e_budget_s", 1.5))),
+        Target("accept", "acceptance p50 <= 1.5 x (one commit + one raw Temporal start)",
+               _pair(_key("qimpl.accept_p50_s"), _scaled("floor.accept_budget_s", 1.5))),
+    ]
+    for c in CONCURRENCY:
+        t.append(Target(f"tput-floor-c{c}", f"qimpl throughput >= 0.5 x floor at concurrency {c}",
+                        _pair(_key(f"qimpl.tput_c{c}"), _scaled(f"floor.tput_c{c}", 0.5)), at_most=False))
+        t.append(Target(f"tput-dbos-c{c}", f"qimpl throughput >= 0.5 x DBOS at concurrency {c}",
+                        _pair(_key(f"qimpl.tput_c{c}"), _scaled(f"dbos.tput_c{c}", 0.5)), at_most=False))
+    t += [
+        Target("qualify-run", "full `qualify run` <= 60 s on 2 cores (best of -n 1 and -n auto)",
+               _pair(_best_run, _const(60.0))),
+        Target("random-rate", "random schedules >= 1,000 an hour",
+               _pair(_key("qual.random_per_h"), _const(1000.0)), at_most=False),
+        Target("boot", "stack boot <= 0.5 s p50", _pair(_key("qual.boot_p50_s"), _const(0.5))),
+    ]
+    return tuple(t)
+
+
+TARGETS: tuple[Target, ...] = _targets()
+
+
+def evaluate(values: Figures, targets: Sequence[Target] = TARGETS) -> list[TargetResult]:
+    """Judge every target against ``values`` (derived budgets included): met, missed,
+    or not measured (None) when its figure or its limit is missing."""
+    full = {**values, **derived(values)}
+    out = []
+    for tgt in targets:
+        value, limit = tgt.measure(full)
+        if value is None or limit is None:
+            out.append(TargetResult(tgt.id, None, value, limit, "not measured in this run"))
+            continue
+        met = value <= limit if tgt.at_most else value >= limit
+        op = "<=" if tgt.at_most else ">="
+        out.append(TargetResult(tgt.id, met, value, limit,
+                                f"{value:.4g} {op} {limit:.4g}: {'met' if met else 'missed'}"))
+    return out
