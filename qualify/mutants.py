@@ -170,7 +170,7 @@ CATALOG: tuple[Mutant, ...] = (
          Patch("qimpl/api/routers/controls.py",
                "await asyncio.wait_for(handle.cancel(), timeout=svc.settings.dispatch_timeout_s)",
                "pass")),
-        "cancel-stops-a-long-step", "the provider step was cancelled within 1 s of the cancel"),
+        "cancel-stops-a-long-step", "the provider step was cancelled within 1 s of the cancel commit"),
     Mutant(
         "provider-call-recorded-after-the-call", "observed usage (R-Q34-2)",
         (Patch("qimpl/workflows/activities.py", "        call = await owner.call_started(ctx.step)\n",
