@@ -110,12 +110,12 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=60)
     args = parser.parse_args()
     stack = EmbeddedStack()
-    stack.start()
+    info = stack.start()
     work = Path(tempfile.mkdtemp(prefix="bench-streams-"))
     processes: Processes | None = None
     try:
         dsn = stack.create_database(f"bench_{uuid.uuid4().hex[:8]}")
-        deployment = Deployment(dsn=dsn, temporal_address=stack.info.temporal_address,
+        deployment = Deployment(dsn=dsn, temporal_address=info.temporal_address,
                                 task_queue=f"bench-{uuid.uuid4().hex[:8]}", control_dir=work / "control",
                                 logs_dir=work / "logs", heartbeat_timeout_s=5.0)
         deployment.control_dir.mkdir(parents=True)
