@@ -51,6 +51,7 @@ async def dispatch(client: Client, row: dict[str, Any], settings: Settings) -> s
                 id=wf_id,
                 task_queue=settings.task_queue,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                task_timeout=timedelta(seconds=settings.workflow_task_timeout_s),
                 rpc_timeout=timedelta(seconds=settings.dispatch_timeout_s),
             ),
             timeout=settings.dispatch_timeout_s,

@@ -129,6 +129,10 @@ class Settings(BaseSettings):
         default=5.0, gt=0,
         description="how long the API waits for Temporal before answering 503 `durable_dispatch_unknown` (R-CREATE-5); a key whose first request is unanswered for this long + 1 s stops answering 409 `idempotency_key_in_flight`",
         json_schema_extra=_example("5"))
+    workflow_task_timeout_s: float = Field(
+        default=3.0, ge=1, le=120,
+        description="Temporal workflow task timeout of each dispatched run, seconds (Temporal's default is 10): a paused worker's outstanding poll holds a new run's first workflow task this long before a live worker gets it",
+        json_schema_extra=_example("3"))
     concurrency_limit: int = Field(
         default=0, ge=0, validation_alias=AliasChoices("AGENT_CONCURRENCY_LIMIT", "QIMPL_CONCURRENCY_LIMIT"),
         description="execution slots per tenant (`running` + `awaiting_approval`); 0: no limit (R-EXEC-9)",

@@ -106,6 +106,7 @@ def run(
     parallel: Annotated[str, typer.Option("-n", "--parallel", help="parallel slices, each with its own stack; 'auto' = CPUs")] = "1",
     determinism_check: Annotated[bool, typer.Option("--determinism-check", help="measure how reproducible the harness is, and exit")] = False,
     shard: Annotated[str | None, typer.Option("--shard", help="K/N: run only the K-th of N shards of the selection (merge the shards' reports with qualify merge)")] = None,
+    spawn: Annotated[str, typer.Option("--spawn", help="how API and worker processes start: auto (random schedules fork from a preloaded server, catalog scenarios exec), fork or exec")] = "auto",
 ) -> None:
     """Boot a disposable stack, run the scenarios, write a sign-off report."""
     from qualify.session import SessionOptions, parse_shard, run_session
@@ -118,7 +119,7 @@ def run(
     n = (os.cpu_count() or 1) if parallel == "auto" else int(parallel)
     opts = SessionOptions(scenario_ids=scenario or [], random_n=random_n, seed=seed, stack_kind=stack,
                           pg_dsn=pg_dsn, temporal_address=temporal_address, reports_root=reports_dir,
-                          reruns=reruns, parallel=max(1, n))
+                          reruns=reruns, parallel=max(1, n), spawn=spawn)
 
     def session() -> int:
         opts.shard = parse_shard(shard) if shard is not None else None

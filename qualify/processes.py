@@ -18,12 +18,16 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import psutil
 
 from qualify.errors import HarnessError
-from qualify.procs import free_port, kill_tree, spawn, wait_until
+from qualify.procs import Child, free_port, kill_tree, spawn, wait_until
+
+if TYPE_CHECKING:
+    from qualify.forkserver import ForkServer
 
 __all__ = ["Deployment", "ManagedProcess", "Processes", "SinkProcess"]
 
@@ -83,16 +87,20 @@ class ManagedProcess:
     """One API or worker process. ``start`` returns once it is ready."""
 
     def __init__(self, *, name: str, kind: str, argv: list[str], env: dict[str, str],
-                 log_path: Path, port: int | None = None) -> None:
+                 log_path: Path, port: int | None = None, launcher: ForkServer | None = None) -> None:
         self.name = name
         self.kind = kind
         self.argv = argv
         self.env = env
         self.log_path = log_path
         self.port = port
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Child | None = None
         self.started_at = 0.0
         self._offset = 0
+        #: Forks ``python -m`` processes from preloaded modules (the soak, R-Q-10); None: exec.
+        self.launcher = launcher
+        #: How the last spawn started the process: ``exec`` or ``fork``.
+        self.spawned_by = ""
 
     @property
     def pid(self) -> int:
@@ -115,7 +123,12 @@ class ManagedProcess:
     def spawn(self) -> ManagedProcess:
         """Start the process without waiting: several can then boot at once."""
         self._offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        self.proc = spawn(self.argv, log_path=self.log_path, env=self.env)
+        if self.launcher is not None and self.argv[1:2] == ["-m"] and self.launcher.accepts(self.env):
+            self.proc = self.launcher.spawn(self.argv[2], self.argv[3:], env=self.env, log_path=self.log_path)
+            self.spawned_by = "fork"
+        else:
+            self.proc = spawn(self.argv, log_path=self.log_path, env=self.env)
+            self.spawned_by = "exec"
         self.started_at = time.time()
         return self
 
@@ -172,9 +185,11 @@ class ManagedProcess:
 class Processes:
     """Registry of a scenario's processes; ``stop_all`` reaps every one of them."""
 
-    def __init__(self, deployment: Deployment) -> None:
+    def __init__(self, deployment: Deployment, *, launcher: ForkServer | None = None) -> None:
         self.deployment = deployment
         self.all: dict[str, ManagedProcess] = {}
+        #: When set, API and worker processes are forked from it (``qualify.forkserver``).
+        self.launcher = launcher
 
     def _log(self, name: str) -> Path:
         return self.deployment.logs_dir / f"{name}.log"
@@ -195,6 +210,7 @@ class Processes:
         proc = ManagedProcess(
             name=name, kind="api", port=port, log_path=self._log(name),
             env=self.deployment.env("qimpl_api", **(env or {})),
+            launcher=self.launcher,
             argv=[sys.executable, "-m", "uvicorn", "--factory", "qimpl.api.app:create_app",
                   "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
                   "--no-access-log"],
@@ -208,7 +224,7 @@ class Processes:
         proc = ManagedProcess(
             name=name, kind="worker", log_path=self._log(name),
             env=self.deployment.env("qimpl_worker", **(env or {})),
-            argv=[sys.executable, "-m", "qimpl.workflows.worker"],
+            argv=[sys.executable, "-m", "qimpl.workflows.worker"], launcher=self.launcher,
         )
         self.all[name] = proc
         return proc.spawn()

@@ -15,13 +15,25 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import psutil
 
 from qualify.errors import HarnessError
 
-__all__ = ["Restartable", "free_port", "kill_tree", "spawn", "wait_until"]
+__all__ = ["Child", "Restartable", "free_port", "kill_tree", "spawn", "wait_until"]
+
+
+class Child(Protocol):
+    """What the harness needs of a child process: ``subprocess.Popen`` or a process of
+    the fork server (``qualify.forkserver.ForkedProcess``)."""
+
+    pid: int
+    returncode: int | Any
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
 
 _PR_SET_PDEATHSIG = 1
 
@@ -70,7 +82,7 @@ def spawn(
         log.close()
 
 
-def kill_tree(proc: subprocess.Popen[bytes], *, first: int = signal.SIGTERM, grace_s: float = 5.0) -> None:
+def kill_tree(proc: Child, *, first: int = signal.SIGTERM, grace_s: float = 5.0) -> None:
     """Stop ``proc`` and all its descendants; always reaps ``proc``. Idempotent."""
     if proc.poll() is not None and not _group_alive(proc.pid):
         return
@@ -123,7 +135,7 @@ def wait_until(
     timeout_s: float,
     what: str,
     interval_s: float = 0.02,
-    proc: subprocess.Popen[bytes] | None = None,
+    proc: Child | None = None,
 ) -> float:
     """Poll ``check`` until true; returns seconds waited. Raises HarnessError on timeout
     or when ``proc`` exits first."""

@@ -65,6 +65,7 @@ def scenario_doc(r: ScenarioResult, *, report_dir: Path, stack_kind: str) -> dic
         "history": str((r.out_dir / "history.jsonl").relative_to(report_dir)),
         "logs": [str((r.out_dir / p).relative_to(report_dir)) for p in r.logs],
         "repro": repro_line(r.scenario.id, r.seed, stack_kind),
+        "spawn": r.spawn,
     }
     if r.scenario.schedule is not None:
         doc["schedule"] = json.loads(r.scenario.schedule)

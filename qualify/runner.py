@@ -23,6 +23,7 @@ from qualify.checkers import GENERIC_CHECKERS, Check, accepted_runs, run_checks
 from qualify.collect import database_events, file_events, workflow_events
 from qualify.errors import HarnessError, InvariantViolation
 from qualify.faults import Nemesis
+from qualify.forkserver import ForkServer
 from qualify.history import Event, HistoryRecorder, merge
 from qualify.processes import Deployment, Processes, SinkProcess
 from qualify.scenarios import Scenario, ScenarioContext
@@ -55,6 +56,9 @@ class ScenarioResult:
     #: "k/n" when a failure was re-run: how often it reproduced.
     reproduction: str = ""
     crash_point_evidence: list[dict[str, Any]] = field(default_factory=list)
+    #: How the scenario's API and worker processes started: ``exec``, ``fork`` (from the
+    #: preloaded fork server, ``qualify.forkserver``) or ``fork+exec``.
+    spawn: str = "exec"
 
 
 #: What a qimpl process must never print: a trace (R-EXEC-6, R-READ-3) or a crash on exit.
@@ -107,8 +111,9 @@ def judge(checks: list[Check], faults: list[dict[str, Any]], *, expected_faults:
 
 
 def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir: Path,
-                 heartbeat_timeout_s: float = 1.0) -> ScenarioResult:
-    """Run one scenario on ``stack``; never raises for a product or harness failure."""
+                 heartbeat_timeout_s: float = 1.0, launcher: ForkServer | None = None) -> ScenarioResult:
+    """Run one scenario on ``stack``; never raises for a product or harness failure.
+    With ``launcher``, its API and worker processes are forked from that fork server."""
     out_dir.mkdir(parents=True, exist_ok=True)
     assert stack.info is not None
     control = out_dir / "control"
@@ -123,7 +128,7 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
                             sink_url=sink.url)
     history = HistoryRecorder(out_dir / "history.jsonl")
     history.record("scenario", phase="start", id=scenario.id, seed=seed)
-    processes = Processes(deployment)
+    processes = Processes(deployment, launcher=launcher)
     nemesis = Nemesis(history)
     ctx = ScenarioContext(deployment=deployment, processes=processes, history=history,
                           nemesis=nemesis, rng=random.Random(sub_seed(seed, scenario.id)),
@@ -181,4 +186,6 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
         crash_point_evidence=[{"point": e["point"], "action": e["action"], "pid": e["pid"]}
                               for e in events if e["type"] == "crash_point"],
         logs=sorted(str(p.relative_to(out_dir)) for p in (out_dir / "logs").glob("*.log")),
+        spawn="+".join(sorted({p.spawned_by for p in processes.all.values() if p.spawned_by},
+                              reverse=True)) or "exec",
     )

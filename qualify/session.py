@@ -17,6 +17,7 @@ from typing import Any
 from qualify import interrupt
 from qualify.coverage import gate
 from qualify.errors import HarnessError, UsageError
+from qualify.forkserver import SPAWN_MODES, SpawnPolicy
 from qualify.procs import kill_tree, spawn
 from qualify.provenance import provenance, utc_stamp
 from qualify.report import build_summary, scenario_doc, write_report
@@ -103,6 +104,9 @@ class SessionOptions:
     #: ``(k, n)``: run only the k-th of n shards (1-based) of the selection (R-Q-10); the
     #: shards' reports are merged by ``qualify merge`` into one report and one verdict.
     shard: tuple[int, int] | None = None
+    #: How API and worker processes start (``qualify.forkserver.SPAWN_MODES``): ``auto``
+    #: forks those of random schedules from a preloaded server and execs the catalog's.
+    spawn: str = "auto"
 
     @property
     def whole_selection(self) -> bool:
@@ -149,12 +153,16 @@ def full_run_gates(summary: dict[str, Any], docs: Sequence[dict[str, Any]]) -> N
 
 
 def _run_one(stack: Any, sc: Scenario, *, seed: int, report_dir: Path, reruns: int,
-             stack_kind: str) -> dict[str, Any]:
-    result = run_scenario(stack, sc, seed=seed, out_dir=report_dir / "scenarios" / sc.id)
+             stack_kind: str, spawn_policy: SpawnPolicy | None = None) -> dict[str, Any]:
+    policy = spawn_policy or SpawnPolicy("exec")
+    generated = sc.schedule is not None
+    result = run_scenario(stack, sc, seed=seed, out_dir=report_dir / "scenarios" / sc.id,
+                          launcher=policy.launcher_for(generated))
     if result.verdict is Verdict.FAIL and reruns > 0:
         failed = 1
         for i in range(reruns):
-            again = run_scenario(stack, sc, seed=seed, out_dir=report_dir / "scenarios" / sc.id / f"rerun-{i + 1}")
+            again = run_scenario(stack, sc, seed=seed, out_dir=report_dir / "scenarios" / sc.id / f"rerun-{i + 1}",
+                                 launcher=policy.launcher_for(generated))
             failed += again.verdict is Verdict.FAIL
         result.reproduction = f"{failed}/{reruns + 1}"
         if failed < reruns + 1:
@@ -173,7 +181,7 @@ def _run_parallel(opts: SessionOptions, seed: int, scenarios: list[Scenario], re
             "pg_dsn": opts.pg_dsn, "temporal_address": opts.temporal_address, "reruns": opts.reruns,
             "report_dir": str(report_dir),
             "schedule": str(opts.schedule_path) if opts.schedule_path else None,
-            "schedule_id": schedule_ids[0] if schedule_ids else None}
+            "schedule_id": schedule_ids[0] if schedule_ids else None, "spawn": opts.spawn}
     ini = report_dir / ".pytest.ini"
     ini.write_text("[pytest]\n")  # none of the project's options: this is not its test suite
     on_event("slice", {"index": f"xdist x{opts.parallel}", "scenarios": spec["ids"]})
@@ -210,6 +218,8 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
         raise UsageError(f"unknown stack {opts.stack_kind!r}: {', '.join(STACK_KINDS)}")
     if opts.schedule_path is not None and not opts.schedule_path.is_file():
         raise UsageError(f"no schedule file at {opts.schedule_path}")
+    if opts.spawn not in SPAWN_MODES:
+        raise UsageError(f"unknown spawn mode {opts.spawn!r}: {', '.join(SPAWN_MODES)}")
     seed = opts.seed if opts.seed is not None else secrets.randbits(32)
     # Scenario names first, then the stack (built, not started): a usage error leaves
     # nothing behind, not even an empty stack directory, and comes before any report.
@@ -235,6 +245,7 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
         for doc in docs:
             on_event("scenario_end", {**doc, "prefix": True})
     else:
+        policy = SpawnPolicy(opts.spawn)
         try:
             info = stack.start()
             stack_doc = {k: v for k, v in asdict(info).items() if k not in ("pg_dsn",)}
@@ -247,7 +258,7 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
                     continue
                 on_event("scenario_start", sc)
                 docs.append(_run_one(stack, sc, seed=seed, report_dir=report_dir, reruns=opts.reruns,
-                                     stack_kind=opts.stack_kind))
+                                     stack_kind=opts.stack_kind, spawn_policy=policy))
                 on_event("scenario_end", docs[-1])
             if opts.keep and any(d["status"] != "pass" for d in docs):
                 on_event("keep", {"pg_dsn": info.pg_dsn, "temporal_address": info.temporal_address,
@@ -258,6 +269,7 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
         finally:
             with interrupt.deferred():
                 try:
+                    policy.stop()
                     stack.stop()
                 except HarnessError as exc:
                     crashed = crashed or str(exc)

@@ -35,7 +35,7 @@ import psycopg
 from qualify import interrupt
 from qualify.errors import HarnessError, UsageError
 from qualify.processes import Deployment, ManagedProcess, Processes
-from qualify.procs import kill_tree
+from qualify.procs import Child, kill_tree
 from qualify.stack._embedded import API_ROLE, TEMPLATE_DB, WORKER_ROLE, _build_template, _schema_key
 from qualify.stack.postgres import SHM, PostgresServer, _traversable_by_others, embedded_bin_dir
 from qualify.stack.temporal import TemporalServer
@@ -247,7 +247,7 @@ class UpEnvironment:
 
     def child_pids(self) -> list[int]:
         """Every process this environment started, descendants included."""
-        procs = [self.postgres.proc, self.temporal.proc]
+        procs: list[Child | None] = [self.postgres.proc, self.temporal.proc]
         if self.processes is not None:
             procs += [p.proc for p in self.processes.all.values()]
         pids = []

@@ -34,8 +34,19 @@ def qualify_stack() -> Iterator[Any]:
         stack.stop()
 
 
+@pytest.fixture(scope="session")
+def spawn_policy() -> Iterator[Any]:
+    from qualify.forkserver import SpawnPolicy
+
+    policy = SpawnPolicy(SPEC.get("spawn", "auto"))
+    try:
+        yield policy
+    finally:
+        policy.stop()
+
+
 @pytest.mark.parametrize("scenario_id", SPEC["ids"])
-def test_scenario(scenario_id: str, qualify_stack: Any) -> None:
+def test_scenario(scenario_id: str, qualify_stack: Any, spawn_policy: Any) -> None:
     from qualify.session import _run_one, resolve
 
     if SPEC.get("schedule") and scenario_id == SPEC.get("schedule_id"):
@@ -44,7 +55,7 @@ def test_scenario(scenario_id: str, qualify_stack: Any) -> None:
         (sc,) = resolve([scenario_id], seed=SPEC["seed"])
     report_dir = Path(SPEC["report_dir"])
     doc = _run_one(qualify_stack, sc, seed=SPEC["seed"], report_dir=report_dir, reruns=SPEC["reruns"],
-                   stack_kind=SPEC["stack_kind"])
+                   stack_kind=SPEC["stack_kind"], spawn_policy=spawn_policy)
     out = report_dir / ".docs"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{scenario_id}.json").write_text(json.dumps(doc, default=str))

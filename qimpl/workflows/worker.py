@@ -92,6 +92,9 @@ def build_worker(client: Client, settings: WorkerSettings,
         # A paused worker's outstanding activity polls can each swallow one retry (the
         # server hands it the task; it never starts). Fewer polls, fewer lost attempts.
         max_concurrent_activity_task_polls=2,
+        # Likewise for workflow tasks (each swallowed one waits out the run's workflow task
+        # timeout, QIMPL_WORKFLOW_TASK_TIMEOUT_S); two is the least a sticky worker polls.
+        max_concurrent_workflow_task_polls=2,
         max_concurrent_activities=settings.max_concurrent_activities,
         graceful_shutdown_timeout=timedelta(seconds=2),
     )

@@ -1,0 +1,74 @@
+"""The soak's fork server (R-Q-10, R-Q-2): forked children run their module as
+``__main__`` with their own environment, argv, log and session; exit codes and signals
+come back like ``Popen``'s; stopping the server reaps every child."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from qualify.forkserver import ForkServer, forkable
+
+pytestmark = pytest.mark.req("R-Q-10")
+
+CHILD = textwrap.dedent("""
+    import os, sys, time
+    print("argv", sys.argv[1:], "env", os.environ.get("FS_TEST"), "name", __name__, flush=True)
+    print("pgid", os.getpgid(0) == os.getpid(), flush=True)
+    if sys.argv[1:] == ["sleep"]:
+        time.sleep(60)
+    sys.exit(int(os.environ.get("FS_CODE", "0")))
+""")
+
+
+@pytest.fixture()
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ForkServer]:
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "fs_child.py").write_text(CHILD)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "mods"), *sys.path]))
+    fs = ForkServer(tmp_path / "fs", preload=("json",)).start()
+    try:
+        yield fs
+    finally:
+        fs.stop()
+
+
+def test_child_runs_its_module_with_its_env_argv_and_log(server: ForkServer, tmp_path: Path) -> None:
+    env = {**server.env, "FS_TEST": "hello", "FS_CODE": "3"}
+    child = server.spawn("fs_child", ["a", "b"], env=env, log_path=tmp_path / "logs" / "c.log")
+    assert child.wait(timeout=20) == 3
+    log = (tmp_path / "logs" / "c.log").read_text()
+    assert "argv ['a', 'b'] env hello name __main__" in log
+    assert "pgid True" in log
+    assert not psutil.pid_exists(child.pid)  # reaped by the server
+
+
+def test_signals_come_back_as_negative_codes_and_stop_reaps_all(server: ForkServer, tmp_path: Path) -> None:
+    env = dict(server.env)
+    killed = server.spawn("fs_child", ["sleep"], env=env, log_path=tmp_path / "k.log")
+    kept = server.spawn("fs_child", ["sleep"], env=env, log_path=tmp_path / "s.log")
+    assert killed.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        killed.wait(timeout=0.2)
+    os.killpg(killed.pid, signal.SIGKILL)
+    assert killed.wait(timeout=10) == -signal.SIGKILL
+    assert psutil.pid_exists(kept.pid)
+    server.stop()
+    assert not server.alive
+    assert not psutil.pid_exists(kept.pid) or psutil.Process(kept.pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_process_that_changes_interpreter_start_up_is_not_forked() -> None:
+    base = {"PATH": "/bin", "PYTHONPATH": "/x", "PYTHONUNBUFFERED": "1"}
+    assert forkable({**base, "QIMPL_X": "1"}, base)
+    assert forkable({"PATH": "/bin", "PYTHONPATH": "/x"}, base)
+    assert not forkable({**base, "LD_PRELOAD": "/lib/libfaketime.so.1"}, base)
+    assert not forkable({**base, "PYTHONPATH": "/y"}, base)
