@@ -39,6 +39,7 @@ __all__ = [
     "slot_holders",
     "slot_limit_respected",
     "stream_events_consistent",
+    "writes_committed_whole",
 ]
 
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
@@ -398,6 +399,87 @@ def event_journal_matches_run_record(history: Sequence[Event]) -> Check:
     return Check(name, not bad, _summary(bad) or f"{len(by_run)} runs' journals", reqs)
 
 
+#: Journal events that describe the write at their ``row_version`` (written by the audit
+#: row's commit trigger); ``output`` ones too when they carry a checkpoint's whole text.
+_WRITE_EVENTS = frozenset({"state", "checkpoint", "tool_call", "tool_result", "terminal"})
+
+
+def writes_committed_whole(history: Sequence[Event]) -> Check:
+    """Each write is one transaction (R-EXEC-3, R-EXEC-7, R-EVENT-1, R-Q-5), judged by the
+    transaction the database stamped on every row it wrote (``xact_id``; migration
+    ``20261203_090000_write_xacts``), not by luck of a kill landing between two commits:
+
+    - a checkpoint at ``row_version`` v was committed by the transaction that bumped the
+      run to v (its audit row, the ``transition`` at v): a step's checkpoint and its
+      ``row_version + 1`` are one commit (R-EXEC-3);
+    - each journal event describing the write at v (``state``, ``checkpoint``,
+      ``tool_call``, ``tool_result``, ``terminal``, and a checkpoint's ``output`` with
+      its whole text) was committed with it too (R-EVENT-1); a streamed delta is not;
+    - a tool invocation's intent (or request, or an outcome written at once) was committed
+      with the fenced write at its ``intent_row_version``, and a worker's outcome with
+      the one at its ``outcome_row_version`` (R-EXEC-7, R-TOOL-1);
+    - a ``usage`` event was committed by the transaction that settled a provider call of
+      its run, attempt, step and status (R-Q34-2).
+
+    A stamped row whose write is missing (no transition at its row version) is a split
+    too: its partner never committed. Unstamped rows (an older schema, rows written
+    before the migration) are not judged; a history with none passes with a note."""
+    name = "every row committed in its write's transaction"
+    reqs = ("R-EXEC-3", "R-EXEC-7", "R-EVENT-1", "R-Q-5")
+    writes: dict[tuple[str, int], str | None] = {}
+    for t in _of(history, "transition"):
+        writes[(str(t["run_id"]), int(t["row_version"]))] = t.get("xact_id")
+    # (what, run, row version, its transaction): rows that belong to the write at that version
+    parts: list[tuple[str, str, int, str]] = []
+    for c in _of(history, "checkpoint"):
+        if c.get("xact_id"):
+            parts.append((f"checkpoint {c['step']}", str(c["run_id"]), int(c["row_version"]), c["xact_id"]))
+    usage: list[Event] = []
+    for e in _of(history, "run_event"):
+        if not e.get("xact_id"):
+            continue
+        if e["kind"] in _WRITE_EVENTS or (e["kind"] == "output" and e.get("text_chars") is not None):
+            parts.append((f"{e['kind']} event {e['seq']}", str(e["run_id"]), int(e["row_version"]),
+                          e["xact_id"]))
+        elif e["kind"] == "usage":
+            usage.append(e)
+    for i in _of(history, "tool_invocation"):
+        run, call = str(i["run_id"]), i["call_id"]
+        if i.get("intent_xact") and i.get("intent_row_version") is not None:
+            parts.append((f"call {call}'s intent", run, int(i["intent_row_version"]), i["intent_xact"]))
+        if (i.get("outcome_xact") and i.get("outcome_xact") != i.get("intent_xact")
+                and i.get("settled_by") == "worker" and i.get("outcome_row_version") is not None):
+            parts.append((f"call {call} outcome {i['status']}", run, int(i["outcome_row_version"]),
+                          i["outcome_xact"]))
+    bad: list[str] = []
+    judged = 0
+    for what, run, version, xact in parts:
+        if (run, version) not in writes:
+            judged += 1
+            bad.append(f"{run}: {what} committed (transaction {xact}) for v{version}, a row version"
+                       " the run never had")
+            continue
+        write = writes[(run, version)]
+        if write is None:
+            continue  # the write predates the stamps
+        judged += 1
+        if write != xact:
+            bad.append(f"{run}: {what} committed in transaction {xact}, its write to v{version} in {write}")
+    settles: dict[tuple[str, int, int, str], set[str]] = defaultdict(set)
+    for r in _of(history, "provider_call_record"):
+        if r.get("ended_xact"):
+            settles[(str(r["run_id"]), int(r["attempt"]), int(r["step"]), r["status"])].add(r["ended_xact"])
+    for e in usage:
+        judged += 1
+        key = (str(e["run_id"]), int(e["attempt"]), int(e["step"]), e["status"])
+        if e["xact_id"] not in settles.get(key, set()):
+            bad.append(f"{key[0]}: usage event {e['seq']} (a{key[1]} step {key[2]} {key[3]}) committed in"
+                       f" transaction {e['xact_id']}, which settled no such provider call")
+    if not judged:
+        return Check(name, True, "no row stamped with its transaction")  # cites nothing: vacuous
+    return Check(name, not bad, _summary(bad) or f"{judged} rows, each in its write's transaction", reqs)
+
+
 def event_prunes_bounded(history: Sequence[Event]) -> Check:
     """Pruning (R-EVENT-5, R-OPS-3): each pruning transaction (tombstones sharing
     ``pruned_by`` and ``t``) pruned at most 100 streams of one tenant; every pruned run is
@@ -682,6 +764,7 @@ GENERIC_CHECKERS: tuple[Callable[[Sequence[Event]], Check], ...] = (
     stream_events_consistent,
     event_journal_matches_run_record,
     usage_events_match_the_record,
+    writes_committed_whole,
     event_prunes_bounded,
     no_side_effect_repeated,
     no_execution_without_intent,

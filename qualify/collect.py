@@ -22,7 +22,7 @@ _TOOL_INVOCATIONS = (
     " provider_call_id, arguments, arguments_digest, approval_id, status, result,"
     " intent_attempt, intent_row_version, outcome_row_version,"
     " extract(epoch FROM intent_at)::float8 AS t, extract(epoch FROM outcome_at)::float8 AS outcome_t,"
-    " settled_by, resolution_note, committed_by"
+    " settled_by, resolution_note, committed_by{xacts}"
     " FROM tool_invocations ORDER BY intent_at, run_id, step, position"
 )
 
@@ -31,7 +31,7 @@ _TOOL_INVOCATIONS = (
 _PROVIDER_CALLS = (
     "SELECT id, run_id::text, tenant_id, generation, attempt, step, row_version, status,"
     " outcome_code, input_tokens, output_tokens, extract(epoch FROM started_at)::float8 AS t,"
-    " extract(epoch FROM ended_at)::float8 AS ended_t, committed_by FROM provider_calls ORDER BY id"
+    " extract(epoch FROM ended_at)::float8 AS ended_t, committed_by{xacts} FROM provider_calls ORDER BY id"
 )
 
 #: The fakes' own records (relative to the control directory) and their event types.
@@ -46,7 +46,10 @@ FILE_EVENTS = (
 def database_events(dsn: str) -> list[Event]:
     """Every run (its deadline), transition (from the database's own audit trigger),
     checkpoint, tool invocation (the journal, R-TOOL-1), provider-call record (observed
-    usage, R-Q34-2) and journal event (R-EVENT-1), all read in one snapshot."""
+    usage, R-Q34-2) and journal event (R-EVENT-1), all read in one snapshot. Where the
+    schema stamps them, each row carries the transaction that wrote it (``xact_id``; a
+    tool invocation's ``intent_xact``/``outcome_xact``, a provider call's
+    ``started_xact``/``ended_xact``; text, comparable only for equality)."""
     out: list[Event] = []
     # One snapshot for every table: a write still committing cannot leave its transition
     # without its run record or its event in the history.
@@ -60,6 +63,12 @@ def database_events(dsn: str) -> list[Event]:
         # The writer's identity, as the writing session gave it (absent before that migration).
         who = (", writer_pid, writer_role, writer_token, writer_lock"
                if writer and writer["present"] else "")
+        stamped = conn.execute(
+            "SELECT count(*) > 0 AS present FROM information_schema.columns"
+            " WHERE table_name = 'run_transitions' AND column_name = 'xact_id'").fetchone()
+        # Each row's writing transaction (absent before migration 20261203_090000_write_xacts).
+        xact = stamped is not None and bool(stamped["present"])
+        who += ", xact_id::text" if xact else ""
         for row in conn.execute(
             "SELECT id, run_id::text, row_version, old_state, new_state, generation, owner_attempt,"
             f" checkpoint_step{who}, extract(epoch FROM at)::float8 AS t FROM run_transitions ORDER BY id"
@@ -73,20 +82,23 @@ def database_events(dsn: str) -> list[Event]:
             out.append({"type": "run", **row})
         for row in conn.execute(
             "SELECT run_id::text, step, generation, attempt, row_version,"
+            f"{' xact_id::text,' if xact else ''}"
             " extract(epoch FROM created_at)::float8 AS t FROM run_checkpoints ORDER BY row_version"
         ):
             out.append({"type": "checkpoint", **row})
         journal = conn.execute("SELECT to_regclass('tool_invocations') IS NOT NULL AS present").fetchone()
         if journal and journal["present"]:  # absent before the tool journal's migration
-            for row in conn.execute(_TOOL_INVOCATIONS):
+            tool_xacts = ", intent_xact::text, outcome_xact::text" if xact else ""
+            for row in conn.execute(_TOOL_INVOCATIONS.format(xacts=tool_xacts)):
                 out.append({"type": "tool_invocation", **row})
         record = conn.execute("SELECT to_regclass('provider_calls') IS NOT NULL AS present").fetchone()
         if record and record["present"]:  # absent before the provider-call record's migration
-            for row in conn.execute(_PROVIDER_CALLS):
+            call_xacts = ", started_xact::text, ended_xact::text" if xact else ""
+            for row in conn.execute(_PROVIDER_CALLS.format(xacts=call_xacts)):
                 out.append({"type": "provider_call_record", **row})
         events = conn.execute("SELECT to_regclass('run_events') IS NOT NULL AS present").fetchone()
         if events and events["present"]:  # absent before the event journal's migration
-            out.extend(journal_events(conn))
+            out.extend(journal_events(conn, xact=xact))
         for row in conn.execute(
             "SELECT run_id::text, approval_id, approved, principal_id,"
             " extract(epoch FROM decided_at)::float8 AS t FROM approval_decisions ORDER BY decided_at"
@@ -95,10 +107,11 @@ def database_events(dsn: str) -> list[Event]:
     return out
 
 
-def journal_events(conn: psycopg.Connection[Any]) -> list[Event]:
+def journal_events(conn: psycopg.Connection[Any], *, xact: bool = False) -> list[Event]:
     """The event journal (R-EVENT-1) as ``run_event`` events (``run_id, seq, kind,
-    row_version, state, generation``; an ``output`` event's text as its length only; a
-    ``usage`` event's call ``attempt, step, status`` and ``total_calls``) and
+    row_version, state, generation``; an ``output`` event's text as its length only (a
+    streamed delta has none); a ``usage`` event's call ``attempt, step, status`` and
+    ``total_calls``; with ``xact``, ``xact_id``, the transaction that wrote it) and
     its tombstones as ``event_prune`` events (``run_id, tenant_id, pruned_by, events``,
     ``t`` the pruning transaction's start: one sweep's share it), times on the database's
     clock."""
@@ -108,6 +121,7 @@ def journal_events(conn: psycopg.Connection[Any]) -> list[Event]:
         " (data->>'generation')::int AS generation, length(data->>'text') AS text_chars,"
         " (data->>'attempt')::int AS attempt, (data->>'step')::int AS step,"
         " data->>'status' AS status, (data->'totals'->>'provider_calls')::int AS total_calls,"
+        f"{' xact_id::text,' if xact else ''}"
         " extract(epoch FROM at)::float8 AS t FROM run_events ORDER BY at, run_id, seq"
     ):
         out.append({"type": "run_event", **row})

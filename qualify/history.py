@@ -22,6 +22,10 @@ Events are plain dicts with ``t`` (seconds since the epoch) and ``type``:
 - ``sink_request`` / ``sink_execution`` one line of the side-effect sink's own record:
                   ``call_id, run_id, tool, kind`` (every request; the effects it performed)
 
+Rows read from the database carry, where the schema stamps them, the transaction that
+wrote them (``xact_id``; ``intent_xact``/``outcome_xact``, ``started_xact``/``ended_xact``):
+the evidence that a write's rows committed together (R-EXEC-3).
+
 ``HistoryRecorder`` appends harness events to ``history.jsonl`` as they happen, so a
 crashed run still leaves evidence; ``collect`` merges in what the database and the
 fakes recorded. This module does I/O only in the recorder; ``merge`` is pure.

@@ -205,6 +205,22 @@ CATALOG: tuple[Mutant, ...] = (
                "       OR r.owner_attempt IS DISTINCT FROM p_attempt OR r.row_version <> p_row_version THEN",
                "    IF r.state IS DISTINCT FROM 'running' THEN"),),
         "stale-writers-refused", "the output fence refuses a delta from a stale row_version (QG013)"),
+
+    Mutant(
+        "checkpoint-split-from-its-fence", "a checkpoint and its row_version bump in one transaction (R-EXEC-3)",
+        # The checkpoint commits on its own, just before the fenced UPDATE that bumps the
+        # run to its row version: the same values, two commits a millisecond apart.
+        (Patch("qimpl/workflows/owner.py",
+               '            what=f"checkpoint {step} of run {self.run_id}", then=insert_checkpoint)',
+               '            what=f"checkpoint {step} of run {self.run_id}")'),
+         Patch("qimpl/workflows/owner.py",
+               '        await self._write(\n'
+               '            "UPDATE runs SET row_version = row_version + 1, checkpoint_step = %(step)s,"',
+               '        async with self.conn.transaction(), self.conn.cursor() as cur:\n'
+               '            await insert_checkpoint(cur, (self.row_version + 1,))\n'
+               '        await self._write(\n'
+               '            "UPDATE runs SET row_version = row_version + 1, checkpoint_step = %(step)s,"')),
+        "happy-path", "every row committed in its write's transaction"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).

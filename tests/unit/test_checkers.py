@@ -264,3 +264,60 @@ def test_usage_events_one_per_settled_call() -> None:
     assert twice.ok is False and "2 usage events for 1 settled" in twice.detail
     shrinking = [usage_ev(20, 1, 1, 2), usage_ev(21, 2, 1, 1), usage_ev(22, 3, 2, 4)]
     assert ck.usage_events_match_the_record(merge(good(), journal(), shrinking)).ok is False
+
+
+def stamped() -> list[dict[str, Any]]:
+    """``good()`` with every database row stamped with its writing transaction (one per
+    write, ``x<row_version>``), its journal, a tool call at v5 (intent) and v6 (outcome),
+    and the usage event of a settled provider call."""
+    h = [{**e, "xact_id": f"x{e['row_version']}"} if e["type"] in ("transition", "checkpoint") else e
+         for e in good()]
+    events = [{**e, "xact_id": f"x{e['row_version']}"} for e in journal()]
+    output = {**ev(30, "output", 7), "text_chars": 5, "xact_id": "x7"}
+    delta = {**ev(31, "output", 6), "text_chars": None, "xact_id": "x99"}  # streamed: its own
+    tool = {"type": "tool_invocation", "run_id": R, "call_id": "c1", "status": "succeeded",
+            "intent_row_version": 5, "outcome_row_version": 6, "settled_by": "worker",
+            "intent_xact": "x5", "outcome_xact": "x6", "t": 5}
+    settled = [{**e, "ended_xact": "s1"} if e["type"] == "provider_call_record" and e["step"] == 1 else e
+               for e in h]
+    usage = {**usage_ev(40, 1, 1, 1), "xact_id": "s1"}
+    return merge(settled, events, [output, delta, tool, usage])
+
+
+@pytest.mark.req("R-EXEC-3")
+@pytest.mark.req("R-EVENT-1")
+@pytest.mark.req("R-Q-5")
+def test_catches_a_checkpoint_committed_apart_from_its_row_version_bump() -> None:
+    assert ck.writes_committed_whole(good()).detail == "no row stamped with its transaction"
+    ok = ck.writes_committed_whole(stamped())
+    assert ok.ok is True, ok.detail
+    assert ok.requirements == ("R-EXEC-3", "R-EXEC-7", "R-EVENT-1", "R-Q-5")
+
+    def split(h: list[dict[str, Any]], type_: str, kind: str | None = None,
+              **changes: Any) -> list[dict[str, Any]]:
+        hit = [i for i, e in enumerate(h) if e["type"] == type_ and kind in (None, e.get("kind"))][-1]
+        return [{**e, **changes} if i == hit else e for i, e in enumerate(h)]
+
+    # The checkpoint of step 3 committed on its own, just before its fenced update.
+    apart = ck.writes_committed_whole(split(stamped(), "checkpoint", xact_id="x6b"))
+    assert apart.ok is False
+    assert f"{R}: checkpoint 3 committed in transaction x6b, its write to v7 in x7" in apart.detail
+    # ... and the update never committed (the owner died between the two).
+    orphan = [e for e in split(stamped(), "checkpoint", xact_id="x6b")
+              if not (e["type"] == "transition" and e["row_version"] == 7)]
+    assert "checkpoint 3 committed (transaction x6b) for v7, a row version the run never had" in (
+        ck.writes_committed_whole(orphan).detail)
+    # The final state's event committed apart from the final state.
+    terminal = ck.writes_committed_whole(split(stamped(), "run_event", "terminal", xact_id="late"))
+    assert terminal.ok is False and "terminal event 9 committed in transaction late, its write to v8 in x8" in (
+        terminal.detail)
+    # A tool intent or outcome, a usage event apart from their writes.
+    intent = ck.writes_committed_whole(split(stamped(), "tool_invocation", intent_xact="x4"))
+    assert intent.ok is False and "call c1's intent committed in transaction x4, its write to v5 in x5" in intent.detail
+    outcome = ck.writes_committed_whole(split(stamped(), "tool_invocation", outcome_xact="x5b"))
+    assert outcome.ok is False and "call c1 outcome succeeded committed in transaction x5b" in outcome.detail
+    usage = ck.writes_committed_whole(split(stamped(), "run_event", "usage", xact_id="s2"))
+    assert usage.ok is False and "which settled no such provider call" in usage.detail
+    # Rows of writes that predate the stamps are not judged.
+    old = [{**e, "xact_id": None} if e["type"] == "transition" else e for e in split(stamped(), "checkpoint", xact_id="y")]
+    assert ck.writes_committed_whole(old).ok is True
