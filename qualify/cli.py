@@ -77,7 +77,8 @@ def _progress(kind: str, data: Any) -> None:
 
 def _finish(summary: dict[str, Any], report_dir: Path, code: int) -> int:
     v = summary["verdict"]
-    console.print(f"verdict [{_STYLE.get(v, 'white')}]{v.upper()}[/] in {summary['duration_s']:.1f} s")
+    console.print(f"verdict [{_STYLE.get(v, 'white')}]{v.upper()}[/] in {summary['duration_s']:.1f} s "
+                  f"({len(summary['scenarios'])} scenarios, {summary.get('scenarios_per_hour', 0)} an hour)")
     if summary.get("error"):
         console.print(f"  [red]{esc(summary['error'])}[/]")
     for s in summary["scenarios"]:

@@ -91,6 +91,8 @@ def build_summary(*, scenarios: Sequence[dict[str, Any]], seed: int, duration_s:
         "verdict": str(verdict),
         "seed": seed,
         "duration_s": round(duration_s, 3),
+        # Throughput of the session, wall clock (the soak's figure, R-Q-10).
+        "scenarios_per_hour": round(len(scenarios) * 3600 / duration_s) if duration_s > 0 else 0,
         "git_sha": provenance.get("git_sha"),
         "git_dirty": provenance.get("git_dirty"),
         "provenance": provenance,

@@ -82,3 +82,19 @@ def test_parallel_run_uses_one_stack_per_xdist_worker(tmp_path: Path) -> None:
     assert code == 0, summary["scenarios"]
     assert [s["id"] for s in summary["scenarios"]] == ["happy-path", "legacy-paths"]
     assert summary["stack"]["parallel_stacks"] == 2
+
+
+@pytest.mark.req("R-Q-10")
+@pytest.mark.req("R-Q-2")
+def test_random_schedules_fork_their_processes_and_reap_them(tmp_path: Path) -> None:
+    """``--random N`` forks the schedules' API and worker processes from the slice's fork
+    server (R-Q-10); the verdicts are those of exec'd processes, and the server and every
+    child are gone when the session ends (R-Q-2)."""
+    me = psutil.Process()
+    before = set(me.children(recursive=True))
+    summary, _report_dir, code = run_session(SessionOptions(random_n=3, seed=5, reports_root=tmp_path,
+                                                            reruns=0))
+    assert code == 0, json.dumps(summary["scenarios"], indent=1)[:4000]
+    assert all(s["spawn"].startswith("fork") for s in summary["scenarios"]), summary["scenarios"]
+    assert summary["scenarios_per_hour"] > 0
+    assert set(me.children(recursive=True)) - before == set()
