@@ -56,9 +56,9 @@ class Plan:
     def of(cls, quick: bool) -> Plan:
         if quick:
             return cls(sequential=10, concurrency=(1, 10), sigkill_trials=2, pause_trials=1,
-                       boot_trials=2, random_schedules=1, commits=50)
+                       boot_trials=2, random_schedules=4, commits=50)
         return cls(sequential=100, concurrency=(1, 10, 100, 500), sigkill_trials=10,
-                   pause_trials=3, boot_trials=5, random_schedules=3, commits=500)
+                   pause_trials=3, boot_trials=5, random_schedules=40, commits=500)
 
 
 @dataclass

@@ -2,9 +2,11 @@
 
 - ``qual.boot_p50_s``: an embedded stack's boot (PostgreSQL from the cached golden data
   directory + the Temporal dev server, both ready), ``plan.boot_trials`` boots;
-- ``qual.random_per_h``: random schedules (``qualify run --random N``) per hour on one
-  stack, from a session of ``plan.random_schedules`` (its boot included); the session's
-  verdict beside it, and its report kept next to the results when it is not ``pass``;
+- ``qual.random_per_h``: random schedules per hour as the soak runs them (``qualify run
+  --random N -n 4``: four slices, each with its stack and fork server, R-Q-10), from a
+  session of ``plan.random_schedules`` (the boots included, so a short session
+  understates an hour's rate); the session's verdict beside it, and its report kept next
+  to the results when it is not ``pass``;
 - ``qual.run_n1_s``/``qual.run_nauto_s`` (only with ``--qualify``: minutes each): the
   wall time of the full ``qualify run --reruns 0`` at ``-n 1`` and ``-n auto``, as a
   subprocess (``python -m qualify.cli``), with its exit code beside it.
@@ -25,6 +27,8 @@ __all__ = ["measure_qualification"]
 
 #: A fixed seed: the same random schedules in every benchmark run.
 SEED = 1414
+#: The soak's slices (README, "The soak"): schedules mostly wait, so four share 2 cores.
+SOAK_SLICES = 4
 
 
 def _boots(n: int) -> list[float]:
@@ -46,7 +50,7 @@ def _random_rate(env: BenchEnv) -> tuple[float, str, str]:
     from qualify.session import SessionOptions, run_session
 
     n = env.plan.random_schedules
-    summary, report_dir, _ = run_session(SessionOptions(random_n=n, seed=SEED, reruns=0,
+    summary, report_dir, _ = run_session(SessionOptions(random_n=n, seed=SEED, reruns=0, parallel=SOAK_SLICES,
                                                         reports_root=env.workdir / "qualify-random"))
     kept = ""
     if summary["verdict"] != "pass" and env.keep_dir is not None:
