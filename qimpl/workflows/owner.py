@@ -22,9 +22,10 @@ clock, so a worker whose wall clock is ahead or behind neither stops early nor l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import psycopg
@@ -222,18 +223,12 @@ class RunOwner:
         the fence matched no row, the guard refused or the session was lost; DeadlinePassed
         for the deadline; any other database error (a value it refuses to store, a lock or
         statement timeout) propagates unchanged while the session lives."""
-        try:
-            async with self.conn.transaction(), self.conn.cursor(
-                    row_factory=dict_row if dict_rows else tuple_row) as cur:
-                await cur.execute(sql, params)
-                got: Any = await cur.fetchone()
-                if got is not None and then is not None:
-                    await then(cur, got)
-        except psycopg.Error as exc:
-            refused = self._refusal(exc, what)
-            if refused is exc:
-                raise
-            raise refused from exc
+        async with self._refusals(what), self.conn.transaction(), self.conn.cursor(
+                row_factory=dict_row if dict_rows else tuple_row) as cur:
+            await cur.execute(sql, params)
+            got: Any = await cur.fetchone()
+            if got is not None and then is not None:
+                await then(cur, got)
         if got is None:
             self._refused("fenced")
             raise LostOwnership(f"{what} fenced")
@@ -248,6 +243,18 @@ class RunOwner:
                     extra={"event": "owner.write_refused", "run_id": self.run_id, "how": how,
                            "attempt": self.attempt, "generation": self.generation,
                            "row_version": self.row_version})
+
+    @contextlib.asynccontextmanager
+    async def _refusals(self, what: str) -> AsyncIterator[None]:
+        """Around one owner write: a database error becomes what ``_refusal`` says it
+        means (logged when it is a refusal), or propagates unchanged."""
+        try:
+            yield
+        except psycopg.Error as exc:
+            refused = self._refusal(exc, what)
+            if refused is exc:
+                raise
+            raise refused from exc
 
     def _refusal(self, exc: psycopg.Error, what: str) -> Exception:
         """What a failed owner write means: DeadlinePassed, LostOwnership (refused by a
@@ -277,15 +284,10 @@ class RunOwner:
         LostOwnership when refused (QG013: no longer the owner) and DeadlinePassed after
         the deadline (QG006)."""
         what = f"output of step {step} of run {self.run_id}"
-        try:
+        async with self._refusals(what):
             await self.conn.execute(
                 "SELECT qimpl_append_output(%s, %s, %s, %s, %s, %s)",
                 (self.run_id, self.generation, self.attempt, self.row_version, step, delta))
-        except psycopg.Error as exc:
-            refused = self._refusal(exc, what)
-            if refused is exc:
-                raise
-            raise refused from exc
 
     # -- the provider-call record (observed usage, R-Q34-2) ------------------------------
     async def call_started(self, step: int) -> int:
@@ -294,17 +296,12 @@ class RunOwner:
         the deadline (``provider_calls_guard``). Raises LostOwnership when refused (QG012:
         the call must not be made, R-EXEC-7/11) or DeadlinePassed (QG006, R-EXEC-8)."""
         what = f"provider call {step} of run {self.run_id}"
-        try:
+        async with self._refusals(what):
             cur = await self.conn.execute(
                 "INSERT INTO provider_calls (run_id, generation, attempt, step, row_version)"
                 " VALUES (%s, %s, %s, %s, %s) RETURNING id",
                 (self.run_id, self.generation, self.attempt, step, self.row_version))
             got = await cur.fetchone()
-        except psycopg.Error as exc:
-            refused = self._refusal(exc, what)
-            if refused is exc:
-                raise
-            raise refused from exc
         assert got is not None
         return int(got[0])
 
@@ -315,17 +312,12 @@ class RunOwner:
         safe kind ``code``. Raises LostOwnership when refused (no longer the owner, or the
         record is not this attempt's open one)."""
         what = f"provider call record {call} of run {self.run_id}"
-        try:
+        async with self._refusals(what):
             cur = await self.conn.execute(
                 "UPDATE provider_calls SET status = %s, outcome_code = %s, input_tokens = %s,"
                 " output_tokens = %s WHERE id = %s AND status = 'started' AND attempt = %s"
                 " RETURNING id", (status, code, input_tokens, output_tokens, call, self.attempt))
             got = await cur.fetchone()
-        except psycopg.Error as exc:
-            refused = self._refusal(exc, what)
-            if refused is exc:
-                raise
-            raise refused from exc
         if got is None:
             raise LostOwnership(f"{what}: not this attempt's open record")
 
