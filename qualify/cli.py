@@ -44,7 +44,9 @@ def _progress(kind: str, data: Any) -> None:
         console.print(f"stack {data.kind}: PostgreSQL {data.postgres_version}, "
                       f"Temporal {data.temporal_version}, booted in {data.boot_s:.2f} s")
     elif kind == "slice":
-        console.print(f"slice {data['index']}: {', '.join(data['scenarios'])}")
+        ids = data["scenarios"]
+        shown = ", ".join(ids) if len(ids) <= 12 else f"{', '.join(ids[:3])}, … {ids[-1]} ({len(ids)} scenarios)"
+        console.print(f"slice {data['index']}: {shown}")
     elif kind == "refused":
         console.print(f"  {esc(data.id)} [yellow]refused[/]: it restarts PostgreSQL or Temporal, "
                       "which this stack did not start")
