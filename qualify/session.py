@@ -191,8 +191,14 @@ def _run_parallel(opts: SessionOptions, seed: int, scenarios: list[Scenario], re
                   module.__file__],
                  log_path=log, env={**os.environ, "QUALIFY_XDIST_SPEC": json.dumps(spec)},
                  death_signal=signal.SIGTERM)
+    shown: set[str] = set()
     try:
-        proc.wait()
+        # Each scenario's result is reported as its slice writes it: a soak of an hour
+        # shows its progress, not one burst at the end.
+        while proc.poll() is None:
+            _report_new_docs(report_dir, shown, on_event)
+            time.sleep(0.5)
+        _report_new_docs(report_dir, shown, on_event)
     finally:
         kill_tree(proc, first=signal.SIGTERM, grace_s=30)
     docs = []
@@ -205,6 +211,19 @@ def _run_parallel(opts: SessionOptions, seed: int, scenarios: list[Scenario], re
     stack_doc = {**(json.loads(stacks[0].read_text()) if stacks else {"kind": opts.stack_kind}),
                  "parallel_stacks": len(stacks)}
     return docs, stack_doc
+
+
+def _report_new_docs(report_dir: Path, shown: set[str], on_event: Events) -> None:
+    """``scenario_end`` for each scenario document the slices wrote since the last call."""
+    for path in sorted((report_dir / ".docs").glob("*.json")):
+        if path.stem in shown:
+            continue
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being written: next time
+        shown.add(path.stem)
+        on_event("scenario_end", {**doc, "prefix": True})
 
 
 def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
@@ -242,8 +261,6 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
             docs, stack_doc = _run_parallel(opts, seed, scenarios, report_dir, on_event)
         except HarnessError as exc:
             crashed = str(exc)
-        for doc in docs:
-            on_event("scenario_end", {**doc, "prefix": True})
     else:
         policy = SpawnPolicy(opts.spawn)
         try:

@@ -58,4 +58,6 @@ def test_scenario(scenario_id: str, qualify_stack: Any, spawn_policy: Any) -> No
                    stack_kind=SPEC["stack_kind"], spawn_policy=spawn_policy)
     out = report_dir / ".docs"
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{scenario_id}.json").write_text(json.dumps(doc, default=str))
+    tmp = out / f"{scenario_id}.json.tmp"  # renamed whole: the session reads it as it lands
+    tmp.write_text(json.dumps(doc, default=str))
+    tmp.rename(out / f"{scenario_id}.json")
