@@ -2,7 +2,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qualify.schedule import NEW_ACTIONS, TOOL_ACTIONS, Schedule, generate, problems, shrink_candidates
+from qualify.schedule import (
+    NEW_ACTIONS,
+    TOOL_ACTIONS,
+    Schedule,
+    generate,
+    problems,
+    shrink_candidates,
+)
 
 
 @pytest.mark.req("R-Q-7")
