@@ -127,9 +127,10 @@ def _strike(ctx: ScenarioContext, fault: FaultPlan, run_id: str, workers: _Worke
         call = _wait_execution(ctx, run_id, timeout_s=60)
         ctx.nemesis.kill_sink(ctx.sink, call=call, hold_s=SINK_HOLD_S, **where)
     elif fault.action == "skew-worker-clock":
-        ctx.nemesis.clock_skew(owner, expected_s=workers.skew.get(owner.name, 0),
-                               worker_t=float(held["t"]), seen_t=seen_t,  # type: ignore[arg-type]
-                               dsn=ctx.deployment.dsn, **where)
+        wall, true = float(str(held.get("wall_t", held["t"]))), float(str(held["t"]))
+        ctx.nemesis.clock_skew(owner, expected_s=workers.skew.get(owner.name, 0), worker_t=wall,
+                               seen_t=seen_t, dsn=ctx.deployment.dsn,
+                               recorder_offset_s=round(true - seen_t, 3), **where)
     else:
         raise HarnessError(f"unknown fault action {fault.action}")
     if not owner.alive or fault.action in _REPLACED:
