@@ -17,8 +17,10 @@ the fault's step), so its target is known and live (R-Q-10):
   resumes (R-RESUME-3), and the run must complete fed that result, executed once.
 - ``skew-worker-clock``: every worker of such a schedule runs with its wall clock
   ``SKEW_S`` ahead (odd workers) or behind (even ones), so the owner at the barrier is a
-  skewed one; the fault's evidence is the offset seen in that process. The runs must
-  still complete: qimpl compares times only on the database's clock.
+  skewed one; the fault's evidence is the offset seen in that process. Every run of such a
+  schedule gets a deadline of ``SKEWED_DEADLINE_S``, shorter than the skew, so a worker
+  that judged the deadline on its own clock would expire a run early. The runs must still
+  complete: qimpl compares times only on the database's clock (R-EXEC-8).
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ CKPT_TXN = "owner.inside_checkpoint_transaction"
 #: The sink performs a ``kill-sink`` call, then holds its reply this long (s): under the
 #: harness tools' timeout (``qualify.fakes.tools.TIMEOUT_S``, 1 s), so only the kill loses it.
 SINK_HOLD_S = 0.8
+#: The deadline of every run of a skew-worker-clock schedule (s): longer than any schedule
+#: takes, shorter than ``SKEW_S``.
+SKEWED_DEADLINE_S = 180
 #: Faults after which a fresh worker joins (the owner died or is stopped).
 _REPLACED = frozenset({"sigkill-worker", "sigstop-worker", "pause-in-transaction"})
 
@@ -177,8 +182,9 @@ def run_schedule(ctx: ScenarioContext, schedule: Schedule) -> None:
             extra["tools"] = {str(fault.step): [{"tool": "charge", "arguments": {
                 "amount": 1 + i, "sink_hold_s": SINK_HOLD_S}}]}
         run = schedule.runs[i]
+        deadline = {"deadline_seconds": SKEWED_DEADLINE_S} if workers.skewed else {}
         return accepted(ctx, api, prompt=make_prompt(
-            steps=run.steps, delay_ms=run.delay_ms, answer=f"r{i}", **extra))
+            steps=run.steps, delay_ms=run.delay_ms, answer=f"r{i}", **extra), **deadline)
 
     # Valid by construction: the runs without a fault start at once; each run with one
     # starts only after the previous fault was struck, so no fault is aimed at a worker an
@@ -197,7 +203,8 @@ def run_schedule(ctx: ScenarioContext, schedule: Schedule) -> None:
         final = ctx.wait_terminal(api, run_id, timeout_s=90)
         ctx.expect(f"run {i} completed with its answer",
                    final["state"] == "completed" and final["result_json"] == {"answer": f"r{i}"},
-                   f"{final['state']} {final['result_json']}", "R-EXEC-4")
+                   f"{final['state']} {final['result_json']}",
+                   *(("R-EXEC-4", "R-EXEC-8") if workers.skewed else ("R-EXEC-4",)))
 
 
 def schedule_scenario(schedule: Schedule, scenario_id: str = "schedule") -> Scenario:
@@ -206,7 +213,10 @@ def schedule_scenario(schedule: Schedule, scenario_id: str = "schedule") -> Scen
         id=scenario_id,
         title=f"random schedule: {len(schedule.runs)} runs, faults "
               + (", ".join(f"{f.action}@run{f.run}/step{f.step}" for f in schedule.faults) or "none"),
-        requirements=REQUIREMENTS,
+        requirements=REQUIREMENTS + tuple(
+            r for a, r in (("kill-sink", "R-TOOL-3"), ("kill-sink", "R-RESUME-3"),
+                           ("skew-worker-clock", "R-EXEC-8"), ("pause-in-transaction", "R-EXEC-11"))
+            if any(f.action == a for f in schedule.faults)),
         body=lambda ctx: run_schedule(ctx, schedule),
         faults=tuple(f.action for f in schedule.faults),
         schedule=schedule.to_json(),
