@@ -14,6 +14,14 @@ a held owner still heartbeats and touches its lease) or ``freeze`` (the same, bu
 process stalls: no heartbeat, no poll, no lease touch — a stalled, not a stopped, process). ``@n`` strikes on the n-th reach (default 1), so a restarted process
 given the same directive is not struck again unless asked. Before striking, the process
 appends one JSON line of evidence to ``<control_dir>/crash_points.jsonl``.
+
+``name:action?armed`` arms a point at run time, for one context: it strikes only while the
+harness has written ``<control_dir>/crash.<name>.arm`` (a JSON object such as
+``{"run_id": "…", "step": 2}``) and only at a reach whose context has those values (compared
+as strings); the process that strikes first claims the file (an atomic rename to
+``crash.<name>.arm.<pid>``), so the point strikes once in all the processes given the
+directive. Without the file such a point is inert (one ``stat`` per reach). The random
+schedules use it to strike the run a fault is aimed at, in whichever worker owns it (R-Q-10).
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CATALOG", "CrashPoint", "declare", "parse_directive"]
+__all__ = ["CATALOG", "CrashPoint", "arm_path", "declare", "parse_directive"]
 
 ACTIONS = frozenset({"kill", "stop", "hold", "freeze"})
 HOLD_POLL_S = 0.01
@@ -39,21 +47,53 @@ class Directive:
     point: str
     action: str
     nth: int = 1
+    #: Strike only for the context the harness wrote to ``crash.<point>.arm``, once.
+    armed: bool = False
 
 
 def parse_directive(text: str) -> dict[str, Directive]:
-    """Parse ``name:action[@n],...``; raises ValueError on an unknown action or bad count."""
+    """Parse ``name:action[@n][?armed],...``; raises ValueError on an unknown action, a bad
+    count, an unknown option or a count given with ``?armed``."""
     out: dict[str, Directive] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         name, _, rest = item.partition(":")
+        rest, _, option = rest.partition("?")
         action, _, nth = rest.partition("@")
         if action not in ACTIONS:
             raise ValueError(f"crash point {name!r}: unknown action {action!r}")
+        if option not in ("", "armed"):
+            raise ValueError(f"crash point {name!r}: unknown option {option!r}")
         n = int(nth) if nth else 1
         if n < 1:
             raise ValueError(f"crash point {name!r}: count must be >= 1")
-        out[name] = Directive(name, action, n)
+        if option and nth:
+            raise ValueError(f"crash point {name!r}: ?armed strikes at the matching reach, not @n")
+        out[name] = Directive(name, action, n, armed=bool(option))
     return out
+
+
+def arm_path(control_dir: Path, point: str) -> Path:
+    """Where the harness arms ``point`` for one context (``?armed`` directives)."""
+    return Path(control_dir) / f"crash.{point}.arm"
+
+
+def _claim_arm(control: str, point: str, context: dict[str, Any]) -> bool:
+    """True when ``crash.<point>.arm`` exists, names this reach's context and this process
+    claimed it (renamed it away) before any other."""
+    if not control:
+        return False
+    path = arm_path(Path(control), point)
+    try:
+        wanted = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(wanted, dict) or any(str(context.get(k)) != str(v) for k, v in wanted.items()):
+        return False
+    try:
+        path.rename(path.with_name(f"{path.name}.{os.getpid()}"))
+    except OSError:
+        return False  # another process claimed it first
+    return True
 
 
 @dataclass
@@ -87,9 +127,14 @@ class CrashPoint:
         None) and whether the wait must block the thread (``freeze``)."""
         self.reached += 1
         directive = _armed().get(self.name)
-        if directive is None or directive.nth != self.reached:
+        if directive is None:
             return None, False
         control = os.environ.get("QIMPL_CONTROL_DIR", "")
+        if directive.armed:
+            if not _claim_arm(control, self.name, context):
+                return None, False
+        elif directive.nth != self.reached:
+            return None, False
         evidence = {
             "point": self.name,
             "action": directive.action,

@@ -4,6 +4,8 @@ landed (R-Q-2). A fault whose evidence says it hit nothing makes the scenario
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -214,6 +216,69 @@ class Nemesis:
         except Exception as exc:  # noqa: BLE001 - a fault that could not strike did not land
             landed, evidence = False, {"workflow_id": workflow_id, "error": f"{type(exc).__name__}: {exc}"}
         return self._record("delete_workflow", workflow_id, landed, evidence)
+
+
+    def paused_in_transaction(self, proc: ManagedProcess, evidence: dict[str, Any], dsn: str,
+                              run_id: str, **context: Any) -> dict[str, Any]:
+        """Record ``proc`` stopped by itself at a crash point inside a transaction (R-EXEC-11,
+        R-Q-10): landed when the kernel reports it stopped *and* the run's lease session
+        (``qimpl-owner:<run_id>``) is idle inside a transaction that wrote (``backend_xid``
+        set: the fenced UPDATE ran, the row lock is held, nothing committed)."""
+        import psycopg
+
+        stopped = _stopped(evidence["pid"])
+        sessions: list[tuple[Any, ...]] = []
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                sessions = conn.execute(
+                    "SELECT pid, state, backend_xid IS NOT NULL FROM pg_stat_activity"
+                    " WHERE application_name = %s", (f"qimpl-owner:{run_id}",)).fetchall()
+            if any(state == "idle in transaction" and wrote for _, state, wrote in sessions):
+                break
+            time.sleep(0.02)
+        in_txn = any(state == "idle in transaction" and wrote for _, state, wrote in sessions)
+        return self._record("crash_point:stop", proc.name, stopped and in_txn, {
+            "point": evidence["point"], "pid": evidence["pid"], **evidence.get("context", {}),
+            "stopped": stopped, "owner_sessions": [[p, s, w] for p, s, w in sessions], **context})
+
+    def kill_sink(self, sink: Any, *, call: dict[str, Any], hold_s: float, **context: Any) -> dict[str, Any]:
+        """SIGKILL the side-effect sink while ``call`` is out (R-TOOL-3): it executed the
+        call at ``call["t"]`` (epoch s, its executions line) and holds the reply ``hold_s``
+        seconds, so a kill before ``t + hold_s`` lands while the caller waits for the reply.
+        Then start it again on the same port and directory. Landed when the old pid is
+        gone, the kill came inside that window and the new sink is ready."""
+        old = sink.proc.pid
+        os.killpg(old, signal.SIGKILL)
+        t_kill = time.time()
+        code = sink.proc.wait(timeout=10)
+        gone = not psutil.pid_exists(old)
+        in_flight = t_kill - float(call["t"]) < hold_s
+        sink.start()
+        new = sink.proc.pid
+        return self._record("sink_killed", "sink", gone and in_flight and new != old, {
+            "old_pid": old, "new_pid": new, "exit_code": code, "call_id": call["call_id"],
+            "executed_at": call["t"], "killed_after_s": round(t_kill - float(call["t"]), 3),
+            "reply_held_s": hold_s, "in_flight": in_flight, "port": sink.port, **context})
+
+    def clock_skew(self, proc: ManagedProcess, *, expected_s: float, worker_t: float, seen_t: float,
+                   dsn: str, run_id: str, **context: Any) -> dict[str, Any]:
+        """Record that ``proc``, whose wall clock was skewed by ``expected_s`` seconds
+        (libfaketime: ``FAKETIME`` in its environment), owns ``run_id`` (R-Q-10). Evidence:
+        ``worker_t``, the time the worker itself wrote (its barrier file, ``time.time()`` in
+        the process), against ``seen_t``, the harness's clock when it read it; landed when
+        the observed offset is within 10 s of ``expected_s`` (nonzero) and the database
+        shows the run's lease session on one of ``proc``'s sockets."""
+        observed = round(worker_t - seen_t, 3)
+        try:
+            faketime = psutil.Process(proc.pid).environ().get("FAKETIME")
+        except psutil.Error:
+            faketime = None
+        owned = owned_runs(proc, dsn)
+        landed = expected_s != 0 and abs(observed - expected_s) <= 10 and run_id in owned
+        return self._record("clock_skew", proc.name, landed, {
+            "pid": proc.pid, "expected_offset_s": expected_s, "observed_offset_s": observed,
+            "FAKETIME": faketime, "owned": owned, "run_id": run_id, **context})
 
 
 def owned_runs(proc: ManagedProcess, dsn: str) -> list[str]:

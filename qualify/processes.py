@@ -29,7 +29,7 @@ from qualify.procs import Child, free_port, kill_tree, spawn, wait_until
 if TYPE_CHECKING:
     from qualify.forkserver import ForkServer
 
-__all__ = ["Deployment", "ManagedProcess", "Processes", "SinkProcess"]
+__all__ = ["Deployment", "ManagedProcess", "Processes", "SinkProcess", "faketime_env"]
 
 READY_TIMEOUT_S = 60.0
 SINK_READY_TIMEOUT_S = 10.0
@@ -238,6 +238,24 @@ class Processes:
                 errors.append(f"{proc.name}: {exc}")
         if errors:
             raise HarnessError("could not stop: " + "; ".join(errors))
+
+
+def faketime_env(offset_s: int) -> dict[str, str]:
+    """The environment that skews a child's wall clock by ``offset_s`` seconds (R-Q-10,
+    ``skew-worker-clock``): libfaketime, from the ``libfaketime`` wheel (a dev dependency),
+    preloaded, monotonic clocks left alone (``time.monotonic`` and Rust's ``Instant`` stay
+    true: only what the process believes the date is moves). Located without importing the
+    package (its import pulls in pytz and dateutil). HarnessError when it is not installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("libfaketime")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    lib = next((Path(d) / "vendor" / "libfaketime" / "src" / "libfaketime.so.1" for d in locations), None)
+    if lib is None or not lib.exists():
+        raise HarnessError("skew-worker-clock needs libfaketime: pip install -e '.[dev]'")
+    preload = ":".join(filter(None, [str(lib), os.environ.get("LD_PRELOAD", "")]))
+    return {"LD_PRELOAD": preload, "FAKETIME": f"{offset_s:+d}s", "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "DONT_FAKE_MONOTONIC": "1", "FAKETIME_NO_CACHE": "1"}
 
 
 class SinkProcess:

@@ -132,7 +132,7 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
     nemesis = Nemesis(history)
     ctx = ScenarioContext(deployment=deployment, processes=processes, history=history,
                           nemesis=nemesis, rng=random.Random(sub_seed(seed, scenario.id)),
-                          stack=stack)
+                          stack=stack, sink=sink)
     t0 = time.monotonic()
     error_verdict: Verdict | None = None
     error = ""

@@ -4,6 +4,18 @@ A ``Schedule`` is a plan: which runs to create (steps, per-step delay) and which
 to strike, each at a barrier that one run reaches at a chosen step. The same seed always
 gives the same schedule (``tests/unit/test_schedule.py``). ``shrink_candidates`` yields
 strictly smaller schedules for delta debugging a failure down to a minimal one.
+
+Faults (R-Q-10, each strikes the run it names at its barrier, the start of step ``step``):
+the six base actions, and three rarer ones, each in about one schedule of six:
+
+- ``pause-in-transaction``: the run's owner stops itself (SIGSTOP) inside the checkpoint
+  transaction of ``step``, between the fenced UPDATE and the COMMIT (row lock held);
+- ``kill-sink``: the run asks for a ``charge`` tool call at ``step`` (so ``step < steps``)
+  and the side-effect sink is SIGKILLed while the call is out, then restarted (R-TOOL-3);
+- ``skew-worker-clock``: every worker of the schedule runs with its wall clock skewed
+  (alternately ahead and behind by ``SKEW_S``), and the run's owner at the barrier is one.
+
+``problems`` says why a schedule is not valid by construction (empty when it is).
 """
 
 from __future__ import annotations
@@ -13,11 +25,24 @@ import random
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 
-__all__ = ["FAULT_ACTIONS", "PLATFORM_ACTIONS", "FaultPlan", "RunPlan", "Schedule", "generate", "shrink_candidates"]
+__all__ = ["FAULT_ACTIONS", "NEW_FAULT_P", "PLATFORM_ACTIONS", "SKEW_S", "TOOL_ACTIONS", "FaultPlan",
+           "RunPlan", "Schedule", "generate", "problems", "shrink_candidates"]
 
+#: The base faults: equally likely.
+BASE_ACTIONS = ("sigkill-worker", "sigstop-worker", "terminate-lock-session", "restart-postgres",
+                "restart-worker", "restart-temporal")
+#: Rarer faults (see the module's docstring), drawn from a second stream of the seed so
+#: the base faults of a seed stay what they were.
+NEW_ACTIONS = ("pause-in-transaction", "kill-sink", "skew-worker-clock")
 #: What a fault does when its run reaches the barrier.
-FAULT_ACTIONS = ("sigkill-worker", "sigstop-worker", "terminate-lock-session", "restart-postgres",
-                 "restart-worker", "restart-temporal")
+FAULT_ACTIONS = BASE_ACTIONS + NEW_ACTIONS
+#: The chance that a fault is one of ``NEW_ACTIONS`` (then each equally likely): with
+#: about 1.75 faults a schedule, each new action is in about one schedule of six.
+NEW_FAULT_P = 0.3
+#: Faults at a tool call of the run's ``step``: the run asks for one there, so ``step < steps``.
+TOOL_ACTIONS = frozenset({"kill-sink"})
+#: How far a skewed worker's wall clock is ahead (odd workers) or behind (even), seconds.
+SKEW_S = 300
 #: Faults that restart the platform itself: refused on a stack the harness did not boot.
 PLATFORM_ACTIONS = frozenset({"restart-postgres", "restart-temporal"})
 
@@ -62,9 +87,39 @@ def generate(seed: int, *, max_runs: int = 4, max_faults: int = 3) -> Schedule:
     runs = tuple(RunPlan(steps=rng.randint(2, 6), delay_ms=rng.choice((0, 20, 80)))
                  for _ in range(rng.randint(1, max_runs)))
     targets = rng.sample(range(len(runs)), k=min(len(runs), rng.randint(1, max_faults)))
-    faults = tuple(FaultPlan(run=i, step=rng.randint(1, runs[i].steps), action=rng.choice(FAULT_ACTIONS))
+    faults = tuple(FaultPlan(run=i, step=rng.randint(1, runs[i].steps), action=rng.choice(BASE_ACTIONS))
                    for i in sorted(targets))
-    return Schedule(seed=seed, runs=runs, faults=faults)
+    rarer = random.Random(f"new-faults:{seed}")
+    chosen = []
+    for f in faults:
+        if rarer.random() < NEW_FAULT_P:
+            action = rarer.choice(NEW_ACTIONS)
+            step = min(f.step, runs[f.run].steps - 1) if action in TOOL_ACTIONS else f.step
+            f = replace(f, action=action, step=step)
+        chosen.append(f)
+    return Schedule(seed=seed, runs=runs, faults=tuple(chosen))
+
+
+def _floor(s: Schedule, i: int) -> int:
+    """The fewest steps run ``i`` may have: every barrier on it reachable, and a step
+    after each tool call."""
+    return max([f.step + (f.action in TOOL_ACTIONS) for f in s.faults if f.run == i], default=1)
+
+
+def problems(s: Schedule) -> list[str]:
+    """Why ``s`` is not valid by construction (empty when it is): a run to hold, at most
+    one fault a run, each at a step its run reaches, a step after a tool call, known actions."""
+    out = [] if s.runs else ["no run"]
+    if len({f.run for f in s.faults}) != len(s.faults):
+        out.append("two faults on one run")
+    for f in s.faults:
+        if f.action not in FAULT_ACTIONS:
+            out.append(f"unknown action {f.action}")
+        if not 0 <= f.run < len(s.runs):
+            out.append(f"fault on run {f.run} of {len(s.runs)}")
+        elif not 1 <= f.step or s.runs[f.run].steps < _floor(s, f.run):
+            out.append(f"{f.action} at step {f.step} of a {s.runs[f.run].steps}-step run")
+    return out
 
 
 def _drop_run(s: Schedule, i: int) -> Schedule:
@@ -81,7 +136,7 @@ def shrink_candidates(s: Schedule) -> Iterator[Schedule]:
         for i in range(len(s.runs)):
             yield _drop_run(s, i)
     for i, run in enumerate(s.runs):
-        floor = max([f.step for f in s.faults if f.run == i], default=1)
+        floor = _floor(s, i)
         if run.steps > max(floor, 1):
             runs = list(s.runs)
             runs[i] = replace(run, steps=max(floor, 1))

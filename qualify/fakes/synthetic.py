@@ -56,6 +56,7 @@ from typing import Any
 
 from qimpl.provider import Provider, StepContext, StepResult
 from qimpl.tools import ToolCall
+from qualify.fakes.clock import true_time
 
 __all__ = ["Script", "SyntheticProvider", "delta_piece", "grant_digest", "make_prompt"]
 
@@ -170,7 +171,7 @@ class SyntheticProvider(Provider):
         line = json.dumps({"run_id": ctx.run_id, "step": ctx.step, "attempt": ctx.attempt,
                            "generation": ctx.generation, "tool_results": len(ctx.tool_results),
                            "workspace_id": ctx.workspace_id, "grant_sha256": grant_digest(ctx.grant_token),
-                           "pid": os.getpid(), "t": time.time()})
+                           "pid": os.getpid(), "t": true_time()})
         with open(self.control / "provider_calls.jsonl", "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
 
@@ -178,8 +179,10 @@ class SyntheticProvider(Provider):
         reached = self.control / f"barrier.{name}.reached"
         if reached.exists():
             return  # holds once
+        # ``t`` on the host's clock like every record; ``wall_t`` this process's own (skewed
+        # in a skew-worker-clock schedule: the nemesis reads the offset from it).
         doc = {"pid": os.getpid(), "run_id": ctx.run_id, "step": ctx.step, "attempt": ctx.attempt,
-               "t": time.time()}
+               "t": true_time(), "wall_t": time.time()}
         tmp = reached.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc))
         tmp.rename(reached)
@@ -190,7 +193,7 @@ class SyntheticProvider(Provider):
 
     def _record_cancellation(self, ctx: StepContext) -> None:
         line = json.dumps({"run_id": ctx.run_id, "step": ctx.step, "attempt": ctx.attempt,
-                           "pid": os.getpid(), "t": time.time()})
+                           "pid": os.getpid(), "t": true_time()})
         with open(self.control / "provider_cancellations.jsonl", "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
 

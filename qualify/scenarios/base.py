@@ -83,6 +83,8 @@ class ScenarioContext:
     figures: dict[str, float] = field(default_factory=dict)
     #: The stack, for faults that strike PostgreSQL or Temporal themselves.
     stack: Any = None
+    #: The side-effect sink (``qualify.processes.SinkProcess``), for faults that strike it.
+    sink: Any = None
 
     @property
     def control(self) -> Path:

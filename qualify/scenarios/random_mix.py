@@ -3,20 +3,54 @@
 ``qualify run --random N --seed S`` makes N of them (ids ``random-0`` ..), each from its
 own sub-seed; ``qualify repro random-3 --seed S`` re-derives the same schedule, and
 ``qualify repro --schedule repro.json`` replays a saved (for example shrunk) one.
+
+Every fault strikes the run it names while that run is held at its barrier (the start of
+the fault's step), so its target is known and live (R-Q-10):
+
+- ``pause-in-transaction``: the workers run with ``owner.inside_checkpoint_transaction:stop?armed``;
+  at the barrier the harness arms the point for (run, step) and releases the run, so its
+  owner — whichever worker it is — stops itself inside that step's checkpoint transaction.
+- ``kill-sink``: the run asks for a ``charge`` call at the step; the sink performs it and
+  holds the reply ``SINK_HOLD_S`` (below the tool's timeout); the harness SIGKILLs the sink
+  in that window and restarts it. The run must then park ``side_effect_outcome_unknown``
+  (R-TOOL-3); the harness, as an operator, settles the call from the sink's record and
+  resumes (R-RESUME-3), and the run must complete fed that result, executed once.
+- ``skew-worker-clock``: every worker of such a schedule runs with its wall clock
+  ``SKEW_S`` ahead (odd workers) or behind (even ones), so the owner at the barrier is a
+  skewed one; the fault's evidence is the offset seen in that process. Every run of such a
+  schedule gets a deadline of ``SKEWED_DEADLINE_S``, shorter than the skew, so a worker
+  that judged the deadline on its own clock would expire a run early. The runs must still
+  complete: qimpl compares times only on the database's clock (R-EXEC-8).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import time
+from typing import Any
+
+from qimpl.crashpoints import arm_path
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
-from qualify.processes import ManagedProcess
+from qualify.processes import ManagedProcess, faketime_env
 from qualify.scenarios.base import Scenario, ScenarioContext
 from qualify.scenarios.lifecycle import accepted
-from qualify.schedule import PLATFORM_ACTIONS, FaultPlan, Schedule, generate
+from qualify.schedule import PLATFORM_ACTIONS, SKEW_S, FaultPlan, Schedule, generate, problems
 
 __all__ = ["random_scenario", "schedule_scenario"]
 
-REQUIREMENTS = ("R-EXEC-2", "R-EXEC-3", "R-EXEC-4", "R-EXEC-7", "R-Q-2", "R-Q-7")
+REQUIREMENTS = ("R-EXEC-2", "R-EXEC-3", "R-EXEC-4", "R-EXEC-7", "R-Q-2", "R-Q-7", "R-Q-10")
+
+CKPT_TXN = "owner.inside_checkpoint_transaction"
+#: The sink performs a ``kill-sink`` call, then holds its reply this long (s): under the
+#: harness tools' timeout (``qualify.fakes.tools.TIMEOUT_S``, 1 s), so only the kill loses it.
+SINK_HOLD_S = 0.8
+#: The deadline of every run of a skew-worker-clock schedule (s): longer than any schedule
+#: takes, shorter than ``SKEW_S``.
+SKEWED_DEADLINE_S = 180
+#: Faults after which a fresh worker joins (the owner died or is stopped).
+_REPLACED = frozenset({"sigkill-worker", "sigstop-worker", "pause-in-transaction"})
 
 
 def _owner(workers: list[ManagedProcess], pid: int) -> ManagedProcess:
@@ -26,10 +60,51 @@ def _owner(workers: list[ManagedProcess], pid: int) -> ManagedProcess:
     raise HarnessError(f"no live worker with pid {pid}")
 
 
-def _strike(ctx: ScenarioContext, fault: FaultPlan, run_id: str, workers: list[ManagedProcess],
+def _wait_execution(ctx: ScenarioContext, run_id: str, timeout_s: float) -> dict[str, Any]:
+    """The sink's executions line for ``run_id`` once it appears (HarnessError after ``timeout_s``)."""
+    path = ctx.control / "sink" / "executions.jsonl"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = path.read_text().splitlines() if path.exists() else []
+        found = [d for d in map(json.loads, filter(str.strip, lines)) if d.get("run_id") == run_id]
+        if found:
+            return found[0]
+        if time.monotonic() > deadline:
+            raise HarnessError(f"the sink executed no call of run {run_id} in {timeout_s} s")
+        time.sleep(0.005)
+
+
+class _Workers:
+    """The schedule's workers: the environment each new one gets (armed crash point,
+    skewed clock) and the skew each one runs with."""
+
+    def __init__(self, ctx: ScenarioContext, schedule: Schedule) -> None:
+        actions = {f.action for f in schedule.faults}
+        self.ctx = ctx
+        self.armed = "pause-in-transaction" in actions
+        self.skewed = "skew-worker-clock" in actions
+        self.live: list[ManagedProcess] = []
+        self.skew: dict[str, int] = {}
+
+    def spawn(self) -> ManagedProcess:
+        n = len(self.live) + 1
+        name = f"worker-{n}"
+        env: dict[str, str] = {}
+        if self.armed:
+            env["QIMPL_CRASH_POINTS"] = f"{CKPT_TXN}:stop?armed"
+        if self.skewed:
+            self.skew[name] = SKEW_S if n % 2 else -SKEW_S
+            env.update(faketime_env(self.skew[name]))
+        proc = self.ctx.processes.spawn_worker(name, env=env)
+        self.live.append(proc)
+        return proc
+
+
+def _strike(ctx: ScenarioContext, fault: FaultPlan, run_id: str, workers: _Workers,
             held: dict[str, object]) -> None:
-    owner = _owner(workers, int(held["pid"]))  # type: ignore[call-overload]
-    where = {"barrier": f"f{fault.run}", "step": fault.step, "run_id": run_id}
+    seen_t = time.time()
+    owner = _owner(workers.live, int(held["pid"]))  # type: ignore[call-overload]
+    where: dict[str, Any] = {"barrier": f"f{fault.run}", "step": fault.step, "run_id": run_id}
     if fault.action == "sigkill-worker":
         ctx.nemesis.sigkill(owner, **where)
     elif fault.action == "sigstop-worker":
@@ -44,27 +119,72 @@ def _strike(ctx: ScenarioContext, fault: FaultPlan, run_id: str, workers: list[M
         # Released once the ownership is seen: a graceful shutdown then has work to finish.
         ctx.nemesis.restart(owner, owner_dsn=ctx.deployment.dsn,
                             then=lambda: ctx.release_barrier(f"f{fault.run}"), **where)
+    elif fault.action == "pause-in-transaction":
+        arm = arm_path(ctx.control, CKPT_TXN)
+        tmp = arm.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"run_id": run_id, "step": fault.step}))
+        os.replace(tmp, arm)
+        ctx.release_barrier(f"f{fault.run}")
+        evidence = ctx.wait_crash_point(CKPT_TXN, owner, timeout_s=60)
+        ctx.nemesis.paused_in_transaction(owner, evidence, ctx.deployment.dsn, **where)
+    elif fault.action == "kill-sink":
+        ctx.release_barrier(f"f{fault.run}")
+        call = _wait_execution(ctx, run_id, timeout_s=60)
+        ctx.nemesis.kill_sink(ctx.sink, call=call, hold_s=SINK_HOLD_S, **where)
+    elif fault.action == "skew-worker-clock":
+        wall, true = float(str(held.get("wall_t", held["t"]))), float(str(held["t"]))
+        ctx.nemesis.clock_skew(owner, expected_s=workers.skew.get(owner.name, 0), worker_t=wall,
+                               seen_t=seen_t, dsn=ctx.deployment.dsn,
+                               recorder_offset_s=round(true - seen_t, 3), **where)
     else:
         raise HarnessError(f"unknown fault action {fault.action}")
-    if not owner.alive or fault.action == "sigstop-worker":
+    if not owner.alive or fault.action in _REPLACED:
         # A fresh worker joins (not waited for: the surviving one recovers the runs meanwhile).
-        workers.append(ctx.processes.spawn_worker(f"worker-{len(workers) + 1}"))
+        workers.spawn()
+
+
+def _expect_reconciled(ctx: ScenarioContext, api: ManagedProcess, i: int, run_id: str) -> None:
+    """A ``kill-sink`` run: the spec's one allowed course (R-TOOL-3, R-RESUME-3). It parks
+    ``side_effect_outcome_unknown``; the sink executed the call once; an operator records
+    ``succeeded`` with the sink's receipt and an empty resume completes the run, fed that
+    result (``r<i> [charge:succeeded]``), the call still executed once."""
+    from qualify.scenarios.tools import _parked_unknown, _reconcile_and_finish, sink_lines
+
+    _parked_unknown(ctx, api, run_id)
+    ctx.expect(f"run {i}: the sink executed the call once before reconciliation",
+               len(sink_lines(ctx, "executions", run_id)) == 1,
+               str(sink_lines(ctx, "executions", run_id)), "R-TOOL-3")
+    final = _reconcile_and_finish(ctx, api, run_id, answer_has="charge:succeeded")
+    ctx.expect(f"run {i} completed with its answer, fed the reconciled result",
+               final["state"] == "completed" and final["result_json"] == {"answer": f"r{i} [charge:succeeded]"},
+               f"{final['state']} {final['result_json']}", "R-EXEC-4", "R-TOOL-2")
+    ctx.expect(f"run {i}: the sink executed the call exactly once in all",
+               len(sink_lines(ctx, "executions", run_id)) == 1,
+               str(sink_lines(ctx, "executions", run_id)), "R-TOOL-2")
 
 
 def run_schedule(ctx: ScenarioContext, schedule: Schedule) -> None:
+    if why := problems(schedule):
+        raise HarnessError(f"schedule not valid by construction: {'; '.join(why)}")
     ctx.history.record("schedule", plan=schedule.to_json())
+    workers = _Workers(ctx, schedule)
     # Spawned together, then waited for: their imports overlap instead of adding up.
-    spawned = [ctx.processes.spawn_api(), ctx.processes.spawn_worker("worker-1"),
-               ctx.processes.spawn_worker("worker-2")]
-    api, *workers = [p.wait_ready() for p in spawned]
+    spawned = [ctx.processes.spawn_api(), workers.spawn(), workers.spawn()]
+    api = spawned[0]
+    for p in spawned:
+        p.wait_ready()
     by_run = {f.run: f for f in schedule.faults}
 
     def create(i: int) -> str:
         fault = by_run.get(i)
-        extra = {"barrier": {"step": fault.step, "name": f"f{i}"}} if fault else {}
+        extra: dict[str, Any] = {"barrier": {"step": fault.step, "name": f"f{i}"}} if fault else {}
+        if fault is not None and fault.action == "kill-sink":
+            extra["tools"] = {str(fault.step): [{"tool": "charge", "arguments": {
+                "amount": 1 + i, "sink_hold_s": SINK_HOLD_S}}]}
         run = schedule.runs[i]
+        deadline = {"deadline_seconds": SKEWED_DEADLINE_S} if workers.skewed else {}
         return accepted(ctx, api, prompt=make_prompt(
-            steps=run.steps, delay_ms=run.delay_ms, answer=f"r{i}", **extra))
+            steps=run.steps, delay_ms=run.delay_ms, answer=f"r{i}", **extra), **deadline)
 
     # Valid by construction: the runs without a fault start at once; each run with one
     # starts only after the previous fault was struck, so no fault is aimed at a worker an
@@ -77,10 +197,14 @@ def run_schedule(ctx: ScenarioContext, schedule: Schedule) -> None:
         _strike(ctx, fault, run_ids[fault.run], workers, held)
         ctx.release_barrier(f"f{fault.run}")
     for i, run_id in sorted(run_ids.items()):
+        if i in by_run and by_run[i].action == "kill-sink":
+            _expect_reconciled(ctx, api, i, run_id)
+            continue
         final = ctx.wait_terminal(api, run_id, timeout_s=90)
         ctx.expect(f"run {i} completed with its answer",
                    final["state"] == "completed" and final["result_json"] == {"answer": f"r{i}"},
-                   f"{final['state']} {final['result_json']}", "R-EXEC-4")
+                   f"{final['state']} {final['result_json']}",
+                   *(("R-EXEC-4", "R-EXEC-8") if workers.skewed else ("R-EXEC-4",)))
 
 
 def schedule_scenario(schedule: Schedule, scenario_id: str = "schedule") -> Scenario:
@@ -89,7 +213,10 @@ def schedule_scenario(schedule: Schedule, scenario_id: str = "schedule") -> Scen
         id=scenario_id,
         title=f"random schedule: {len(schedule.runs)} runs, faults "
               + (", ".join(f"{f.action}@run{f.run}/step{f.step}" for f in schedule.faults) or "none"),
-        requirements=REQUIREMENTS,
+        requirements=REQUIREMENTS + tuple(
+            r for a, r in (("kill-sink", "R-TOOL-3"), ("kill-sink", "R-RESUME-3"),
+                           ("skew-worker-clock", "R-EXEC-8"), ("pause-in-transaction", "R-EXEC-11"))
+            if any(f.action == a for f in schedule.faults)),
         body=lambda ctx: run_schedule(ctx, schedule),
         faults=tuple(f.action for f in schedule.faults),
         schedule=schedule.to_json(),

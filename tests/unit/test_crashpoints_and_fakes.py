@@ -172,3 +172,35 @@ def test_a_hold_suspends_only_its_coroutine_and_a_freeze_the_whole_loop(
 
     assert asyncio.run(ticks_while_held("hold")) >= 5
     assert asyncio.run(ticks_while_held("freeze")) <= 2
+
+
+@pytest.mark.req("R-Q-4", "R-Q-10")
+def test_an_armed_point_strikes_once_only_for_the_context_the_harness_armed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``?armed``: inert without the arm file; with it, a reach of another run or step does
+    not strike, the matching reach does and claims the file, and no later reach (here or in
+    another process given the same directive) strikes again."""
+    import qimpl.crashpoints as cp
+
+    d = cp.parse_directive("p.x:stop?armed")
+    assert d["p.x"].armed and d["p.x"].action == "stop"
+    assert not cp.parse_directive("p.x:stop")["p.x"].armed
+    for bad in ("p.x:stop?sometimes", "p.x:stop@2?armed"):
+        with pytest.raises(ValueError):
+            cp.parse_directive(bad)
+    monkeypatch.setenv("QIMPL_CONTROL_DIR", str(tmp_path))
+    # ``hold`` instead of ``stop`` so the test process is not stopped: the same gate decides.
+    monkeypatch.setattr(cp, "_directives", cp.parse_directive("t.armed:hold?armed"))
+    point = cp.CrashPoint("t.armed", "test")
+    evidence = tmp_path / "crash_points.jsonl"
+    assert point._strike({"run_id": "r1", "step": 2}) == (None, False)  # not armed yet
+    cp.arm_path(tmp_path, "t.armed").write_text(json.dumps({"run_id": "r1", "step": 2}))
+    assert point._strike({"run_id": "r2", "step": 2}) == (None, False)  # another run
+    assert point._strike({"run_id": "r1", "step": 1}) == (None, False)  # another step
+    assert not evidence.exists()
+    release, freeze = point._strike({"run_id": "r1", "step": 2, "attempt": 3})
+    assert release == tmp_path / "crash.t.armed.release" and not freeze
+    lines = [json.loads(line) for line in evidence.read_text().splitlines()]
+    assert [ln["context"] for ln in lines] == [{"run_id": "r1", "step": "2", "attempt": "3"}]
+    assert not cp.arm_path(tmp_path, "t.armed").exists()  # claimed: strikes once
+    assert point._strike({"run_id": "r1", "step": 2}) == (None, False)

@@ -2,7 +2,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qualify.schedule import Schedule, generate, shrink_candidates
+from qualify.schedule import (
+    NEW_ACTIONS,
+    TOOL_ACTIONS,
+    Schedule,
+    generate,
+    problems,
+    shrink_candidates,
+)
 
 
 @pytest.mark.req("R-Q-7")
@@ -22,6 +29,33 @@ def test_schedules_are_valid(seed: int) -> None:
     assert s.runs and len({f.run for f in s.faults}) == len(s.faults)
     for f in s.faults:
         assert 1 <= f.step <= s.runs[f.run].steps
+        if f.action in TOOL_ACTIONS:  # a step after the tool call (the synthetic script's rule)
+            assert f.step < s.runs[f.run].steps
+    assert problems(s) == []
+
+
+@pytest.mark.req("R-Q-10")
+def test_every_schedule_of_many_seeds_is_valid_and_each_new_fault_is_in_about_one_of_six() -> None:
+    n = 3000
+    seen = {a: 0 for a in NEW_ACTIONS}
+    for seed in range(n):
+        s = generate(seed)
+        assert problems(s) == [], (seed, s)
+        for a in {f.action for f in s.faults} & set(NEW_ACTIONS):
+            seen[a] += 1
+    for a, k in seen.items():
+        assert 0.10 < k / n < 0.25, (a, k / n)
+
+
+def test_problems_names_what_is_not_valid() -> None:
+    from qualify.schedule import FaultPlan, RunPlan
+
+    ok = Schedule(seed=1, runs=(RunPlan(3, 0),), faults=(FaultPlan(0, 2, "kill-sink"),))
+    assert problems(ok) == []
+    assert problems(Schedule(seed=1, runs=(RunPlan(2, 0),), faults=(FaultPlan(0, 2, "kill-sink"),)))
+    assert problems(Schedule(seed=1, runs=(RunPlan(2, 0),), faults=(FaultPlan(0, 3, "sigkill-worker"),)))
+    assert problems(Schedule(seed=1, runs=(RunPlan(2, 0),), faults=(FaultPlan(0, 1, "explode"),)))
+    assert problems(Schedule(seed=1, runs=(RunPlan(2, 0),), faults=(FaultPlan(1, 1, "sigkill-worker"),)))
 
 
 @given(st.integers(min_value=0, max_value=2**32))
@@ -32,6 +66,16 @@ def test_shrinking_only_shrinks_and_stays_valid(seed: int) -> None:
         assert c.runs
         for f in c.faults:
             assert 0 <= f.run < len(c.runs) and 1 <= f.step <= c.runs[f.run].steps
+        assert problems(c) == []
+
+
+def test_shrinking_keeps_a_step_after_a_tool_call() -> None:
+    from qualify.schedule import FaultPlan, RunPlan
+
+    s = Schedule(seed=1, runs=(RunPlan(6, 0),), faults=(FaultPlan(0, 3, "kill-sink"),))
+    shortened = [c for c in shrink_candidates(s) if c.faults]
+    assert [c.runs[0].steps for c in shortened] == [4]
+    assert all(problems(c) == [] for c in shrink_candidates(s))
 
 
 def test_minimise_finds_the_minimal_failing_schedule() -> None:
