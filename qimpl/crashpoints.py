@@ -20,8 +20,10 @@ harness has written ``<control_dir>/crash.<name>.arm`` (a JSON object such as
 ``{"run_id": "…", "step": 2}``) and only at a reach whose context has those values (compared
 as strings); the process that strikes first claims the file (an atomic rename to
 ``crash.<name>.arm.<pid>``), so the point strikes once in all the processes given the
-directive. Without the file such a point is inert (one ``stat`` per reach). The random
-schedules use it to strike the run a fault is aimed at, in whichever worker owns it (R-Q-10).
+directive. Without the file such a point is inert (one ``stat`` per reach). A ``hold`` so
+struck waits for the release file its evidence names (``release``: one per arming). The
+random schedules use it to strike the run a fault is aimed at, in whichever worker owns it
+(R-Q-10).
 """
 
 from __future__ import annotations
@@ -77,23 +79,31 @@ def arm_path(control_dir: Path, point: str) -> Path:
     return Path(control_dir) / f"crash.{point}.arm"
 
 
-def _claim_arm(control: str, point: str, context: dict[str, Any]) -> bool:
-    """True when ``crash.<point>.arm`` exists, names this reach's context and this process
-    claimed it (renamed it away) before any other."""
+_claims = 0
+
+
+def _claim_arm(control: str, point: str, context: dict[str, Any]) -> Path | None:
+    """The claimed file (``crash.<point>.arm.<pid>.<n>``) when ``crash.<point>.arm`` exists,
+    names this reach's context and this process claimed it (renamed it away) before any
+    other; else None. A ``hold`` so struck waits for ``<claimed>.release``, so each arming
+    is released on its own."""
+    global _claims
     if not control:
-        return False
+        return None
     path = arm_path(Path(control), point)
     try:
         wanted = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
+        return None
     if not isinstance(wanted, dict) or any(str(context.get(k)) != str(v) for k, v in wanted.items()):
-        return False
+        return None
+    _claims += 1
+    claimed = path.with_name(f"{path.name}.{os.getpid()}.{_claims}")
     try:
-        path.rename(path.with_name(f"{path.name}.{os.getpid()}"))
+        path.rename(claimed)
     except OSError:
-        return False  # another process claimed it first
-    return True
+        return None  # another process claimed it first
+    return claimed
 
 
 @dataclass
@@ -130,8 +140,10 @@ class CrashPoint:
         if directive is None:
             return None, False
         control = os.environ.get("QIMPL_CONTROL_DIR", "")
+        claimed = None
         if directive.armed:
-            if not _claim_arm(control, self.name, context):
+            claimed = _claim_arm(control, self.name, context)
+            if claimed is None:
                 return None, False
         elif directive.nth != self.reached:
             return None, False
@@ -142,6 +154,8 @@ class CrashPoint:
             "t": time.time(),
             "context": {k: str(v) for k, v in context.items()},
         }
+        if claimed is not None:
+            evidence["release"] = str(claimed.with_name(claimed.name + ".release"))
         if control:
             with open(Path(control) / "crash_points.jsonl", "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(evidence) + "\n")
@@ -152,7 +166,9 @@ class CrashPoint:
         elif directive.action == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
         elif directive.action in ("hold", "freeze") and control:
-            return Path(control) / f"crash.{self.name}.release", directive.action == "freeze"
+            release = Path(control) / f"crash.{self.name}.release" if claimed is None else \
+                Path(str(evidence["release"]))
+            return release, directive.action == "freeze"
         return None, False
 
 

@@ -49,6 +49,7 @@ from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 
 from qimpl import metrics
+from qimpl.crashpoints import declare
 from qimpl.db import runs as repo
 from qimpl.db.events import prune_event_streams
 from qimpl.db.sessions import bound_session
@@ -62,6 +63,10 @@ __all__ = ["SWEEP_LIMIT", "SweepResult", "sweep_tenant"]
 log = logging.getLogger("qimpl.reconciler")
 
 SWEEP_LIMIT = 100
+
+AFTER_SWEEP_DISPATCH = declare(
+    "reconciler.after_dispatch",
+    "a sweep started an orphaned run's workflow; its dispatch not yet confirmed in the database")
 _TERMINAL = "('completed', 'failed', 'expired', 'cancelled')"
 
 
@@ -142,6 +147,7 @@ async def _confirm(conn: psycopg.AsyncConnection[Any], client: Client | None, se
             log.warning("dispatch of run %s still unknown: %s", run_id, exc, extra={"run_id": run_id})
             client = None  # Temporal is probably down: try again next sweep
             continue
+        await AFTER_SWEEP_DISPATCH.areach(run_id=run_id, generation=generation, started=started)
         try:
             if started == "closed":
                 await _vanished(conn, res, run_id, generation, "closed")

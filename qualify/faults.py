@@ -73,22 +73,24 @@ class Nemesis:
                             bool(terminated) and left is not None and left[0] == 0,
                             {"backend_pids": terminated})
 
-    def restart_postgres(self, stack: Any) -> dict[str, Any]:
+    def restart_postgres(self, stack: Any, **context: Any) -> dict[str, Any]:
         """Immediate-mode restart of PostgreSQL (SIGQUIT, then start on the same port):
-        landed when the old postmaster is gone and a new one accepts connections."""
+        landed when the old postmaster is gone and a new one accepts connections.
+        ``context`` (where it struck) is kept with the evidence."""
         import psutil
 
         old, new = stack.postgres.restart()
         return self._record("postgres_restart", "postgres", not psutil.pid_exists(old) and new != old,
-                            {"old_pid": old, "new_pid": new, "mode": "immediate"})
+                            {"old_pid": old, "new_pid": new, "mode": "immediate", **context})
 
-    def restart_temporal(self, stack: Any) -> dict[str, Any]:
-        """Restart the Temporal dev server on the same ports and database file."""
+    def restart_temporal(self, stack: Any, **context: Any) -> dict[str, Any]:
+        """Restart the Temporal dev server on the same ports and database file
+        (``context``: where it struck, kept with the evidence)."""
         import psutil
 
         old, new = stack.temporal.restart()
         return self._record("temporal_restart", "temporal", not psutil.pid_exists(old) and new != old,
-                            {"old_pid": old, "new_pid": new, "address": stack.temporal.address})
+                            {"old_pid": old, "new_pid": new, "address": stack.temporal.address, **context})
 
     def stop_temporal(self, stack: Any) -> dict[str, Any]:
         """Make dispatch fail: Temporal unreachable until ``start_temporal``."""

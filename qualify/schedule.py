@@ -6,14 +6,18 @@ gives the same schedule (``tests/unit/test_schedule.py``). ``shrink_candidates``
 strictly smaller schedules for delta debugging a failure down to a minimal one.
 
 Faults (R-Q-10, each strikes the run it names at its barrier, the start of step ``step``):
-the six base actions, and three rarer ones, each in about one schedule of six:
+the six base actions, and five rarer ones, each in about one schedule of seven:
 
 - ``pause-in-transaction``: the run's owner stops itself (SIGSTOP) inside the checkpoint
   transaction of ``step``, between the fenced UPDATE and the COMMIT (row lock held);
 - ``kill-sink``: the run asks for a ``charge`` tool call at ``step`` (so ``step < steps``)
   and the side-effect sink is SIGKILLed while the call is out, then restarted (R-TOOL-3);
 - ``skew-worker-clock``: every worker of the schedule runs with its wall clock skewed
-  (alternately ahead and behind by ``SKEW_S``), and the run's owner at the barrier is one.
+  (alternately ahead and behind by ``SKEW_S``), and the run's owner at the barrier is one;
+- ``restart-postgres-mid-sweep``, ``restart-temporal-mid-sweep``: the run is orphaned (its
+  API dies right after the acceptance commit) and the reconciler dispatches it; PostgreSQL
+  or Temporal restarts while that sweep holds between Temporal's start and the confirming
+  commit (``step`` is unused: the run has no barrier).
 
 ``problems`` says why a schedule is not valid by construction (empty when it is).
 """
@@ -25,7 +29,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 
-__all__ = ["FAULT_ACTIONS", "NEW_FAULT_P", "PLATFORM_ACTIONS", "SKEW_S", "TOOL_ACTIONS", "FaultPlan",
+__all__ = ["FAULT_ACTIONS", "NEW_FAULT_P", "PLATFORM_ACTIONS", "SKEW_S", "SWEEP_ACTIONS", "TOOL_ACTIONS", "FaultPlan",
            "RunPlan", "Schedule", "generate", "problems", "shrink_candidates"]
 
 #: The base faults: equally likely.
@@ -33,18 +37,22 @@ BASE_ACTIONS = ("sigkill-worker", "sigstop-worker", "terminate-lock-session", "r
                 "restart-worker", "restart-temporal")
 #: Rarer faults (see the module's docstring), drawn from a second stream of the seed so
 #: the base faults of a seed stay what they were.
-NEW_ACTIONS = ("pause-in-transaction", "kill-sink", "skew-worker-clock")
+NEW_ACTIONS = ("pause-in-transaction", "kill-sink", "skew-worker-clock", "restart-postgres-mid-sweep",
+               "restart-temporal-mid-sweep")
 #: What a fault does when its run reaches the barrier.
 FAULT_ACTIONS = BASE_ACTIONS + NEW_ACTIONS
 #: The chance that a fault is one of ``NEW_ACTIONS`` (then each equally likely): with
-#: about 1.75 faults a schedule, each new action is in about one schedule of six.
-NEW_FAULT_P = 0.3
+#: about 1.75 faults a schedule, each new action is in about one schedule of seven.
+NEW_FAULT_P = 0.45
 #: Faults at a tool call of the run's ``step``: the run asks for one there, so ``step < steps``.
 TOOL_ACTIONS = frozenset({"kill-sink"})
 #: How far a skewed worker's wall clock is ahead (odd workers) or behind (even), seconds.
 SKEW_S = 300
 #: Faults that restart the platform itself: refused on a stack the harness did not boot.
-PLATFORM_ACTIONS = frozenset({"restart-postgres", "restart-temporal"})
+PLATFORM_ACTIONS = frozenset({"restart-postgres", "restart-temporal", "restart-postgres-mid-sweep",
+                              "restart-temporal-mid-sweep"})
+#: Faults struck in the reconciler's sweep of an orphaned run, not at the run's barrier.
+SWEEP_ACTIONS = frozenset({"restart-postgres-mid-sweep", "restart-temporal-mid-sweep"})
 
 
 @dataclass(frozen=True)

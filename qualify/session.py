@@ -35,6 +35,7 @@ Events = Callable[[str, Any], None]
 def crash_point_catalog() -> dict[str, str]:
     """Every crash point declared in ``qimpl`` (importing the modules declares them)."""
     import qimpl.api.app
+    import qimpl.reconciler
     import qimpl.workflows.activities  # noqa: F401
     from qimpl.crashpoints import CATALOG
 

@@ -21,6 +21,13 @@ the fault's step), so its target is known and live (R-Q-10):
   schedule gets a deadline of ``SKEWED_DEADLINE_S``, shorter than the skew, so a worker
   that judged the deadline on its own clock would expire a run early. The runs must still
   complete: qimpl compares times only on the database's clock (R-EXEC-8).
+- ``restart-postgres-mid-sweep``, ``restart-temporal-mid-sweep``: the workers of such a
+  schedule also reconcile (``SWEEPING``) with ``reconciler.after_dispatch:hold?armed``; the
+  run is created on an API that dies right after its acceptance commit, the harness arms
+  the point for that run, and when a sweep holds there (Temporal started the workflow, the
+  dispatch not yet confirmed) it restarts PostgreSQL or Temporal, then releases the sweep.
+  The run must complete: a later sweep or its owner confirms it, one workflow (R-OPS-3,
+  R-CREATE-5).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from qimpl.crashpoints import arm_path
@@ -36,13 +44,27 @@ from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess, faketime_env
 from qualify.scenarios.base import Scenario, ScenarioContext
 from qualify.scenarios.lifecycle import accepted
-from qualify.schedule import PLATFORM_ACTIONS, SKEW_S, FaultPlan, Schedule, generate, problems
+from qualify.schedule import (
+    PLATFORM_ACTIONS,
+    SKEW_S,
+    SWEEP_ACTIONS,
+    FaultPlan,
+    Schedule,
+    generate,
+    problems,
+)
 
 __all__ = ["random_scenario", "schedule_scenario"]
 
 REQUIREMENTS = ("R-EXEC-2", "R-EXEC-3", "R-EXEC-4", "R-EXEC-7", "R-Q-2", "R-Q-7", "R-Q-10")
 
 CKPT_TXN = "owner.inside_checkpoint_transaction"
+SWEEP_DISPATCH = "reconciler.after_dispatch"
+AFTER_ACCEPT = "api.after_acceptance_commit"
+#: The workers of a mid-sweep schedule reconcile the harness's tenant every second; an
+#: orphan is swept 2 s after its acceptance, time enough to arm the point for it first.
+SWEEPING = {"DURABLE_AGENT_RECONCILE_TENANTS": json.dumps(["t-dev"]), "QIMPL_RECONCILE_INTERVAL_S": "1",
+            "QIMPL_RECONCILE_GRACE_S": "2"}
 #: The sink performs a ``kill-sink`` call, then holds its reply this long (s): under the
 #: harness tools' timeout (``qualify.fakes.tools.TIMEOUT_S``, 1 s), so only the kill loses it.
 SINK_HOLD_S = 0.8
@@ -83,6 +105,7 @@ class _Workers:
         self.ctx = ctx
         self.armed = "pause-in-transaction" in actions
         self.skewed = "skew-worker-clock" in actions
+        self.sweeping = bool(actions & SWEEP_ACTIONS)
         self.live: list[ManagedProcess] = []
         self.skew: dict[str, int] = {}
 
@@ -90,8 +113,12 @@ class _Workers:
         n = len(self.live) + 1
         name = f"worker-{n}"
         env: dict[str, str] = {}
-        if self.armed:
-            env["QIMPL_CRASH_POINTS"] = f"{CKPT_TXN}:stop?armed"
+        points = [f"{CKPT_TXN}:stop?armed"] if self.armed else []
+        if self.sweeping:
+            points.append(f"{SWEEP_DISPATCH}:hold?armed")
+            env.update(SWEEPING)
+        if points:
+            env["QIMPL_CRASH_POINTS"] = ",".join(points)
         if self.skewed:
             self.skew[name] = SKEW_S if n % 2 else -SKEW_S
             env.update(faketime_env(self.skew[name]))
@@ -143,6 +170,38 @@ def _strike(ctx: ScenarioContext, fault: FaultPlan, run_id: str, workers: _Worke
         workers.spawn()
 
 
+def _arm(ctx: ScenarioContext, point: str, context: dict[str, Any]) -> None:
+    """Arm ``point`` (a ``?armed`` directive) for ``context``, atomically."""
+    arm = arm_path(ctx.control, point)
+    tmp = arm.with_suffix(".tmp")
+    tmp.write_text(json.dumps(context))
+    os.replace(tmp, arm)
+
+
+def _strike_mid_sweep(ctx: ScenarioContext, fault: FaultPlan, prompt: str, workers: _Workers) -> str:
+    """Orphan run ``fault.run`` (its API dies after the acceptance commit), hold the sweep
+    that dispatches it between Temporal's start and the confirming commit, restart
+    PostgreSQL or Temporal there, release. Returns the run id."""
+    evidence = ctx.create_on_dying_api(AFTER_ACCEPT, name=f"api-doomed-{fault.run}", prompt=prompt)
+    run_id = str(evidence["context"]["run_id"])
+    _arm(ctx, SWEEP_DISPATCH, {"run_id": run_id})
+    deadline = time.monotonic() + 60
+    while not (held := [e for e in ctx.crash_evidence(SWEEP_DISPATCH) if e["context"]["run_id"] == run_id]):
+        if time.monotonic() > deadline:
+            raise HarnessError(f"no sweep dispatched orphan run {run_id} in 60 s")
+        time.sleep(0.02)
+    sweeper = _owner(workers.live, int(held[0]["pid"]))
+    where = {"run_id": run_id, "reconciler": sweeper.name, "point": SWEEP_DISPATCH,
+             "started": held[0]["context"].get("started")}
+    ctx.history.record("barrier", name=f"f{fault.run}", **held[0])
+    if fault.action == "restart-postgres-mid-sweep":
+        ctx.nemesis.restart_postgres(ctx.stack, **where)
+    else:
+        ctx.nemesis.restart_temporal(ctx.stack, **where)
+    Path(held[0]["release"]).touch()  # this arming's own release (qimpl.crashpoints)
+    return run_id
+
+
 def _expect_reconciled(ctx: ScenarioContext, api: ManagedProcess, i: int, run_id: str) -> None:
     """A ``kill-sink`` run: the spec's one allowed course (R-TOOL-3, R-RESUME-3). It parks
     ``side_effect_outcome_unknown``; the sink executed the call once; an operator records
@@ -192,6 +251,11 @@ def run_schedule(ctx: ScenarioContext, schedule: Schedule) -> None:
     # collateral would never hold again), and every fault strikes a live owner.
     run_ids: dict[int, str] = {i: create(i) for i in range(len(schedule.runs)) if i not in by_run}
     for fault in schedule.faults:
+        if fault.action in SWEEP_ACTIONS:
+            run = schedule.runs[fault.run]
+            run_ids[fault.run] = _strike_mid_sweep(ctx, fault, make_prompt(
+                steps=run.steps, delay_ms=run.delay_ms, answer=f"r{fault.run}"), workers)
+            continue
         run_ids[fault.run] = create(fault.run)
         held = ctx.wait_barrier(f"f{fault.run}", timeout_s=60)
         _strike(ctx, fault, run_ids[fault.run], workers, held)
@@ -215,7 +279,8 @@ def schedule_scenario(schedule: Schedule, scenario_id: str = "schedule") -> Scen
               + (", ".join(f"{f.action}@run{f.run}/step{f.step}" for f in schedule.faults) or "none"),
         requirements=REQUIREMENTS + tuple(
             r for a, r in (("kill-sink", "R-TOOL-3"), ("kill-sink", "R-RESUME-3"),
-                           ("skew-worker-clock", "R-EXEC-8"), ("pause-in-transaction", "R-EXEC-11"))
+                           ("skew-worker-clock", "R-EXEC-8"), ("pause-in-transaction", "R-EXEC-11"),
+                           ("restart-postgres-mid-sweep", "R-OPS-3"), ("restart-temporal-mid-sweep", "R-OPS-3"))
             if any(f.action == a for f in schedule.faults)),
         body=lambda ctx: run_schedule(ctx, schedule),
         faults=tuple(f.action for f in schedule.faults),

@@ -77,6 +77,40 @@ def reconciler_dispatches_orphan(ctx: ScenarioContext) -> None:
                f"workflow g1: {result.get('state')}; run generation {run['generation']}", "R-CREATE-5")
 
 
+SWEEP_DISPATCH = "reconciler.after_dispatch"
+
+
+@scenario(
+    "postgres-restarted-mid-sweep",
+    title="The reconciler dispatches an orphaned run (its API SIGKILLed after the acceptance "
+          "commit); PostgreSQL restarts while that sweep holds between Temporal's start and "
+          "the confirming commit: a later sweep or the owner confirms it, one workflow, the "
+          "run completes",
+    requirements=("R-OPS-3", "R-CREATE-5", "R-Q-4"),
+    faults=(f"sigkill at {AFTER_ACCEPT}", f"PostgreSQL restart at {SWEEP_DISPATCH}"),
+    crash_points=(AFTER_ACCEPT, SWEEP_DISPATCH),
+    needs_platform=True,
+)
+def postgres_restarted_mid_sweep(ctx: ScenarioContext) -> None:
+    run_id = _accepted_then_api_dies(ctx)
+    reconciler = ctx.processes.worker("worker-1", QIMPL_CRASH_POINTS=f"{SWEEP_DISPATCH}:hold", **RECONCILE)
+    held = ctx.wait_crash_point(SWEEP_DISPATCH, reconciler, timeout_s=30)
+    ctx.expect("the sweep started the orphan's workflow and holds before confirming it",
+               held["context"]["run_id"] == run_id and held["context"]["started"] == "started",
+               str(held["context"]), "R-OPS-3")
+    ctx.nemesis.restart_postgres(ctx.stack)
+    ctx.release_crash_point(SWEEP_DISPATCH)
+    api = ctx.processes.api("api-2")
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    ctx.expect("run completed", run["state"] == "completed", run["state"], "R-OPS-3")
+    confirmed = ctx.sql("SELECT dispatch_confirmed_at IS NOT NULL FROM runs WHERE run_id = %s", run_id)[0][0]
+    result = ctx.workflow_result(workflow_id(run_id, 1))
+    ctx.expect("its dispatch confirmed; exactly one workflow, generation 1",
+               confirmed and result.get("state") == "completed" and run["generation"] == 1,
+               f"confirmed {confirmed}; workflow g1: {result.get('state')}; generation {run['generation']}",
+               "R-CREATE-5")
+
+
 @scenario(
     "expiry-without-worker",
     title="No worker at all, deadline 5 s: the one-shot sweep expires the run; a worker "

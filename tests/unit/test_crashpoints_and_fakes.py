@@ -199,8 +199,14 @@ def test_an_armed_point_strikes_once_only_for_the_context_the_harness_armed(
     assert point._strike({"run_id": "r1", "step": 1}) == (None, False)  # another step
     assert not evidence.exists()
     release, freeze = point._strike({"run_id": "r1", "step": 2, "attempt": 3})
-    assert release == tmp_path / "crash.t.armed.release" and not freeze
     lines = [json.loads(line) for line in evidence.read_text().splitlines()]
     assert [ln["context"] for ln in lines] == [{"run_id": "r1", "step": "2", "attempt": "3"}]
+    # The hold waits for this arming's own release file, which the evidence names.
+    assert release == Path(lines[0]["release"]) and release.parent == tmp_path and not freeze
     assert not cp.arm_path(tmp_path, "t.armed").exists()  # claimed: strikes once
     assert point._strike({"run_id": "r1", "step": 2}) == (None, False)
+    release.touch()
+    cp.arm_path(tmp_path, "t.armed").write_text(json.dumps({"run_id": "r1"}))  # armed again
+    again, _ = point._strike({"run_id": "r1", "step": 3})
+    assert again is not None and again != release and not again.exists()  # not released by the first
+    cp.arm_path(tmp_path, "t.armed").unlink(missing_ok=True)

@@ -35,7 +35,7 @@ def test_schedules_are_valid(seed: int) -> None:
 
 
 @pytest.mark.req("R-Q-10")
-def test_every_schedule_of_many_seeds_is_valid_and_each_new_fault_is_in_about_one_of_six() -> None:
+def test_every_schedule_of_many_seeds_is_valid_and_each_new_fault_is_in_about_one_of_seven() -> None:
     n = 3000
     seen = {a: 0 for a in NEW_ACTIONS}
     for seed in range(n):
