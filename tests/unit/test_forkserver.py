@@ -72,3 +72,30 @@ def test_a_process_that_changes_interpreter_start_up_is_not_forked() -> None:
     assert forkable({"PATH": "/bin", "PYTHONPATH": "/x"}, base)
     assert not forkable({**base, "LD_PRELOAD": "/lib/libfaketime.so.1"}, base)
     assert not forkable({**base, "PYTHONPATH": "/y"}, base)
+
+
+def test_a_parallel_session_reports_each_scenario_once_as_its_document_lands(tmp_path: Path) -> None:
+    """``qualify run -n N`` (the soak runs an hour) prints each scenario as its slice writes
+    it: a document is reported once, a half-written one not until it is whole."""
+    import json
+
+    from qualify.session import _report_new_docs
+
+    docs = tmp_path / ".docs"
+    docs.mkdir()
+    seen: list[str] = []
+    shown: set[str] = set()
+
+    def on_event(kind: str, data: object) -> None:
+        assert kind == "scenario_end" and isinstance(data, dict) and data["prefix"] is True
+        seen.append(data["id"])
+
+    _report_new_docs(tmp_path, shown, on_event)
+    (docs / "random-1.json").write_text(json.dumps({"id": "random-1"}))
+    (docs / "random-0.json").write_text('{"id": "rand')  # being written
+    _report_new_docs(tmp_path, shown, on_event)
+    assert seen == ["random-1"]
+    (docs / "random-0.json").write_text(json.dumps({"id": "random-0"}))
+    _report_new_docs(tmp_path, shown, on_event)
+    _report_new_docs(tmp_path, shown, on_event)
+    assert seen == ["random-1", "random-0"]
