@@ -229,4 +229,5 @@ CI_SUBSET: tuple[str, ...] = (
     "side-effect-before-intent",
     "finalising-tool-without-approval",
     "unknown-outcome-taken-as-settled",
+    "checkpoint-split-from-its-fence",
 )
