@@ -10,33 +10,18 @@ its owner, a journal event per transition). Only the transaction stamps tell the
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Any
 
-import psycopg
 import pytest
 
-from qimpl.workflows.lease import OwnershipLease
 from qimpl.workflows.owner import RunOwner
 from qualify import checkers as ck
 from qualify.collect import database_events
 from qualify.history import Event
+from tests.integration.owned_runs import lease as owner_lease
+from tests.integration.owned_runs import queued_run
 
 NAME = "every row committed in its write's transaction"
-
-
-def _queued_run(dsn: str) -> str:
-    run_id = str(uuid.uuid4())
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute(
-            "INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt, stream_key,"
-            " deadline_at) VALUES (%s, 't', 'p', 'a', 'queued', 'x', 'k', now() + interval '1 hour')",
-            (run_id,))
-    return run_id
-
-
-def _lease(dsn: str, run_id: str) -> OwnershipLease:
-    return OwnershipLease(dsn, run_id, lease_s=30.0, application_name="test-owner", tenant_id="t")
 
 
 def _of_run(dsn: str, run_id: str) -> list[Event]:
@@ -55,10 +40,10 @@ def test_an_owners_writes_each_commit_whole(stack: Any) -> None:
     tool call's intent and outcome, the final checkpoint with its answer, completion. Every
     row is stamped, the rows of one write share its transaction, and the checker passes."""
     dsn = stack.create_database()
-    run_id = _queued_run(dsn)
+    run_id = queued_run(dsn)
 
     async def live() -> None:
-        async with _lease(dsn, run_id) as lease:
+        async with owner_lease(dsn, run_id) as lease:
             claim = await RunOwner.claim(lease.conn, run_id, generation=1, attempt=1)
             owner = claim.owner
             assert owner is not None
@@ -99,10 +84,10 @@ def test_a_checkpoint_committed_before_its_fence_is_seen_by_this_check_only(stac
     ``checkpoint-split-from-its-fence`` does; the run then completes. Every other generic
     check passes."""
     dsn = stack.create_database()
-    run_id = _queued_run(dsn)
+    run_id = queued_run(dsn)
 
     async def split() -> None:
-        async with _lease(dsn, run_id) as lease:
+        async with owner_lease(dsn, run_id) as lease:
             claim = await RunOwner.claim(lease.conn, run_id, generation=1, attempt=1)
             owner = claim.owner
             assert owner is not None

@@ -10,40 +10,26 @@ token and lock recorded, ``every_write_by_its_owner`` sees it.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Any
 
 import psycopg
 import pytest
 
-from qimpl.workflows.lease import OwnershipLease
 from qimpl.workflows.owner import RunOwner
 from qualify import checkers as ck
 from qualify.collect import database_events
-
-
-def _running_run(dsn: str) -> str:
-    run_id = str(uuid.uuid4())
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute(
-            "INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt, stream_key,"
-            " deadline_at) VALUES (%s, 't', 'p', 'a', 'queued', 'x', 'k', now() + interval '1 hour')",
-            (run_id,))
-    return run_id
-
-
-def _lease(dsn: str, run_id: str) -> OwnershipLease:
-    return OwnershipLease(dsn, run_id, lease_s=30.0, application_name="test-owner", tenant_id="t")
+from tests.integration.owned_runs import lease as owner_lease
+from tests.integration.owned_runs import queued_run
 
 
 @pytest.mark.req("R-EXEC-7")
 @pytest.mark.req("R-EXEC-2")
 def test_each_owner_write_records_its_token_pid_and_lock(stack: Any) -> None:
     dsn = stack.create_database()
-    run_id = _running_run(dsn)
+    run_id = queued_run(dsn)
 
     async def own() -> int:
-        async with _lease(dsn, run_id) as lease:
+        async with owner_lease(dsn, run_id) as lease:
             claim = await RunOwner.claim(lease.conn, run_id, generation=1, attempt=1)
             assert claim.owner is not None
             await claim.owner.checkpoint(1, state={}, usage={})
@@ -65,10 +51,10 @@ def test_a_zombie_write_is_judged_by_its_writer_not_the_stored_owner(stack: Any)
     The database accepts both (nothing else refuses them); the old checker passes the
     history, the new one names both faults."""
     dsn = stack.create_database()
-    run_id = _running_run(dsn)
+    run_id = queued_run(dsn)
 
     async def split_brain() -> None:
-        async with _lease(dsn, run_id) as lease:
+        async with owner_lease(dsn, run_id) as lease:
             first = await RunOwner.claim(lease.conn, run_id, generation=1, attempt=1)
             assert first.owner is not None
             await first.owner.checkpoint(1, state={}, usage={})
@@ -99,10 +85,10 @@ def test_the_fence_refuses_the_zombie_and_the_audit_stays_clean(stack: Any) -> N
     from qimpl.errors import LostOwnership
 
     dsn = stack.create_database()
-    run_id = _running_run(dsn)
+    run_id = queued_run(dsn)
 
     async def race() -> None:
-        async with _lease(dsn, run_id) as lease:
+        async with owner_lease(dsn, run_id) as lease:
             first = await RunOwner.claim(lease.conn, run_id, generation=1, attempt=1)
             assert first.owner is not None
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
