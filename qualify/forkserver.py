@@ -16,11 +16,12 @@ start-up: a process whose environment changes how Python starts (``PYTHONPATH``,
 Process tree and reaping (R-Q-2): the server is a child of the harness that dies with it
 (``PR_SET_PDEATHSIG``); each forked child dies with the server the same way; the server
 reaps its children the moment they exit (``SIGCHLD``) and writes each exit status to
-``<status_dir>/<pid>.exit``, which ``ForkedProcess.poll`` reads. ``kill_tree`` of the
+``<status_dir>/<n>.exit`` (``n``: the fork's sequence number; pids are reused over a
+long soak), which ``ForkedProcess.poll`` reads. ``kill_tree`` of the
 server's handle stops it and every descendant.
 
 Protocol: one JSON line per connection on a Unix socket, ``{"module", "argv", "env",
-"log", "cwd"}``; the answer is ``{"pid": N}`` or ``{"error": text}``.
+"log", "cwd"}``; the answer is ``{"pid": N, "id": n}`` or ``{"error": text}``.
 """
 
 from __future__ import annotations
@@ -72,11 +73,13 @@ class ForkedProcess:
     raises ``subprocess.TimeoutExpired``). ``returncode`` is negative for a signal, as
     with ``Popen``."""
 
-    def __init__(self, pid: int, status_dir: Path, argv: Sequence[str]) -> None:
+    def __init__(self, pid: int, status_dir: Path, argv: Sequence[str], *, fork_id: int) -> None:
         self.pid = pid
         self.args = list(argv)
         self.returncode: int | None = None
-        self._status = status_dir / f"{pid}.exit"
+        # Named by the fork's sequence number, not its pid: over a long soak pids are
+        # reused, and a pid's old status would make its new process look exited.
+        self._status = status_dir / f"{fork_id}.exit"
 
     def poll(self) -> int | None:
         if self.returncode is None and self._status.exists():
@@ -153,7 +156,8 @@ class ForkServer:
         if "pid" not in answer:
             raise HarnessError(f"fork server refused {module}: {answer.get('error')}")
         self.forks += 1
-        return ForkedProcess(int(answer["pid"]), self.status_dir, [sys.executable, "-m", module, *argv])
+        return ForkedProcess(int(answer["pid"]), self.status_dir, [sys.executable, "-m", module, *argv],
+                             fork_id=int(answer["id"]))
 
     def stop(self) -> None:
         from qualify.procs import kill_tree
@@ -262,11 +266,11 @@ def _forget_process_state() -> None:
             cached()
 
 
-def _write_status(status_dir: Path, pid: int, status: int) -> None:
+def _write_status(status_dir: Path, fork_id: int, status: int) -> None:
     code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    tmp = status_dir / f"{pid}.tmp"
+    tmp = status_dir / f"{fork_id}.tmp"
     tmp.write_text(str(code))
-    tmp.rename(status_dir / f"{pid}.exit")
+    tmp.rename(status_dir / f"{fork_id}.exit")
 
 
 def serve(directory: Path, preload: Sequence[str]) -> None:
@@ -301,7 +305,8 @@ def serve(directory: Path, preload: Sequence[str]) -> None:
     sel.register(listener, selectors.EVENT_READ, "accept")
     sel.register(wake_r, selectors.EVENT_READ, "wake")
     (directory / "fork.ready").touch()
-    children: set[int] = set()
+    children: dict[int, int] = {}  # pid -> the fork's sequence number
+    forks = 0
     while not stopping:
         for key, _ in sel.select(timeout=1.0):
             if key.data == "wake":
@@ -321,8 +326,9 @@ def serve(directory: Path, preload: Sequence[str]) -> None:
                         if pid == 0:
                             _child(request, [listener.fileno(), wake_r.fileno(), wake_w.fileno(),
                                              conn.fileno(), sel.fileno() if hasattr(sel, "fileno") else -1])
-                        children.add(pid)
-                        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+                        forks += 1
+                        children[pid] = forks
+                        conn.sendall(json.dumps({"pid": pid, "id": forks}).encode() + b"\n")
                     except (OSError, ValueError, KeyError) as exc:
                         try:
                             conn.sendall(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode() + b"\n")
@@ -340,7 +346,7 @@ def serve(directory: Path, preload: Sequence[str]) -> None:
         time.sleep(0.01)
 
 
-def _reap(children: set[int], status_dir: Path) -> None:
+def _reap(children: dict[int, int], status_dir: Path) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -349,8 +355,9 @@ def _reap(children: set[int], status_dir: Path) -> None:
             return
         if pid == 0:
             return
-        children.discard(pid)
-        _write_status(status_dir, pid, status)
+        fork_id = children.pop(pid, None)
+        if fork_id is not None:
+            _write_status(status_dir, fork_id, status)
 
 
 if __name__ == "__main__":

@@ -83,8 +83,13 @@ def spawn(
 
 
 def kill_tree(proc: Child, *, first: int = signal.SIGTERM, grace_s: float = 5.0) -> None:
-    """Stop ``proc`` and all its descendants; always reaps ``proc``. Idempotent."""
-    if proc.poll() is not None and not _group_alive(proc.pid):
+    """Stop ``proc`` and all its descendants; always reaps ``proc``. Idempotent.
+
+    Once ``proc`` has exited and been reaped, its process group is signalled only while
+    it lives on without its leader (descendants it left behind): a group id is never a
+    new pid while the group lives, so a live process with ``proc``'s pid means the pid
+    was reused and the group is somebody else's."""
+    if proc.poll() is not None and (not _group_alive(proc.pid) or psutil.pid_exists(proc.pid)):
         return
     try:
         descendants = psutil.Process(proc.pid).children(recursive=True)

@@ -99,3 +99,39 @@ def test_a_parallel_session_reports_each_scenario_once_as_its_document_lands(tmp
     _report_new_docs(tmp_path, shown, on_event)
     _report_new_docs(tmp_path, shown, on_event)
     assert seen == ["random-1", "random-0"]
+
+
+def test_an_exit_status_belongs_to_its_fork_not_to_a_reused_pid(tmp_path: Path) -> None:
+    """Over a long soak pids are reused: the status of an earlier fork with the same pid
+    must not make a later one look exited."""
+    from qualify.forkserver import ForkedProcess
+
+    (tmp_path / "1.exit").write_text("-9")
+    earlier = ForkedProcess(4242, tmp_path, ["x"], fork_id=1)
+    later = ForkedProcess(4242, tmp_path, ["x"], fork_id=2)
+    assert earlier.poll() == -9
+    assert later.poll() is None
+
+
+def test_kill_tree_leaves_alone_a_group_whose_leader_pid_was_reused() -> None:
+    """A reaped process's pid, now another live process's (and its group's), is not ours
+    to signal (R-Q-2 without collateral damage across slices)."""
+    from qualify.procs import kill_tree
+
+    other = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        class Reaped:  # what a handle of an exited, reaped process looks like
+            pid = other.pid
+            returncode = 0
+
+            def poll(self) -> int | None:
+                return 0
+
+            def wait(self, timeout: float | None = None) -> int:
+                return 0
+
+        kill_tree(Reaped())
+        assert other.poll() is None  # still running: not killed by mistake
+    finally:
+        other.kill()
+        other.wait()
