@@ -242,7 +242,7 @@ class Processes:
 
 def faketime_env(offset_s: int) -> dict[str, str]:
     """The environment that skews a child's wall clock by ``offset_s`` seconds (R-Q-10,
-    ``skew-worker-clock``): libfaketime, from the ``libfaketime`` wheel (a dev dependency),
+    ``skew-worker-clock``): libfaketime, from the ``libfaketime`` wheel (a dependency of qualify),
     preloaded, monotonic clocks left alone (``time.monotonic`` and Rust's ``Instant`` stay
     true: only what the process believes the date is moves). Located without importing the
     package (its import pulls in pytz and dateutil). HarnessError when it is not installed."""
@@ -252,7 +252,7 @@ def faketime_env(offset_s: int) -> dict[str, str]:
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     lib = next((Path(d) / "vendor" / "libfaketime" / "src" / "libfaketime.so.1" for d in locations), None)
     if lib is None or not lib.exists():
-        raise HarnessError("skew-worker-clock needs libfaketime: pip install -e '.[dev]'")
+        raise HarnessError("skew-worker-clock needs libfaketime: pip install -e .")
     preload = ":".join(filter(None, [str(lib), os.environ.get("LD_PRELOAD", "")]))
     return {"LD_PRELOAD": preload, "FAKETIME": f"{offset_s:+d}s", "FAKETIME_DONT_FAKE_MONOTONIC": "1",
             "DONT_FAKE_MONOTONIC": "1", "FAKETIME_NO_CACHE": "1"}

@@ -147,10 +147,7 @@ def _strike(ctx: ScenarioContext, fault: FaultPlan, run_id: str, workers: _Worke
         ctx.nemesis.restart(owner, owner_dsn=ctx.deployment.dsn,
                             then=lambda: ctx.release_barrier(f"f{fault.run}"), **where)
     elif fault.action == "pause-in-transaction":
-        arm = arm_path(ctx.control, CKPT_TXN)
-        tmp = arm.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"run_id": run_id, "step": fault.step}))
-        os.replace(tmp, arm)
+        _arm(ctx, CKPT_TXN, {"run_id": run_id, "step": fault.step})
         ctx.release_barrier(f"f{fault.run}")
         evidence = ctx.wait_crash_point(CKPT_TXN, owner, timeout_s=60)
         ctx.nemesis.paused_in_transaction(owner, evidence, ctx.deployment.dsn, **where)

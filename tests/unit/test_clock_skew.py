@@ -27,7 +27,7 @@ def test_a_skewed_child_sees_the_offset_and_its_recorder_does_not(offset: int) -
     try:
         env = faketime_env(offset)
     except HarnessError:
-        pytest.skip("libfaketime is not installed (a dev dependency)")
+        pytest.skip("libfaketime is not installed (a dependency of qualify)")
     code = ("import json, time; from qualify.fakes.clock import true_time;"
             " print(json.dumps({'wall': time.time(), 'true': true_time(), 'mono': time.monotonic()}))")
     before = time.time()
