@@ -25,6 +25,13 @@ WAIVED: Mapping[str, str] = {
     "R-Q-7": "a property of the session: tests/unit/test_determinism.py, tests/integration/test_qualify_run.py",
     "R-Q-8": "this gate: tests/unit/test_coverage_gate.py",
     "R-Q-9": "qualify selftest; tests/integration/test_mutations.py runs the catalog's CI subset",
+    # Added to the spec on 2026-12-01; each waits on its open issue and leaves this list
+    # when the issue lands.
+    "R-READ-5": "not built yet: the list routes (issue 25, item 10)",
+    "R-EXEC-13": "not built yet: lease-driven takeover (issue 21)",
+    "R-EVENT-6": "not built yet: browser EventSource clients (issue 25, item 5)",
+    "R-Q-11": "not built yet: the network nemesis (issue 23, item 3)",
+    "R-Q-12": "not built yet: checks that judged nothing cover nothing (issue 23, item 1)",
 }
 
 
