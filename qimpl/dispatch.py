@@ -31,6 +31,7 @@ def run_input(row: dict[str, Any], settings: Settings) -> RunInput:
         deadline_at=row["deadline_at"].isoformat(),
         heartbeat_timeout_s=settings.heartbeat_timeout_s,
         max_provider_failures=settings.provider_max_failures,
+        lease_s=settings.lease_s,
     )
 
 

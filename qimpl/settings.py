@@ -121,6 +121,10 @@ class Settings(BaseSettings):
         default=2.0, gt=0,
         description="activity heartbeat timeout **and** the ownership lease, seconds (see \"The ownership lease\"); set it alike on the API and the workers (R-EXEC-2)",
         json_schema_extra=_example("2"))
+    lease_s: float | None = Field(
+        default=None, gt=0, le=600,
+        description="the ownership lease, seconds: how long a run's advisory lock outlives its owner's last statement, and so how soon a paused or cut-off owner is taken over (R-EXEC-11, R-EXEC-13); unset: the heartbeat timeout. Set it alike on the API and the workers",
+        json_schema_extra=_example("2"))
     provider_max_failures: int = Field(
         default=5, ge=1,
         description="provider failures (counted in the run) before it ends `failed` (R-EXEC-6)",
@@ -273,6 +277,18 @@ class WorkerSettings(_ProviderSettings, Settings):
         default=0, ge=0, le=65535,
         description="the worker's Prometheus port on 127.0.0.1; 0: off (the API serves `/metrics` itself, to operator keys)",
         json_schema_extra=_example("9464"))
+    takeover_watch: bool = Field(
+        default=True,
+        description="run the takeover watcher: fail the Temporal attempt of a `running` run whose lease is gone at once, instead of after Temporal's heartbeat timeout (R-EXEC-13). One worker at a time watches (a session advisory lock); any number may run it",
+        json_schema_extra=_example("true"))
+    takeover_poll_s: float = Field(
+        default=0.2, ge=0.02, le=10,
+        description="seconds between the takeover watcher's looks for runs whose lease is gone (one query over `pg_locks`)",
+        json_schema_extra=_example("0.2"))
+    takeover_unclaimed_s: float = Field(
+        default=0.5, ge=0.1, le=60,
+        description="seconds a started Temporal attempt of a run whose lease is gone may go without claiming it before the watcher fails it (the attempt a paused worker's outstanding poll took and never runs, R-EXEC-13)",
+        json_schema_extra=_example("0.5"))
     reconcile_tenants: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         validation_alias=AliasChoices("DURABLE_AGENT_RECONCILE_TENANTS", "QIMPL_RECONCILE_TENANTS"),

@@ -152,7 +152,7 @@ class AgentActivities:
         await BEFORE_LEASE.areach(run_id=inp.run_id, attempt=attempt)
         try:
             async with OwnershipLease(
-                self.dsn, inp.run_id, lease_s=inp.heartbeat_timeout_s,
+                self.dsn, inp.run_id, lease_s=inp.lease,
                 application_name=f"qimpl-owner:{inp.run_id}", tenant_id=inp.tenant_id,
             ) as lease:
                 return await self._under_lease(lease, inp, attempt)
@@ -195,7 +195,8 @@ class AgentActivities:
 
     async def _loop(self, lease: OwnershipLease, inp: RunInput, attempt: int) -> dict[str, Any]:
         claim = await RunOwner.claim(lease.conn, inp.run_id, generation=inp.generation,
-                                     attempt=attempt, slot_limit=self.slot_limit)
+                                     attempt=attempt, slot_limit=self.slot_limit,
+                                     task_token=activity.info().task_token)
         if claim.owner is None:
             if claim.waiting_for_slot and claim.row["generation"] == inp.generation:
                 # No tenant slot free (R-EXEC-9): stay queued; Temporal retries (<= 1 s backoff).

@@ -110,7 +110,7 @@ class RunOwner:
     # -- the claim ---------------------------------------------------------------------
     @classmethod
     async def claim(cls, conn: AConn, run_id: str, *, generation: int, attempt: int,
-                    slot_limit: int = 0) -> Claim:
+                    slot_limit: int = 0, task_token: bytes | None = None) -> Claim:
         """Make this attempt the owner (R-EXEC-2): ``accepted -> queued -> running`` or a
         takeover ``running -> running`` with ``owner_attempt = attempt``. Call only while
         holding the run's advisory lock.
@@ -132,7 +132,7 @@ class RunOwner:
                            (f"{run_id}:{generation}:{attempt}",))
         try:
             return await cls._claim(conn, run_id, generation=generation, attempt=attempt,
-                                    slot_limit=slot_limit)
+                                    slot_limit=slot_limit, task_token=task_token)
         except psycopg.Error as exc:
             if exc.sqlstate != DEADLINE_SQLSTATE:
                 raise
@@ -142,7 +142,7 @@ class RunOwner:
 
     @classmethod
     async def _claim(cls, conn: AConn, run_id: str, *, generation: int, attempt: int,
-                     slot_limit: int) -> Claim:
+                     slot_limit: int, task_token: bytes | None) -> Claim:
         async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(f"SELECT *, {_LEFT} FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
             row = await cur.fetchone()
@@ -191,12 +191,12 @@ class RunOwner:
             await cur.execute(
                 """
                 UPDATE runs SET state = 'running', row_version = row_version + 1,
-                                owner_attempt = %s,
+                                owner_attempt = %s, owner_task_token = %s,
                                 started_at = coalesce(started_at, clock_timestamp()),
                                 dispatch_confirmed_at = coalesce(dispatch_confirmed_at, clock_timestamp())
                 WHERE run_id = %s RETURNING *,
                 """ + _LEFT,
-                (attempt, run_id),
+                (attempt, task_token, run_id),
             )
             row = await cur.fetchone()
             assert row is not None

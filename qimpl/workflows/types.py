@@ -17,6 +17,14 @@ class RunInput:
     deadline_at: str
     heartbeat_timeout_s: float = 2.0
     max_provider_failures: int = 5
+    #: The ownership lease, seconds; None (inputs dispatched before it existed): the
+    #: heartbeat timeout (R-EXEC-11).
+    lease_s: float | None = None
+
+    @property
+    def lease(self) -> float:
+        """The ownership lease in seconds."""
+        return self.lease_s if self.lease_s is not None else self.heartbeat_timeout_s
 
 
 @dataclass(frozen=True)

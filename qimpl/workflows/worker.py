@@ -41,6 +41,7 @@ from qimpl.settings import (
     plugin_error,
 )
 from qimpl.tools import ToolRegistry, load_tools
+from qimpl.watcher import LeaseWatcher
 from qimpl.workflows.activities import AgentActivities
 from qimpl.workflows.agent_run import AgentRunWorkflowV2
 from qimpl.workflows.agent_run_v1 import AgentRunWorkflowV1
@@ -90,8 +91,9 @@ def build_worker(client: Client, settings: WorkerSettings,
         # default 10 s; a short timeout hands it to a live worker quickly.
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=1),
         # A paused worker's outstanding activity polls can each swallow one retry (the
-        # server hands it the task; it never starts). Fewer polls, fewer lost attempts.
-        max_concurrent_activity_task_polls=2,
+        # server hands it the task; it never starts, and only the takeover watcher or the
+        # heartbeat timeout ends it). One poll: at most one lost attempt per paused worker.
+        max_concurrent_activity_task_polls=1,
         # Likewise for workflow tasks (each swallowed one waits out the run's workflow task
         # timeout, QIMPL_WORKFLOW_TASK_TIMEOUT_S); two is the least a sticky worker polls.
         max_concurrent_workflow_task_polls=2,
@@ -124,6 +126,18 @@ async def reconcile_forever(client: Client, settings: WorkerSettings, stop: asyn
             await asyncio.wait_for(stop.wait(), timeout=settings.reconcile_interval_s)
     if conn is not None:
         await conn.close()
+
+
+async def watch_leases(client: Client, settings: WorkerSettings, stop: asyncio.Event) -> None:
+    """The takeover watcher (R-EXEC-13, ``qimpl.watcher``) until ``stop``; nothing when
+    ``QIMPL_TAKEOVER_WATCH`` is off."""
+    if not settings.takeover_watch:
+        await stop.wait()
+        return
+    await LeaseWatcher(client, dsn=settings.database_url,
+                       lease_s=settings.lease_s or settings.heartbeat_timeout_s,
+                       poll_s=settings.takeover_poll_s,
+                       unclaimed_s=settings.takeover_unclaimed_s).run(stop)
 
 
 async def check_session_pooling(settings: Settings) -> None:
@@ -181,11 +195,13 @@ async def run(settings: WorkerSettings, plugins: tuple[Provider, ToolRegistry]) 
         start_http_server(settings.metrics_port, addr="127.0.0.1")
     async with worker:
         reconciler = asyncio.create_task(reconcile_forever(client, settings, stop))
+        watcher = asyncio.create_task(watch_leases(client, settings, stop))
         log.info("worker ready on %s", settings.task_queue,
                  extra={"event": "worker.ready", "pid": os.getpid(),
                         "reconcile_tenants": settings.reconcile_tenants})
         await stop.wait()
         await reconciler
+        await watcher
     log.info("worker stopped", extra={"event": "worker.stopped"})
 
 

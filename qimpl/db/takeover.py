@@ -1,0 +1,78 @@
+"""The takeover watcher's SQL (R-EXEC-13): which ``running`` runs have lost their lease,
+and which worker watches.
+
+``lease_orphans`` calls ``qimpl_lease_orphans`` (migration
+``20261204_090000_owner_task_token``): a run is an orphan when its row says ``running``
+and no session holds its advisory lock. The owner takes that lock before it claims and
+holds it on the session that makes all of its writes, so an orphan's owner can never
+write again. The call reads across tenants (``SECURITY DEFINER``) and returns only ids,
+the generation, the owner's attempt and its task token.
+
+``hold_watch`` elects the one watcher at a time with a session advisory lock on the
+watcher's own connection, whose session is bounded like a lease: a paused or cut-off
+watcher loses the election within ``lease_s`` and another worker's watcher takes over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+__all__ = ["WATCH_LOCK_SQL", "Orphan", "bound_watch_session", "hold_watch", "lease_orphans", "release_watch"]
+
+#: The watcher election's advisory lock (one per database).
+WATCH_LOCK_SQL = "hashtextextended('qimpl-takeover-watcher', 0)"
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A ``running`` run whose lease is gone. ``owner_task_token`` is None for a run
+    claimed before the token was stored."""
+
+    run_id: str
+    tenant_id: str
+    generation: int
+    owner_attempt: int | None
+    owner_task_token: bytes | None
+
+
+async def bound_watch_session(conn: psycopg.AsyncConnection[Any], *, lease_s: float) -> None:
+    """Bound the watcher's session like a lease (``idle_session_timeout``,
+    ``idle_in_transaction_session_timeout`` and ``lock_timeout``, ``lease_s`` seconds):
+    PostgreSQL ends a watcher that stops running, and with it its election."""
+    ms = f"{max(1, int(lease_s * 1000))}ms"
+    await conn.execute(
+        "SELECT set_config('idle_session_timeout', %s, false),"
+        " set_config('idle_in_transaction_session_timeout', %s, false),"
+        " set_config('lock_timeout', %s, false)", (ms, ms, ms))
+
+
+async def hold_watch(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """True when this session is (or now becomes) the watcher. Session-level and
+    reentrant: call it before every look; it never waits."""
+    cur = await conn.execute(
+        f"SELECT pg_try_advisory_lock({WATCH_LOCK_SQL})"
+        " WHERE NOT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        " AND pid = pg_backend_pid() AND objsubid = 1"
+        f" AND ((classid::bigint << 32) | objid::bigint) = {WATCH_LOCK_SQL})")
+    row = await cur.fetchone()
+    # No row: this session holds it already (not taken twice: one unlock releases it).
+    return row is None or bool(row[0])
+
+
+async def release_watch(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Give the election up (a watcher that cannot reach Temporal lets another watch)."""
+    await conn.execute("SELECT pg_advisory_unlock_all()")
+
+
+async def lease_orphans(conn: psycopg.AsyncConnection[Any], *, limit: int = 100) -> list[Orphan]:
+    """The ``running`` runs whose lease no session holds, at most ``limit`` (1..1000)."""
+    cur = await conn.execute(
+        "SELECT run_id, tenant_id, generation, owner_attempt, owner_task_token"
+        " FROM qimpl_lease_orphans(%s)", (limit,))
+    return [Orphan(run_id=str(r[0]), tenant_id=str(r[1]), generation=int(r[2]),
+                   owner_attempt=None if r[3] is None else int(r[3]),
+                   owner_task_token=None if r[4] is None else bytes(r[4]))
+            for r in await cur.fetchall()]

@@ -1,0 +1,126 @@
+"""Takeover at the speed of the lease (R-EXEC-13): what the watcher fails, and when.
+
+Pure logic, no I/O (``qimpl.watcher`` runs it against PostgreSQL and Temporal).
+
+Without a watcher, a run whose owner died waits for Temporal to notice: the attempt's
+heartbeat timeout, then the retry backoff, each rounded up by the server's timer
+processing (``history.timerProcessorMaxTimeShift``, 1 s by default). The watcher looks
+instead at what the database knows: a run is an *orphan* when its row is ``running``
+and no session holds its advisory lock. The owner takes the lock before it claims and
+makes every write on the session that holds it, so an orphan's owner can never write
+again. The watcher then ends the dead attempt itself, in two ways:
+
+1. **By the owner's task token** (``runs.owner_task_token``, written by the claim). The
+   Temporal server accepts a task token only for the attempt it names, so this can end
+   the dead owner and nothing else: if a successor attempt has started meanwhile, the
+   call is refused and harmless. Done once per orphaned token.
+2. **An attempt that started but never claims.** A paused worker's outstanding activity
+   poll can be handed the retried attempt, which the server then records as started and
+   which never runs (and never times out before its own heartbeat timeout). The watcher
+   sees the run's pending activity ``STARTED`` with the same attempt and start time for
+   ``unclaimed_s`` of its own monotonic clock while the lock stayed free and the row
+   unclaimed, and fails that attempt by its activity id. A live attempt takes the lock
+   within milliseconds of starting and keeps it, so it is never an orphan's attempt for
+   that long. Were it merely slow (an event loop stalled longer than ``unclaimed_s``
+   before its claim), failing it costs a retry and nothing else: its next heartbeat is
+   refused, the SDK cancels it and it closes its lease session, and every write it could
+   still make is fenced by the database as any stale owner's.
+
+Each decision is taken again right before its call (the watcher re-reads the orphan on
+the database), so a run claimed in between is left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+__all__ = ["Pending", "TakeoverTracker"]
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The run's pending activity as Temporal describes it: ``state`` is ``scheduled``,
+    ``started`` or another of Temporal's words; ``started_at`` the server's time of the
+    attempt's start (epoch seconds), only compared for equality."""
+
+    attempt: int
+    state: str
+    started_at: float | None
+    activity_id: str
+
+
+@dataclass
+class _Seen:
+    since: float  # monotonic seconds: first seen orphaned (this stretch)
+    token_failed: bytes | None = None
+    pending: Pending | None = None
+    pending_since: float = 0.0  # monotonic: when ``pending`` was first seen unchanged
+    described: float | None = None  # monotonic: the last time Temporal was asked
+
+
+@dataclass
+class TakeoverTracker:
+    """Observations of orphaned runs across the watcher's looks.
+
+    ``unclaimed_s``: how long (monotonic seconds) a started attempt may stay unclaimed
+    while its run is orphaned before it is failed by id.
+    """
+
+    unclaimed_s: float
+    _runs: dict[tuple[str, int], _Seen] = field(default_factory=dict)
+
+    def look(self, orphans: Iterable[tuple[str, int]], now: float) -> None:
+        """Record one look's orphans ``(run_id, generation)``; forget runs that are no
+        longer orphaned (claimed, ended or parked)."""
+        current = set(orphans)
+        for key in list(self._runs):
+            if key not in current:
+                del self._runs[key]
+        for key in current:
+            self._runs.setdefault(key, _Seen(since=now))
+
+    def token_to_fail(self, key: tuple[str, int], token: bytes | None) -> bytes | None:
+        """The orphan's owner token if it was not failed yet in this stretch, else None."""
+        seen = self._runs.get(key)
+        if seen is None or token is None or seen.token_failed == token:
+            return None
+        return token
+
+    def token_failed(self, key: tuple[str, int], token: bytes) -> None:
+        """The watcher failed (or the server refused) ``token``: never try it again."""
+        seen = self._runs.get(key)
+        if seen is not None:
+            seen.token_failed = token
+
+    def wants_describe(self, key: tuple[str, int], now: float, poll_s: float) -> bool:
+        """Whether to ask Temporal about the orphan's pending activity now: once it has
+        been orphaned for a poll interval (its token, if any, had a chance to work), then
+        at most every ``unclaimed_s / 4``."""
+        seen = self._runs.get(key)
+        if seen is None or now - seen.since < poll_s:
+            return False
+        if seen.described is not None and now - seen.described < self.unclaimed_s / 4:
+            return False
+        seen.described = now
+        return True
+
+    def unclaimed(self, key: tuple[str, int], pending: Pending | None, now: float) -> bool:
+        """Record what Temporal said; True when the same started attempt has been seen
+        for at least ``unclaimed_s`` while the run stayed orphaned: fail it by id."""
+        seen = self._runs.get(key)
+        if seen is None:
+            return False
+        if pending is None or pending.state != "started":
+            seen.pending = None
+            return False
+        if seen.pending != pending:
+            seen.pending, seen.pending_since = pending, now
+            return False
+        return now - seen.pending_since >= self.unclaimed_s
+
+    def failed_by_id(self, key: tuple[str, int]) -> None:
+        """The started attempt was failed: the next one is judged afresh."""
+        seen = self._runs.get(key)
+        if seen is not None:
+            seen.pending = None

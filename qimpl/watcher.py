@@ -1,0 +1,188 @@
+"""The takeover watcher's loop (R-EXEC-13), run by every worker beside its reconciler.
+
+Every ``poll_s`` the elected watcher (``qimpl.db.takeover.hold_watch``) lists the
+``running`` runs whose lease is gone and ends their dead Temporal attempt without
+waiting for the heartbeat timeout, as ``qimpl.takeover`` decides: by the owner's task
+token at once, and by activity id an attempt that started and never claims. Temporal
+then schedules the retry, which claims the run as any retry does. The watcher writes
+nothing to the database; every write stays the owner's, fenced as always.
+
+Logs one JSON line per attempt it ends (``"event": "takeover.attempt_failed"``, with
+``run_id``, ``generation``, ``attempt`` when known and ``by``: ``token`` or
+``unclaimed``): the harness's evidence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import psycopg
+from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from qimpl.db import takeover as db
+from qimpl.db.sessions import keepalive_params
+from qimpl.lifecycle import workflow_id
+from qimpl.takeover import Pending, TakeoverTracker
+
+__all__ = ["ACTIVITY_TYPE", "LeaseWatcher"]
+
+log = logging.getLogger("qimpl.takeover")
+
+#: The activity that owns runs (``qimpl.workflows.activities``).
+ACTIVITY_TYPE = "run_agent_v2"
+#: Seconds a watcher that could not reach Temporal stays out of the election.
+_STAND_DOWN_S = 1.0
+_STATES = {PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED: "scheduled",
+           PendingActivityState.PENDING_ACTIVITY_STATE_STARTED: "started"}
+
+
+def _lost() -> ApplicationError:
+    return ApplicationError("the run's ownership lease is gone", type="LeaseLost")
+
+
+class LeaseWatcher:
+    """``await LeaseWatcher(client, dsn=..., lease_s=2, poll_s=0.2, unclaimed_s=1).run(stop)``.
+
+    ``lease_s`` bounds the watcher's own session (a stopped watcher loses the election
+    within it); ``poll_s`` is the time between looks; ``unclaimed_s`` see
+    ``qimpl.takeover``. Never raises out of ``run``: errors are logged and the next look
+    retries.
+    """
+
+    def __init__(self, client: Client, *, dsn: str, lease_s: float, poll_s: float,
+                 unclaimed_s: float, limit: int = 100) -> None:
+        self.client = client
+        self.dsn = dsn
+        self.lease_s = lease_s
+        self.poll_s = poll_s
+        self.limit = limit
+        self.tracker = TakeoverTracker(unclaimed_s=unclaimed_s)
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def _session(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = await psycopg.AsyncConnection.connect(
+                self.dsn, autocommit=True, application_name="qimpl-takeover-watcher",
+                **keepalive_params(self.lease_s))
+            await db.bound_watch_session(self._conn, lease_s=self.lease_s)
+        return self._conn
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Look every ``poll_s`` until ``stop`` is set."""
+        pause = 0.0
+        while not stop.is_set():
+            try:
+                await self.look()
+            except RPCError as exc:
+                log.warning("takeover watcher cannot reach Temporal: %s", exc.status.name,
+                            extra={"event": "takeover.temporal_unreachable"})
+                await self._stand_down()
+                pause = _STAND_DOWN_S
+            except (psycopg.Error, OSError) as exc:
+                log.warning("takeover watcher lost its database session: %s", type(exc).__name__,
+                            extra={"event": "takeover.session_lost"})
+                await self._close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=max(self.poll_s, pause))
+            pause = 0.0
+        await self._close()
+
+    async def look(self) -> None:
+        """One look: elect, list the orphans, end what ``qimpl.takeover`` says."""
+        conn = await self._session()
+        if not await db.hold_watch(conn):
+            return
+        orphans = {(o.run_id, o.generation): o for o in await db.lease_orphans(conn, limit=self.limit)}
+        now = time.monotonic()
+        self.tracker.look(orphans, now)
+        for key, orphan in orphans.items():
+            token = self.tracker.token_to_fail(key, orphan.owner_task_token)
+            if token is not None:
+                await self._fail_token(conn, orphan, token)
+            elif self.tracker.wants_describe(key, now, self.poll_s):
+                await self._unclaimed(conn, orphan)
+
+    async def _still_orphaned(self, conn: psycopg.AsyncConnection[Any], orphan: db.Orphan) -> bool:
+        """Re-read right before a call: the run is still ``running``, unclaimed since, and
+        its lock free (and this session still the watcher)."""
+        if not await db.hold_watch(conn):
+            return False
+        again = {(o.run_id, o.generation): o for o in await db.lease_orphans(conn, limit=self.limit)}
+        now_ = again.get((orphan.run_id, orphan.generation))
+        return now_ is not None and now_.owner_attempt == orphan.owner_attempt \
+            and now_.owner_task_token == orphan.owner_task_token
+
+    async def _fail_token(self, conn: psycopg.AsyncConnection[Any], orphan: db.Orphan,
+                          token: bytes) -> None:
+        key = (orphan.run_id, orphan.generation)
+        self.tracker.token_failed(key, token)
+        try:
+            await self.client.get_async_activity_handle(task_token=token).fail(_lost())
+        except RPCError as exc:
+            if exc.status not in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT,
+                                  RPCStatusCode.FAILED_PRECONDITION):
+                raise
+            return  # that attempt had already ended: nothing to do
+        log.info("run %s: attempt %s failed by its task token (lease gone)", orphan.run_id,
+                 orphan.owner_attempt,
+                 extra={"event": "takeover.attempt_failed", "run_id": orphan.run_id,
+                        "generation": orphan.generation, "attempt": orphan.owner_attempt,
+                        "by": "token"})
+
+    async def _unclaimed(self, conn: psycopg.AsyncConnection[Any], orphan: db.Orphan) -> None:
+        key = (orphan.run_id, orphan.generation)
+        wf_id = workflow_id(orphan.run_id, orphan.generation)
+        pending = await self._pending(wf_id)
+        if not self.tracker.unclaimed(key, pending, time.monotonic()) or pending is None:
+            return
+        if not await self._still_orphaned(conn, orphan) or await self._pending(wf_id) != pending:
+            return
+        try:
+            await self.client.get_async_activity_handle(
+                workflow_id=wf_id, run_id=None, activity_id=pending.activity_id).fail(_lost())
+        except RPCError as exc:
+            if exc.status not in (RPCStatusCode.NOT_FOUND, RPCStatusCode.FAILED_PRECONDITION):
+                raise
+            return
+        finally:
+            self.tracker.failed_by_id(key)
+        log.info("run %s: started attempt %s never claimed it; failed (lease gone)", orphan.run_id,
+                 pending.attempt,
+                 extra={"event": "takeover.attempt_failed", "run_id": orphan.run_id,
+                        "generation": orphan.generation, "attempt": pending.attempt,
+                        "by": "unclaimed"})
+
+    async def _pending(self, wf_id: str) -> Pending | None:
+        """The workflow's pending agent activity, or None (closed, missing, between)."""
+        try:
+            desc = await self.client.get_workflow_handle(wf_id).describe()
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return None
+            raise
+        for act in desc.raw_description.pending_activities:
+            if act.activity_type.name != ACTIVITY_TYPE:
+                continue
+            started = (act.last_started_time.seconds + act.last_started_time.nanos / 1e9
+                       if act.HasField("last_started_time") else None)
+            return Pending(attempt=int(act.attempt), state=_STATES.get(act.state, "other"),
+                           started_at=started, activity_id=act.activity_id)
+        return None
+
+    async def _stand_down(self) -> None:
+        if self._conn is not None and not self._conn.closed:
+            with contextlib.suppress(psycopg.Error):
+                await db.release_watch(self._conn)
+
+    async def _close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                await self._conn.close()
+        self._conn = None

@@ -1,0 +1,79 @@
+"""The takeover watcher's decisions (R-EXEC-13): pure, on a fake monotonic clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from qimpl.takeover import Pending, TakeoverTracker
+
+KEY = ("run-1", 1)
+
+
+def _started(attempt: int, at: float = 100.0) -> Pending:
+    return Pending(attempt=attempt, state="started", started_at=at, activity_id="1")
+
+
+@pytest.mark.req("R-EXEC-13")
+def test_a_token_is_failed_once_per_orphaned_stretch() -> None:
+    t = TakeoverTracker(unclaimed_s=0.5)
+    t.look([KEY], now=0.0)
+    assert t.token_to_fail(KEY, b"tok-1") == b"tok-1"
+    t.token_failed(KEY, b"tok-1")
+    t.look([KEY], now=0.2)
+    assert t.token_to_fail(KEY, b"tok-1") is None
+    # A new owner's token (it claimed, then lost its lease too) is failed in its turn.
+    assert t.token_to_fail(KEY, b"tok-2") == b"tok-2"
+    # No token (claimed before tokens were stored): nothing to fail by token.
+    assert t.token_to_fail(KEY, None) is None
+
+
+@pytest.mark.req("R-EXEC-13")
+def test_a_run_claimed_again_is_forgotten() -> None:
+    t = TakeoverTracker(unclaimed_s=0.5)
+    t.look([KEY], now=0.0)
+    t.token_failed(KEY, b"tok-1")
+    t.look([], now=0.2)  # claimed (lock held) or ended
+    t.look([KEY], now=0.4)  # orphaned again, same token: a new stretch
+    assert t.token_to_fail(KEY, b"tok-1") == b"tok-1"
+
+
+@pytest.mark.req("R-EXEC-13")
+def test_a_started_attempt_is_failed_only_after_the_bound_unchanged() -> None:
+    t = TakeoverTracker(unclaimed_s=0.5)
+    t.look([KEY], now=0.0)
+    assert not t.unclaimed(KEY, _started(2), now=0.2)
+    assert not t.unclaimed(KEY, _started(2), now=0.6)   # 0.4 s seen: not yet
+    assert t.unclaimed(KEY, _started(2), now=0.71)      # 0.51 s unchanged
+    t.failed_by_id(KEY)
+    # The next attempt is judged afresh, from its own first sighting.
+    assert not t.unclaimed(KEY, _started(3, at=101.0), now=0.9)
+    assert not t.unclaimed(KEY, _started(3, at=101.0), now=1.3)
+    assert t.unclaimed(KEY, _started(3, at=101.0), now=1.45)
+
+
+@pytest.mark.req("R-EXEC-13")
+def test_a_changed_or_scheduled_attempt_restarts_the_clock() -> None:
+    t = TakeoverTracker(unclaimed_s=0.5)
+    t.look([KEY], now=0.0)
+    assert not t.unclaimed(KEY, _started(2), now=0.0)
+    # Same attempt number, another start (an operator reset): a different attempt.
+    assert not t.unclaimed(KEY, _started(2, at=105.0), now=0.6)
+    assert not t.unclaimed(KEY, Pending(attempt=3, state="scheduled", started_at=None,
+                                        activity_id="1"), now=1.2)
+    assert not t.unclaimed(KEY, _started(3), now=1.3)
+    assert not t.unclaimed(KEY, None, now=2.0)
+    assert not t.unclaimed(KEY, _started(3), now=2.1)
+    # Never for a run that is not (or no longer) orphaned.
+    t.look([], now=3.0)
+    assert not t.unclaimed(KEY, _started(3), now=9.0)
+
+
+@pytest.mark.req("R-EXEC-13")
+def test_temporal_is_asked_after_one_poll_then_at_most_every_quarter_bound() -> None:
+    t = TakeoverTracker(unclaimed_s=0.8)
+    t.look([KEY], now=0.0)
+    assert not t.wants_describe(KEY, now=0.1, poll_s=0.2)
+    assert t.wants_describe(KEY, now=0.2, poll_s=0.2)
+    assert not t.wants_describe(KEY, now=0.3, poll_s=0.2)
+    assert t.wants_describe(KEY, now=0.41, poll_s=0.2)
+    assert not t.wants_describe(("other", 1), now=5.0, poll_s=0.2)
