@@ -14,7 +14,8 @@ again. The watcher then ends the dead attempt itself, in two ways:
    Temporal server accepts a task token only for the attempt it names, so this can end
    the dead owner and nothing else: if a successor attempt has started meanwhile, the
    call is refused and harmless. Done once per orphaned token.
-2. **An attempt that started but never claims.** A paused worker's outstanding activity
+2. **A started attempt that never claims** (and a dead owner whose token could not be
+   used: claimed before tokens were stored). A paused worker's outstanding activity
    poll can be handed the retried attempt, which the server then records as started and
    which never runs (and never times out before its own heartbeat timeout). The watcher
    sees the run's pending activity ``STARTED`` with the same attempt and start time for

@@ -186,6 +186,40 @@ class Nemesis:
             landed, evidence = False, {"workflow_id": workflow_id, "error": f"{type(exc).__name__}: {exc}"}
         return self._record("terminate_workflow", workflow_id, landed, evidence)
 
+    def reset_activity(self, address: str, workflow_id: str, activity_id: str = "1", *,
+                       namespace: str = "default") -> dict[str, Any]:
+        """``temporal activity reset`` of a running activity, as an operator would, with the
+        CLI of the stack's own Temporal: the attempt count returns to 1 and the running
+        attempt is cancelled at its next heartbeat. Landed when the CLI succeeded and the
+        pending activity's attempt then reads 1 (or the activity is no longer pending)."""
+        import asyncio
+        import subprocess
+
+        from temporalio.client import Client
+
+        from qualify.stack.temporal import temporal_binary
+
+        async def attempt_now() -> int | None:
+            client = await Client.connect(address, namespace=namespace)
+            desc = await client.get_workflow_handle(workflow_id).describe()
+            acts = [a for a in desc.raw_description.pending_activities if a.activity_id == activity_id]
+            return int(acts[0].attempt) if acts else None
+
+        try:
+            before = asyncio.run(attempt_now())
+            done = subprocess.run(
+                [str(temporal_binary()), "activity", "reset", "--workflow-id", workflow_id,
+                 "--activity-id", activity_id, "--address", address, "--namespace", namespace],
+                capture_output=True, text=True, timeout=30)
+            after = asyncio.run(attempt_now())
+            landed = done.returncode == 0 and after in (None, 1)
+            evidence: dict[str, Any] = {"workflow_id": workflow_id, "activity_id": activity_id,
+                                        "attempt_before": before, "attempt_after": after,
+                                        "cli_exit": done.returncode, "cli_stderr": done.stderr[-300:]}
+        except Exception as exc:  # noqa: BLE001 - a fault that could not strike did not land
+            landed, evidence = False, {"workflow_id": workflow_id, "error": f"{type(exc).__name__}: {exc}"}
+        return self._record("reset_activity", workflow_id, landed, evidence)
+
     def delete_workflow(self, address: str, workflow_id: str, *, namespace: str = "default",
                         timeout_s: float = 15.0) -> dict[str, Any]:
         """Delete ``workflow_id``'s execution and history (``temporal workflow delete``), as a

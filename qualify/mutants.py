@@ -221,6 +221,36 @@ CATALOG: tuple[Mutant, ...] = (
                '        await self._write(\n'
                '            "UPDATE runs SET row_version = row_version + 1, checkpoint_step = %(step)s,"')),
         "happy-path", "every row committed in its write's transaction"),
+    Mutant(
+        "watcher-never-fails-a-token", "lease-driven takeover by the owner's task token (R-EXEC-13)",
+        (Patch("qimpl/watcher.py",
+               "        self.tracker.token_failed(key, token)\n        try:\n",
+               "        self.tracker.token_failed(key, token)\n        return\n        try:\n"),),
+        "takeover-after-sigkill", "the watcher ended the killed attempt by its task token"),
+    Mutant(
+        "no-takeover-watcher", "lease-driven takeover (R-EXEC-13): the watcher off by default",
+        (Patch("qimpl/settings.py",
+               "    takeover_watch: bool = Field(\n        default=True,",
+               "    takeover_watch: bool = Field(\n        default=False,"),),
+        "takeover-after-sigkill",
+        "a survivor committed the next checkpoint within 10 s of the kill (heartbeat timeout 30 s)"),
+    Mutant(
+        "watcher-ignores-unclaimed-attempts", "takeover of a retry a paused worker swallowed (R-EXEC-13)",
+        (Patch("qimpl/takeover.py",
+               "        return now - seen.pending_since >= self.unclaimed_s\n",
+               "        return False\n"),),
+        "takeover-of-a-swallowed-retry",
+        "the watcher failed the swallowed retry (started, never run) within 10 s (heartbeat timeout 30 s)"),
+    Mutant(
+        "watcher-ignores-the-lock", "the watcher ends only owners whose lease is gone (R-EXEC-13)",
+        (Patch("qimpl/db/migrations/versions/20261204_090000_owner_task_token.py",
+               "      AND NOT EXISTS (SELECT 1 FROM held\n",
+               "      AND NOT EXISTS (SELECT 1 FROM held WHERE false AND\n"),
+         Patch("qimpl/db/migrations/versions/20261204_090000_owner_task_token.py",
+               "                      WHERE held.key = pg_catalog",
+               "                      held.key = pg_catalog")),
+        "watcher-never-ends-a-live-owner",
+        "the watcher ended only attempts of the killed worker or attempts that never ran"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).

@@ -17,6 +17,7 @@ from qualify.scenarios import (  # noqa: F401  (registers)
     reconciler,
     schema,
     security,
+    takeover,
     tools,
 )
 from qualify.scenarios.base import REGISTRY, Scenario, ScenarioContext, scenario

@@ -127,7 +127,8 @@ class EmbeddedStack:
     #: The harness started PostgreSQL and Temporal, so it may restart or stop them.
     controls_platform = True
 
-    def __init__(self, *, kind: str = "embedded", keep_dir: bool = False) -> None:
+    def __init__(self, *, kind: str = "embedded", keep_dir: bool = False,
+                 temporal_config: dict[str, str] | None = None) -> None:
         if kind not in ("embedded", "system"):
             raise HarnessError(f"unknown stack kind {kind!r}")
         self.kind = kind
@@ -139,7 +140,9 @@ class EmbeddedStack:
         self.logs_dir = self.root / "logs"
         bin_dir = embedded_bin_dir() if kind == "embedded" else system_bin_dir()
         self.postgres = PostgresServer(bin_dir=bin_dir, workdir=self.root / "pg", logs_dir=self.logs_dir)
-        self.temporal = TemporalServer(workdir=self.root / "temporal", logs_dir=self.logs_dir)
+        #: The dev server's dynamic config (``TemporalServer.dynamic_config``); empty: defaults.
+        self.temporal = TemporalServer(workdir=self.root / "temporal", logs_dir=self.logs_dir,
+                                       dynamic_config=temporal_config)
         self.info: StackInfo | None = None
         self._db_counter = 0
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from qualify.errors import HarnessError
 from qualify.procs import Restartable, free_port, kill_tree, spawn, wait_until
 
-__all__ = ["TemporalServer", "temporal_binary"]
+__all__ = ["TUNED_DYNAMIC_CONFIG", "TemporalServer", "temporal_binary"]
 
 START_TIMEOUT_S = 30.0
 
@@ -37,8 +37,21 @@ def temporal_binary() -> Path:
     return Path(found)
 
 
+#: Dynamic-config values a harness stack may give its dev server to shorten the server's
+#: own timers (the bench's "tuned server" figures; never what users run):
+#: ``history.timerProcessorMaxTimeShift`` moves every timer due sooner than it to that
+#: time (default 1 s: a retry backoff of 200 ms costs about 0.7 s), and
+#: ``matching.longPollExpirationInterval`` ends every long poll after it (default 1
+#: minute), so a paused worker's outstanding poll stops taking tasks that soon.
+TUNED_DYNAMIC_CONFIG: dict[str, str] = {
+    "history.timerProcessorMaxTimeShift": '"20ms"',
+    "matching.longPollExpirationInterval": '"1s"',
+}
+
+
 class TemporalServer(Restartable):
-    def __init__(self, *, workdir: Path, logs_dir: Path) -> None:
+    def __init__(self, *, workdir: Path, logs_dir: Path,
+                 dynamic_config: dict[str, str] | None = None) -> None:
         self.binary = temporal_binary()
         self.workdir = workdir
         self.logs_dir = logs_dir
@@ -47,6 +60,9 @@ class TemporalServer(Restartable):
         self.metrics_port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
+        #: ``--dynamic-config-value KEY=VALUE`` pairs (VALUE in YAML: a duration quoted);
+        #: empty: the server's defaults, as users run it.
+        self.dynamic_config = dict(dynamic_config or {})
 
     @property
     def address(self) -> str:
@@ -67,7 +83,9 @@ class TemporalServer(Restartable):
             [str(self.binary), "server", "start-dev", "--headless", "--ip", "127.0.0.1",
              "--port", str(self.port), "--http-port", str(self.http_port),
              "--metrics-port", str(self.metrics_port), "--log-level", "error",
-             "--db-filename", str(self.workdir / "temporal.db")],
+             "--db-filename", str(self.workdir / "temporal.db"),
+             *[arg for key, value in sorted(self.dynamic_config.items())
+               for arg in ("--dynamic-config-value", f"{key}={value}")]],
             log_path=self.logs_dir / "temporal.log",
         )
 

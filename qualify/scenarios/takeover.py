@@ -1,0 +1,265 @@
+"""Takeover follows the lease (R-EXEC-13): the takeover watcher ends a dead attempt as
+soon as its run's advisory lock is free, without waiting for Temporal's heartbeat
+timeout, and never ends a live owner.
+
+Three scenarios run with a heartbeat timeout of ``SLOW_HB_S`` (30 s) and a lease of
+``LEASE_S`` (1 s), so that Temporal's own timeout cannot be what took the run over: a
+takeover well inside the heartbeat timeout is the watcher's, and a broken watcher makes
+the takeover wait ``SLOW_HB_S`` and the scenario fail. Times are read on the database's
+clock (the kill's time is read from it right after the kill landed). One scenario runs
+with the harness's ordinary lease = heartbeat timeout, where Temporal's own timeout
+races the watcher, and judges that no live owner was ever ended.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from qimpl.lifecycle import workflow_id
+from qualify.errors import HarnessError
+from qualify.fakes.synthetic import make_prompt
+from qualify.processes import ManagedProcess
+from qualify.scenarios.base import ScenarioContext, scenario
+from qualify.scenarios.lifecycle import accepted
+
+__all__ = ["LEASE_S", "SLOW_HB_S", "watcher_failures"]
+
+#: The heartbeat timeout of the slow-timeout scenarios, seconds: far above any takeover
+#: the watcher makes, so Temporal's own timeout cannot be mistaken for the watcher's work.
+SLOW_HB_S = 30.0
+#: Their ownership lease, seconds.
+LEASE_S = 1.0
+#: Every process of those scenarios (the API dispatches the lease and the timeout).
+SLOW = {"QIMPL_HEARTBEAT_TIMEOUT_S": str(SLOW_HB_S), "QIMPL_LEASE_S": str(LEASE_S)}
+#: A takeover judged the watcher's: well inside the heartbeat timeout.
+WITHIN_S = SLOW_HB_S / 3
+STEPS = 4
+
+
+def watcher_failures(procs: list[ManagedProcess]) -> list[dict[str, Any]]:
+    """Every ``takeover.attempt_failed`` log line of ``procs`` (run_id, generation,
+    attempt, by, t, process)."""
+    out = []
+    for proc in procs:
+        if not proc.log_path.exists():
+            continue
+        for line in proc.log_path.read_text(errors="replace").splitlines():
+            if '"takeover.attempt_failed"' not in line:
+                continue
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            out.append({**{k: doc.get(k) for k in ("run_id", "generation", "attempt", "by", "t")},
+                        "process": proc.name})
+    return out
+
+
+def _db_now(ctx: ScenarioContext) -> float:
+    return float(ctx.sql("SELECT extract(epoch FROM clock_timestamp())::float8")[0][0])
+
+
+def _checkpoint_at(ctx: ScenarioContext, run_id: str, step: int, *, timeout_s: float) -> float | None:
+    """The database's time of checkpoint ``step`` of ``run_id``; None if not within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = ctx.sql("SELECT extract(epoch FROM created_at)::float8 FROM run_checkpoints"
+                       " WHERE run_id = %s AND step = %s", run_id, step)
+        if rows:
+            return float(rows[0][0])
+        time.sleep(0.02)
+    return None
+
+
+def _owner_of(held: dict[str, Any], workers: list[ManagedProcess]) -> ManagedProcess:
+    owner = next((w for w in workers if w.alive and w.pid == held["pid"]), None)
+    if owner is None:
+        raise HarnessError(f"barrier held by no worker of ours: {held}")
+    return owner
+
+
+def _steps_once(ctx: ScenarioContext, run_id: str) -> list[int]:
+    return [int(r[0]) for r in ctx.sql("SELECT step FROM run_checkpoints WHERE run_id = %s ORDER BY step",
+                                       run_id)]
+
+
+@scenario(
+    "takeover-after-sigkill",
+    title=f"SIGKILL the owner mid-step with a heartbeat timeout of {SLOW_HB_S:.0f} s and a lease of "
+          f"{LEASE_S:.0f} s: the takeover watcher fails the dead attempt by its task token and a "
+          f"survivor commits the next checkpoint within {WITHIN_S:.0f} s (Temporal alone would "
+          "wait out the heartbeat timeout)",
+    requirements=("R-EXEC-13", "R-EXEC-2", "R-EXEC-4", "R-Q-2"),
+    faults=("sigkill the owner at a barrier (step 2)",),
+)
+def takeover_after_sigkill(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api(**SLOW)
+    workers = [ctx.processes.worker("worker-1", **SLOW), ctx.processes.worker("worker-2", **SLOW)]
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="taken over",
+                                                   barrier={"step": 2, "name": "strike"}))
+    held = ctx.wait_barrier("strike")
+    owner = _owner_of(held, workers)
+    ctx.nemesis.sigkill(owner, barrier="strike", run_id=run_id, attempt=held["attempt"])
+    killed_at = _db_now(ctx)
+    at = _checkpoint_at(ctx, run_id, 2, timeout_s=WITHIN_S)
+    took = None if at is None else round(at - killed_at, 3)
+    ctx.figures["takeover_after_sigkill_s"] = took if took is not None else -1.0
+    ended = [f for f in watcher_failures(workers) if f["run_id"] == run_id]
+    ctx.expect(f"a survivor committed the next checkpoint within {WITHIN_S:.0f} s of the kill "
+               f"(heartbeat timeout {SLOW_HB_S:.0f} s)", took is not None,
+               f"checkpoint 2 {took} s after the kill (database clock)", "R-EXEC-13")
+    ctx.expect("the watcher ended the killed attempt by its task token",
+               any(f["by"] == "token" and f["attempt"] == held["attempt"] for f in ended),
+               f"watcher failures {ended}; killed attempt {held['attempt']}", "R-EXEC-13")
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    ctx.expect("run completed, one checkpoint per step",
+               run["state"] == "completed" and _steps_once(ctx, run_id) == list(range(1, STEPS + 1)),
+               f"{run['state']}, steps {_steps_once(ctx, run_id)}", "R-EXEC-4")
+
+
+@scenario(
+    "takeover-of-a-swallowed-retry",
+    title="SIGSTOP the owner while it is its run's only poller: Temporal hands the retried "
+          "attempt to the paused worker's outstanding poll, where it never runs; the watcher "
+          "(in a worker of another task queue) fails the dead owner by its token, then the "
+          "swallowed attempt by its id, long before the heartbeat timeout; a worker started "
+          "afterwards takes the run over and the resumed zombie writes nothing",
+    requirements=("R-EXEC-13", "R-EXEC-11", "R-EXEC-7", "R-Q-2"),
+    faults=("sigstop the only poller at a barrier (step 2)",),
+)
+def takeover_of_a_swallowed_retry(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api(**SLOW)
+    owner = ctx.processes.worker("worker-owner", **SLOW)
+    watcher = ctx.processes.worker("worker-watcher", QIMPL_TASK_QUEUE=f"{ctx.deployment.task_queue}-other",
+                                   **SLOW)
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="swallowed",
+                                                   barrier={"step": 2, "name": "pause"}))
+    held = ctx.wait_barrier("pause")
+    if held["pid"] != owner.pid:
+        raise HarnessError(f"barrier held by an unexpected process: {held}")
+    ctx.nemesis.sigstop(owner, barrier="pause", run_id=run_id, attempt=held["attempt"])
+    stopped, stopped_wall = time.monotonic(), time.time()
+    swallowed: list[dict[str, Any]] = []
+    while time.monotonic() - stopped < WITHIN_S and not swallowed:
+        swallowed = [f for f in watcher_failures([watcher])
+                     if f["run_id"] == run_id and f["by"] == "unclaimed"]
+        time.sleep(0.05)
+    ended = [f for f in watcher_failures([watcher]) if f["run_id"] == run_id]
+    ctx.figures["swallowed_attempt_ended_after_s"] = (
+        round(float(swallowed[0]["t"]) - stopped_wall, 3) if swallowed else -1.0)
+    ctx.expect("the watcher failed the paused owner by its task token",
+               any(f["by"] == "token" and f["attempt"] == held["attempt"] for f in ended),
+               f"watcher failures {ended}", "R-EXEC-13")
+    asked = {int(r[0]) for r in ctx.sql("SELECT DISTINCT attempt FROM provider_calls WHERE run_id = %s",
+                                        run_id)}
+    ctx.expect(f"the watcher failed the swallowed retry (started, never run) within {WITHIN_S:.0f} s "
+               f"(heartbeat timeout {SLOW_HB_S:.0f} s)",
+               bool(swallowed) and all(int(f["attempt"]) not in asked for f in swallowed),
+               f"unclaimed failures {swallowed}; attempts that asked the provider {sorted(asked)}",
+               "R-EXEC-13")
+    live = ctx.processes.worker("worker-live", **SLOW)
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    ctx.expect("the live worker's attempt completed the run", run["state"] == "completed",
+               run["state"], "R-EXEC-13")
+    ctx.nemesis.sigcont(owner, run_id=run_id)
+    # The resumed zombie finds its session gone and its attempt failed: it stops, and
+    # nothing it tries to write lands.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and "lost ownership" not in owner.log_path.read_text(errors="replace"):
+        time.sleep(0.05)
+    late = ctx.sql("SELECT count(*) FROM run_transitions WHERE run_id = %s AND owner_attempt = %s"
+                   " AND (new_state <> 'running' OR checkpoint_step >= 2)", run_id, held["attempt"])[0][0]
+    ctx.expect("the paused owner wrote nothing after it was taken over", late == 0,
+               f"{late} writes of attempt {held['attempt']} at or after step 2", "R-EXEC-7")
+    ctx.expect("one checkpoint per step", _steps_once(ctx, run_id) == list(range(1, STEPS + 1)),
+               str(_steps_once(ctx, run_id)), "R-EXEC-4")
+    ctx.figures["live_worker_pid"] = live.pid
+
+
+@scenario(
+    "watcher-never-ends-a-live-owner",
+    title="Three workers, each a candidate watcher; one owner SIGKILLed mid-step, then seven "
+          "runs with slow steps started on the survivors while Temporal's own heartbeat timeout (= the lease) races the watcher: "
+          "every attempt the watcher ended belonged to the killed worker or never claimed, "
+          "every other run kept its one owner, and the killed run was taken over exactly once",
+    requirements=("R-EXEC-13", "R-EXEC-7", "R-Q-2"),
+    faults=("sigkill one owner at a barrier",),
+)
+def watcher_never_ends_a_live_owner(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    workers = [ctx.processes.worker(f"worker-{i}") for i in range(1, 4)]
+    victim_run = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="victim", delay_ms=200,
+                                                      barrier={"step": 2, "name": "strike"}))
+    held = ctx.wait_barrier("strike")
+    owner = _owner_of(held, workers)
+    ctx.nemesis.sigkill(owner, barrier="strike", run_id=victim_run)
+    # Live owners on the survivors while the watcher (and Temporal's own timeout) take the
+    # killed run over.
+    others = [accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer=f"live {i}", delay_ms=400))
+              for i in range(7)]
+    runs = [victim_run, *others]
+    finals = {r: ctx.wait_terminal(api, r, timeout_s=60) for r in runs}
+    ctx.expect("every run completed", all(f["state"] == "completed" for f in finals.values()),
+               str({r: f["state"] for r, f in finals.items()}), "R-EXEC-13")
+    calls = [json.loads(line) for line in
+             (ctx.control / "provider_calls.jsonl").read_text().splitlines() if line.strip()]
+    owned_by_victim = {(victim_run, int(held["attempt"]))}
+    survivors = [w for w in workers if w is not owner]
+    ended = watcher_failures(survivors)
+    wrong = [f for f in ended
+             if (f["run_id"], f["attempt"]) not in owned_by_victim
+             and (f["by"] != "unclaimed" or any(c["run_id"] == f["run_id"] and c["attempt"] == f["attempt"]
+                                                for c in calls))]
+    ctx.figures["attempts_ended_by_the_watcher"] = len(ended)
+    ctx.expect("the watcher ended only attempts of the killed worker or attempts that never ran",
+               not wrong, f"ended live attempts {wrong}; all ended {ended}", "R-EXEC-13")
+    claims: dict[str, set[int]] = {}
+    for run_id, attempt in ctx.sql("SELECT run_id::text, owner_attempt FROM run_transitions"
+                                   " WHERE new_state = 'running' AND owner_attempt IS NOT NULL"):
+        claims.setdefault(run_id, set()).add(int(attempt))
+    victims = {victim_run}
+    bad = {r: sorted(a) for r, a in claims.items()
+           if r in runs and len(a) != (2 if r in victims else 1)}
+    ctx.expect("runs of live owners kept their one owner; each killed one was taken over once",
+               not bad, f"owner attempts per run {bad}; runs of the killed worker {sorted(victims)}",
+               "R-EXEC-13", "R-EXEC-7")
+
+
+@scenario(
+    "operator-resets-a-running-activity",
+    title="An operator runs `temporal activity reset` on a running run after a takeover "
+          "(attempt 2 owns it; the reset restarts the count at 1): the owner is cancelled at "
+          "its next heartbeat, the lower attempts are refused by the fence, and the run "
+          "completes with one checkpoint per step instead of staying stuck",
+    requirements=("R-EXEC-13", "R-EXEC-7", "R-EXEC-4"),
+    faults=("sigkill the owner at a barrier (step 2)", "temporal activity reset at a barrier (step 3)"),
+)
+def operator_resets_a_running_activity(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    workers = [ctx.processes.worker("worker-1"), ctx.processes.worker("worker-2")]
+    # Slow steps: the reset lands while the second owner is inside step 3.
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="reset survived", delay_ms=1500,
+                                                   barrier={"step": 2, "name": "strike"}))
+    held = ctx.wait_barrier("strike")
+    ctx.nemesis.sigkill(_owner_of(held, workers), barrier="strike", run_id=run_id)
+    if _checkpoint_at(ctx, run_id, 2, timeout_s=30) is None:
+        raise HarnessError("no takeover after the kill")
+    owner_attempt = int(ctx.sql("SELECT owner_attempt FROM runs WHERE run_id = %s", run_id)[0][0])
+    reset = ctx.nemesis.reset_activity(ctx.deployment.temporal_address, workflow_id(run_id, 1))
+    reset_at = _db_now(ctx)
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    done = float(ctx.sql("SELECT extract(epoch FROM completed_at)::float8 FROM runs WHERE run_id = %s",
+                         run_id)[0][0] or 0)
+    ctx.figures["completed_after_reset_s"] = round(done - reset_at, 3)
+    ctx.expect("the reset landed on the running activity", bool(reset["landed"]),
+               json.dumps(reset["evidence"]), "R-EXEC-13")
+    ctx.expect("the run completed after the reset (not stuck)", run["state"] == "completed",
+               f"{run['state']} {ctx.figures['completed_after_reset_s']} s after the reset", "R-EXEC-13")
+    steps = _steps_once(ctx, run_id)
+    ctx.expect("one checkpoint per step", steps == list(range(1, STEPS + 1)), str(steps), "R-EXEC-4")
+    lower = ctx.sql("SELECT count(*) FROM run_transitions WHERE run_id = %s AND owner_attempt < %s"
+                    " AND at > to_timestamp(%s)", run_id, owner_attempt, reset_at)[0][0]
+    ctx.expect(f"no attempt below the owner's {owner_attempt} wrote after the reset", lower == 0,
+               f"{lower} writes", "R-EXEC-7")
