@@ -28,7 +28,6 @@ WAIVED: Mapping[str, str] = {
     # Added to the spec on 2026-12-01; each waits on its open issue and leaves this list
     # when the issue lands.
     "R-READ-5": "not built yet: the list routes (issue 25, item 10)",
-    "R-EXEC-13": "not built yet: lease-driven takeover (issue 21)",
     "R-EVENT-6": "not built yet: browser EventSource clients (issue 25, item 5)",
     "R-Q-11": "not built yet: the network nemesis (issue 23, item 3)",
     "R-Q-12": "not built yet: checks that judged nothing cover nothing (issue 23, item 1)",
