@@ -282,13 +282,13 @@ class WorkerSettings(_ProviderSettings, Settings):
         description="run the takeover watcher: fail the Temporal attempt of a `running` run whose lease is gone at once, instead of after Temporal's heartbeat timeout (R-EXEC-13). One worker at a time watches (a session advisory lock); any number may run it",
         json_schema_extra=_example("true"))
     takeover_poll_s: float = Field(
-        default=0.2, ge=0.02, le=10,
+        default=0.1, ge=0.02, le=10,
         description="seconds between the takeover watcher's looks for runs whose lease is gone (one query over `pg_locks`)",
-        json_schema_extra=_example("0.2"))
+        json_schema_extra=_example("0.1"))
     takeover_unclaimed_s: float = Field(
-        default=0.5, ge=0.1, le=60,
-        description="seconds a started Temporal attempt of a run whose lease is gone may go without claiming it before the watcher fails it (the attempt a paused worker's outstanding poll took and never runs, R-EXEC-13)",
-        json_schema_extra=_example("0.5"))
+        default=0.3, ge=0.05, le=60,
+        description="seconds a started Temporal attempt of a run whose lease is gone may go without a heartbeat or a claim before the watcher fails it (the attempt a paused worker's outstanding poll took and never runs, R-EXEC-13); one that heartbeated, twice that",
+        json_schema_extra=_example("0.3"))
     reconcile_tenants: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         validation_alias=AliasChoices("DURABLE_AGENT_RECONCILE_TENANTS", "QIMPL_RECONCILE_TENANTS"),

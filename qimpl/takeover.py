@@ -17,12 +17,13 @@ again. The watcher then ends the dead attempt itself, in two ways:
 2. **A started attempt that never claims** (and a dead owner whose token could not be
    used: claimed before tokens were stored). A paused worker's outstanding activity
    poll can be handed the retried attempt, which the server then records as started and
-   which never runs (and never times out before its own heartbeat timeout). The watcher
-   sees the run's pending activity ``STARTED`` with the same attempt and start time for
-   ``unclaimed_s`` of its own monotonic clock while the lock stayed free and the row
-   unclaimed, and fails that attempt by its activity id. A live attempt takes the lock
-   within milliseconds of starting and keeps it, so it is never an orphan's attempt for
-   that long. Were it merely slow (an event loop stalled longer than ``unclaimed_s``
+   which never runs (and never times out before its own heartbeat timeout). A live
+   attempt heartbeats first thing, then takes the lock within milliseconds and keeps it.
+   The watcher sees the run's pending activity ``STARTED`` with the same attempt and
+   start time, and no heartbeat since that start, for ``unclaimed_s`` of its own
+   monotonic clock while the lock stayed free and the row unclaimed, and fails that
+   attempt by its activity id (an attempt that did heartbeat, then died before a usable
+   token was stored, after ``2 x unclaimed_s``). Were it merely slow (an event loop stalled longer than ``unclaimed_s``
    before its claim), failing it costs a retry and nothing else: its next heartbeat is
    refused, the SDK cancels it and it closes its lease session, and every write it could
    still make is fenced by the database as any stale owner's.
@@ -49,6 +50,17 @@ class Pending:
     state: str
     started_at: float | None
     activity_id: str
+    #: The server's time of the activity's last heartbeat, of any attempt (Temporal keeps
+    #: it across attempts); None: never.
+    heartbeat_at: float | None = None
+
+    @property
+    def silent(self) -> bool:
+        """No heartbeat since this attempt started. A live attempt heartbeats first thing
+        (``qimpl.workflows.activities``), so a silent one has not run (yet)."""
+        if self.heartbeat_at is None:
+            return True
+        return self.started_at is not None and self.heartbeat_at < self.started_at
 
 
 @dataclass
@@ -107,8 +119,10 @@ class TakeoverTracker:
         return True
 
     def unclaimed(self, key: tuple[str, int], pending: Pending | None, now: float) -> bool:
-        """Record what Temporal said; True when the same started attempt has been seen
-        for at least ``unclaimed_s`` while the run stayed orphaned: fail it by id."""
+        """Record what Temporal said; True when the same started attempt, silent (no
+        heartbeat since it started), has been seen for at least ``unclaimed_s`` while the
+        run stayed orphaned, or for ``2 x unclaimed_s`` if it heartbeated (a dead owner
+        whose token could not be used): fail it by id."""
         seen = self._runs.get(key)
         if seen is None:
             return False
@@ -118,7 +132,8 @@ class TakeoverTracker:
         if seen.pending != pending:
             seen.pending, seen.pending_since = pending, now
             return False
-        return now - seen.pending_since >= self.unclaimed_s
+        bound = self.unclaimed_s if pending.silent else 2 * self.unclaimed_s
+        return now - seen.pending_since >= bound
 
     def failed_by_id(self, key: tuple[str, int]) -> None:
         """The started attempt was failed: the next one is judged afresh."""

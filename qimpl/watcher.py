@@ -172,8 +172,10 @@ class LeaseWatcher:
                 continue
             started = (act.last_started_time.seconds + act.last_started_time.nanos / 1e9
                        if act.HasField("last_started_time") else None)
+            beat = (act.last_heartbeat_time.seconds + act.last_heartbeat_time.nanos / 1e9
+                    if act.HasField("last_heartbeat_time") else None)
             return Pending(attempt=int(act.attempt), state=_STATES.get(act.state, "other"),
-                           started_at=started, activity_id=act.activity_id)
+                           started_at=started, activity_id=act.activity_id, heartbeat_at=beat)
         return None
 
     async def _stand_down(self) -> None:

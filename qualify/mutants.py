@@ -237,7 +237,7 @@ CATALOG: tuple[Mutant, ...] = (
     Mutant(
         "watcher-ignores-unclaimed-attempts", "takeover of a retry a paused worker swallowed (R-EXEC-13)",
         (Patch("qimpl/takeover.py",
-               "        return now - seen.pending_since >= self.unclaimed_s\n",
+               "        return now - seen.pending_since >= bound\n",
                "        return False\n"),),
         "takeover-of-a-swallowed-retry",
         "the watcher failed the swallowed retry (started, never run) within 10 s (heartbeat timeout 30 s)"),

@@ -149,6 +149,9 @@ class AgentActivities:
         a step failed (counted in the run) or ownership was lost while the run is live.
         """
         attempt = activity.info().attempt
+        # First thing, a heartbeat: the takeover watcher tells an attempt that runs from
+        # one a paused worker's poll took and never runs by it (R-EXEC-13, qimpl.takeover).
+        activity.heartbeat()
         await BEFORE_LEASE.areach(run_id=inp.run_id, attempt=attempt)
         try:
             async with OwnershipLease(

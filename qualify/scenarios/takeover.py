@@ -159,7 +159,7 @@ def takeover_of_a_swallowed_retry(ctx: ScenarioContext) -> None:
                bool(swallowed) and all(int(f["attempt"]) not in asked for f in swallowed),
                f"unclaimed failures {swallowed}; attempts that asked the provider {sorted(asked)}",
                "R-EXEC-13")
-    live = ctx.processes.worker("worker-live", **SLOW)
+    ctx.processes.worker("worker-live", **SLOW)
     run = ctx.wait_terminal(api, run_id, timeout_s=60)
     ctx.expect("the live worker's attempt completed the run", run["state"] == "completed",
                run["state"], "R-EXEC-13")
@@ -175,7 +175,6 @@ def takeover_of_a_swallowed_retry(ctx: ScenarioContext) -> None:
                f"{late} writes of attempt {held['attempt']} at or after step 2", "R-EXEC-7")
     ctx.expect("one checkpoint per step", _steps_once(ctx, run_id) == list(range(1, STEPS + 1)),
                str(_steps_once(ctx, run_id)), "R-EXEC-4")
-    ctx.figures["live_worker_pid"] = live.pid
 
 
 @scenario(
@@ -195,10 +194,13 @@ def watcher_never_ends_a_live_owner(ctx: ScenarioContext) -> None:
     held = ctx.wait_barrier("strike")
     owner = _owner_of(held, workers)
     ctx.nemesis.sigkill(owner, barrier="strike", run_id=victim_run)
+    killed_at = _db_now(ctx)
     # Live owners on the survivors while the watcher (and Temporal's own timeout) take the
     # killed run over.
     others = [accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer=f"live {i}", delay_ms=400))
               for i in range(7)]
+    at = _checkpoint_at(ctx, victim_run, 2, timeout_s=30)
+    ctx.figures["takeover_after_sigkill_s"] = round(at - killed_at, 3) if at is not None else -1.0
     runs = [victim_run, *others]
     finals = {r: ctx.wait_terminal(api, r, timeout_s=60) for r in runs}
     ctx.expect("every run completed", all(f["state"] == "completed" for f in finals.values()),
@@ -249,6 +251,19 @@ def operator_resets_a_running_activity(ctx: ScenarioContext) -> None:
     owner_attempt = int(ctx.sql("SELECT owner_attempt FROM runs WHERE run_id = %s", run_id)[0][0])
     reset = ctx.nemesis.reset_activity(ctx.deployment.temporal_address, workflow_id(run_id, 1))
     reset_at = _db_now(ctx)
+    # The takeover after the reset: the first write after it from another lease session
+    # than the one that owned the run when it landed.
+    deadline = time.monotonic() + 30
+    reclaimed: float | None = None
+    while reclaimed is None and time.monotonic() < deadline:
+        rows = ctx.sql("SELECT extract(epoch FROM min(at))::float8 FROM run_transitions WHERE run_id = %s"
+                       " AND at > to_timestamp(%s) AND writer_pid IS DISTINCT FROM (SELECT writer_pid"
+                       " FROM run_transitions WHERE run_id = %s AND at <= to_timestamp(%s)"
+                       " ORDER BY id DESC LIMIT 1)", run_id, reset_at, run_id, reset_at)
+        reclaimed = rows[0][0] if rows and rows[0][0] is not None else None
+        if reclaimed is None:
+            time.sleep(0.05)
+    ctx.figures["takeover_after_reset_s"] = round(reclaimed - reset_at, 3) if reclaimed else -1.0
     run = ctx.wait_terminal(api, run_id, timeout_s=60)
     done = float(ctx.sql("SELECT extract(epoch FROM completed_at)::float8 FROM runs WHERE run_id = %s",
                          run_id)[0][0] or 0)

@@ -77,3 +77,16 @@ def test_temporal_is_asked_after_one_poll_then_at_most_every_quarter_bound() -> 
     assert not t.wants_describe(KEY, now=0.3, poll_s=0.2)
     assert t.wants_describe(KEY, now=0.41, poll_s=0.2)
     assert not t.wants_describe(("other", 1), now=5.0, poll_s=0.2)
+
+
+@pytest.mark.req("R-EXEC-13")
+def test_an_attempt_that_heartbeated_since_its_start_gets_twice_the_bound() -> None:
+    t = TakeoverTracker(unclaimed_s=0.5)
+    t.look([KEY], now=0.0)
+    beating = Pending(attempt=2, state="started", started_at=100.0, activity_id="1", heartbeat_at=100.01)
+    assert not beating.silent
+    assert not t.unclaimed(KEY, beating, now=0.0)
+    assert not t.unclaimed(KEY, beating, now=0.6)
+    assert t.unclaimed(KEY, beating, now=1.01)
+    # A heartbeat from an earlier attempt (Temporal keeps it across attempts) is silence.
+    assert Pending(attempt=3, state="started", started_at=101.0, activity_id="1", heartbeat_at=100.5).silent

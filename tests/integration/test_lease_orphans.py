@@ -1,0 +1,86 @@
+"""The takeover watcher's view of the database (R-EXEC-13): ``qimpl_lease_orphans`` lists a
+``running`` run exactly while no session holds its advisory lock, across tenants, as the
+worker role, and returns ids and the owner's token, never a run's content; the watcher's
+election admits one session at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from qimpl.db import takeover as db
+from qimpl.workflows.lease import lock_key_sql
+from qualify.stack._embedded import WORKER_ROLE, with_user
+
+pytestmark = pytest.mark.integration
+
+
+def _running(dsn: str, tenant: str, token: bytes | None) -> str:
+    run_id = str(uuid.uuid4())
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(
+            "INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt, stream_key,"
+            " deadline_at) VALUES (%s, %s, 'p', 'a', 'queued', 'secret prompt', 'k',"
+            " now() + interval '1 hour')", (run_id, tenant))
+        c.execute("UPDATE runs SET state = 'running', row_version = row_version + 1, owner_attempt = 3,"
+                  " owner_task_token = %s WHERE run_id = %s", (token, run_id))
+    return run_id
+
+
+async def _orphans(dsn: str) -> dict[str, db.Orphan]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        return {o.run_id: o for o in await db.lease_orphans(conn)}
+
+
+@pytest.mark.req("R-EXEC-13")
+def test_a_running_run_is_an_orphan_exactly_while_its_lock_is_free(stack: Any) -> None:
+    dsn = stack.create_database()
+    worker = with_user(dsn, WORKER_ROLE)
+    mine, other_tenant = _running(dsn, "t", b"tok-t"), _running(dsn, "u", None)
+    found = asyncio.run(_orphans(worker))
+    assert found[mine] == db.Orphan(run_id=mine, tenant_id="t", generation=1, owner_attempt=3,
+                                    owner_task_token=b"tok-t")
+    assert found[other_tenant].owner_task_token is None  # across tenants, under RLS
+    with psycopg.connect(worker, autocommit=True) as holder:
+        holder.execute(f"SELECT pg_advisory_lock({lock_key_sql})", (mine,))
+        assert mine not in asyncio.run(_orphans(worker))
+        assert other_tenant in asyncio.run(_orphans(worker))
+    assert mine in asyncio.run(_orphans(worker))  # the holder's session ended: free again
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("UPDATE runs SET state = 'cancelled', row_version = row_version + 1 WHERE run_id = %s",
+                  (mine,))
+    assert mine not in asyncio.run(_orphans(worker))  # not running: never an orphan
+
+
+@pytest.mark.req("R-EXEC-13")
+def test_the_function_exposes_no_content_and_the_worker_cannot_read_other_tenants(stack: Any) -> None:
+    dsn = stack.create_database()
+    worker = with_user(dsn, WORKER_ROLE)
+    run_id = _running(dsn, "u", b"tok")
+    with psycopg.connect(worker, autocommit=True) as c:
+        cols = [d.name for d in c.execute("SELECT * FROM qimpl_lease_orphans(10)").description or []]
+        assert cols == ["run_id", "tenant_id", "generation", "owner_attempt", "owner_task_token"]
+        c.execute("SELECT set_config('qimpl.tenant', 't', false)")
+        assert c.execute("SELECT count(*) FROM runs WHERE run_id = %s", (run_id,)).fetchone() == (0,)
+
+
+@pytest.mark.req("R-EXEC-13")
+def test_one_watcher_at_a_time(stack: Any) -> None:
+    worker = with_user(stack.create_database(), WORKER_ROLE)
+
+    async def elect() -> tuple[bool, bool, bool, bool]:
+        a = await psycopg.AsyncConnection.connect(worker, autocommit=True)
+        b = await psycopg.AsyncConnection.connect(worker, autocommit=True)
+        try:
+            first, again, other = await db.hold_watch(a), await db.hold_watch(a), await db.hold_watch(b)
+            await a.close()
+            return first, again, other, await db.hold_watch(b)
+        finally:
+            await a.close()
+            await b.close()
+
+    assert asyncio.run(elect()) == (True, True, False, True)
