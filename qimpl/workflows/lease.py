@@ -41,14 +41,13 @@ lease then *reads the settings back* and refuses to own the run (``LeaseNotBound
 a retryable LockNotAcquired) when any mandatory one is not in effect; the advisory lock
 is taken only after that check.
 
-Timing, with ``lease_s`` equal to the activity's heartbeat timeout ``H``: Temporal
-times the paused attempt out after ``H`` (plus its timer slack, measured 0.5-2 s) and
-schedules a retry; PostgreSQL frees the lock ``H`` after the last statement; the retry
-takes the lock on its first or second try (a busy lock is a retryable failure, backoff
-<= 1 s). One more delay is Temporal's, not ours: each activity poll the paused worker
-had in flight may be handed a retry that it never starts, and that attempt too is lost
-only after ``H``. Workers keep two activity polls, so takeover is bounded by about
-``3 x (H + 3 s)``; the ``paused-owner`` scenario measures it (about 6-7 s at H = 1 s).
+Timing: PostgreSQL frees the lock ``lease_s`` after the owner's last statement; the
+takeover watcher (``qimpl.takeover``, R-EXEC-13) sees the free lock within its poll and
+fails the dead attempt by its task token, so the retry does not wait for Temporal's
+heartbeat timeout; a retry that a paused worker's outstanding poll takes and never runs
+is failed the same way once it is seen started and silent. The retry takes the lock on
+its first or second try (a busy lock is a retryable failure). The ``paused-owner``,
+``takeover-*`` and ``owner-paused-inside-*`` scenarios measure it.
 
 Every owner write is made *on this connection*: once the session is gone, so is the
 ability to write, and a resumed zombie's first write fails (the connection is dead) or
