@@ -23,10 +23,19 @@ again. The watcher then ends the dead attempt itself, in two ways:
    start time, and no heartbeat since that start, for ``unclaimed_s`` of its own
    monotonic clock while the lock stayed free and the row unclaimed, and fails that
    attempt by its activity id (an attempt that did heartbeat, then died before a usable
-   token was stored, after ``2 x unclaimed_s``). Were it merely slow (an event loop stalled longer than ``unclaimed_s``
-   before its claim), failing it costs a retry and nothing else: its next heartbeat is
-   refused, the SDK cancels it and it closes its lease session, and every write it could
-   still make is fenced by the database as any stale owner's.
+   token was stored, after ``2 x unclaimed_s``).
+
+Where a live attempt can still be failed. Were it merely slow (stalled longer than
+``unclaimed_s`` before its first heartbeat), or did a watcher's call land late (a
+stalled watcher; the call is bounded by ``unclaimed_s``, and failing by id names no
+attempt), a live attempt can be failed: its next heartbeat is then refused (the SDK sends
+one at most every 0.8 x the heartbeat timeout), the SDK cancels it and it closes its
+lease session; meanwhile retries find the lock busy. That costs time, never a wrong
+write: every write it could still make is fenced by the database as any stale owner's.
+Likewise after an operator's ``temporal activity reset``: attempt numbers start again at
+1, so the stored token of the old attempt ``n`` also names the new attempt ``n`` until
+that one claims (the server checks a token by scheduled event, attempt and version), and
+failing it costs the new attempt a retry (``operator-resets-a-running-activity``).
 
 Each decision is taken again right before its call (the watcher re-reads the orphan on
 the database), so a run claimed in between is left alone.

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -64,6 +65,8 @@ class LeaseWatcher:
         self.poll_s = poll_s
         self.limit = limit
         self.tracker = TakeoverTracker(unclaimed_s=unclaimed_s)
+        #: The longest a failing call may take (a late by-id fail could meet a successor).
+        self._rpc_timeout = timedelta(seconds=max(0.05, min(unclaimed_s, 1.0)))
         self._conn: psycopg.AsyncConnection[Any] | None = None
 
     async def _session(self) -> psycopg.AsyncConnection[Any]:
@@ -89,6 +92,11 @@ class LeaseWatcher:
                 log.warning("takeover watcher lost its database session: %s", type(exc).__name__,
                             extra={"event": "takeover.session_lost"})
                 await self._close()
+            except Exception as exc:  # noqa: BLE001 - the watcher must outlive any one look
+                log.error("takeover watcher look failed: %s", type(exc).__name__,
+                          extra={"event": "takeover.look_failed", "exc_type": type(exc).__name__})
+                await self._stand_down()
+                pause = _STAND_DOWN_S
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=max(self.poll_s, pause))
             pause = 0.0
@@ -122,9 +130,14 @@ class LeaseWatcher:
     async def _fail_token(self, conn: psycopg.AsyncConnection[Any], orphan: db.Orphan,
                           token: bytes) -> None:
         key = (orphan.run_id, orphan.generation)
+        # A fresh statement: the look's snapshot of ``runs`` may predate the lock it saw
+        # free (an owner that committed its end and closed its session in between).
+        if not await self._still_orphaned(conn, orphan):
+            return
         self.tracker.token_failed(key, token)
         try:
-            await self.client.get_async_activity_handle(task_token=token).fail(_lost())
+            await self.client.get_async_activity_handle(task_token=token).fail(
+                _lost(), rpc_timeout=self._rpc_timeout)
         except RPCError as exc:
             if exc.status not in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT,
                                   RPCStatusCode.FAILED_PRECONDITION):
@@ -145,8 +158,11 @@ class LeaseWatcher:
         if not await self._still_orphaned(conn, orphan) or await self._pending(wf_id) != pending:
             return
         try:
+            # Bounded: a call that lands long after the re-check could meet a successor
+            # (failing by id names no attempt); the SDK's own retries would stretch it.
             await self.client.get_async_activity_handle(
-                workflow_id=wf_id, run_id=None, activity_id=pending.activity_id).fail(_lost())
+                workflow_id=wf_id, run_id=None, activity_id=pending.activity_id).fail(
+                    _lost(), rpc_timeout=self._rpc_timeout)
         except RPCError as exc:
             if exc.status not in (RPCStatusCode.NOT_FOUND, RPCStatusCode.FAILED_PRECONDITION):
                 raise

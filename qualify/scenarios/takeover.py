@@ -134,7 +134,7 @@ def takeover_of_a_swallowed_retry(ctx: ScenarioContext) -> None:
     owner = ctx.processes.worker("worker-owner", **SLOW)
     watcher = ctx.processes.worker("worker-watcher", QIMPL_TASK_QUEUE=f"{ctx.deployment.task_queue}-other",
                                    **SLOW)
-    run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="swallowed",
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="swallowed", delay_ms=300,
                                                    barrier={"step": 2, "name": "pause"}))
     held = ctx.wait_barrier("pause")
     if held["pid"] != owner.pid:
@@ -160,19 +160,23 @@ def takeover_of_a_swallowed_retry(ctx: ScenarioContext) -> None:
                f"unclaimed failures {swallowed}; attempts that asked the provider {sorted(asked)}",
                "R-EXEC-13")
     ctx.processes.worker("worker-live", **SLOW)
+    # Resume the zombie while its successor still owns the run (steps of 300 ms): whatever
+    # it tries to write must be refused, and the database's audit names each accepted
+    # write's session (``writer_token`` = run:generation:attempt).
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not ctx.sql(
+            "SELECT 1 FROM runs WHERE run_id = %s AND owner_attempt > %s", run_id, held["attempt"]):
+        time.sleep(0.02)
+    ctx.nemesis.sigcont(owner, run_id=run_id)
     run = ctx.wait_terminal(api, run_id, timeout_s=60)
     ctx.expect("the live worker's attempt completed the run", run["state"] == "completed",
                run["state"], "R-EXEC-13")
-    ctx.nemesis.sigcont(owner, run_id=run_id)
-    # The resumed zombie finds its session gone and its attempt failed: it stops, and
-    # nothing it tries to write lands.
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and "lost ownership" not in owner.log_path.read_text(errors="replace"):
-        time.sleep(0.05)
-    late = ctx.sql("SELECT count(*) FROM run_transitions WHERE run_id = %s AND owner_attempt = %s"
-                   " AND (new_state <> 'running' OR checkpoint_step >= 2)", run_id, held["attempt"])[0][0]
-    ctx.expect("the paused owner wrote nothing after it was taken over", late == 0,
-               f"{late} writes of attempt {held['attempt']} at or after step 2", "R-EXEC-7")
+    zombie = f"{run_id}:1:{held['attempt']}"
+    late = ctx.sql("SELECT count(*) FROM run_transitions WHERE run_id = %s AND writer_token = %s"
+                   " AND id > (SELECT min(id) FROM run_transitions WHERE run_id = %s"
+                   " AND owner_attempt > %s)", run_id, zombie, run_id, held["attempt"])[0][0]
+    ctx.expect("the paused owner, resumed while its successor ran, wrote nothing after the takeover",
+               late == 0, f"{late} writes by session {zombie} after the successor's claim", "R-EXEC-7")
     ctx.expect("one checkpoint per step", _steps_once(ctx, run_id) == list(range(1, STEPS + 1)),
                str(_steps_once(ctx, run_id)), "R-EXEC-4")
 

@@ -9,7 +9,7 @@ Create Date: 2026-12-04 09:00:00
   ``owner_attempt``. The token names exactly one attempt of one activity: the Temporal
   server refuses it for any other attempt, so failing the activity by this token can
   only end the attempt that claimed, never a successor.
-- ``qimpl_lease_orphans(p_limit)``: the ``running`` runs whose advisory lock (the
+- ``qimpl_lease_orphans(p_limit)``: the ``running`` version-2 runs whose advisory lock (the
   ownership lease, ``hashtextextended('qimpl-run:' || run_id, 0)``) no session holds.
   The owner takes that lock before it claims and keeps it for the whole attempt on the
   session that makes every one of its writes, so a run whose row names an owner and
@@ -38,7 +38,7 @@ TENANT_TABLES = _PREV.TENANT_TABLES
 UP_SQL = f"""
 ALTER TABLE public.runs ADD COLUMN owner_task_token bytea;
 CREATE INDEX runs_running ON public.runs (run_id) WHERE state = 'running';
-GRANT SELECT (state, generation, owner_attempt, owner_task_token) ON public.runs TO qimpl_lookup;
+GRANT SELECT (state, generation, owner_attempt, owner_task_token, lifecycle_version) ON public.runs TO qimpl_lookup;
 
 CREATE FUNCTION public.qimpl_lease_orphans(p_limit integer)
 RETURNS TABLE (run_id uuid, tenant_id text, generation integer, owner_attempt integer,
@@ -55,7 +55,7 @@ LANGUAGE sql STABLE SECURITY DEFINER {SAFE_PATH} AS $$
     )
     SELECT r.run_id, r.tenant_id, r.generation, r.owner_attempt, r.owner_task_token
     FROM public.runs r
-    WHERE r.state = 'running'
+    WHERE r.state = 'running' AND r.lifecycle_version = 2
       AND NOT EXISTS (SELECT 1 FROM held
                       WHERE held.key = pg_catalog.hashtextextended('qimpl-run:' || r.run_id::text, 0))
     ORDER BY r.run_id
@@ -68,7 +68,7 @@ GRANT EXECUTE ON FUNCTION public.qimpl_lease_orphans(integer) TO qimpl_app;
 
 DOWN_SQL = """
 DROP FUNCTION public.qimpl_lease_orphans(integer);
-REVOKE SELECT (state, generation, owner_attempt, owner_task_token) ON public.runs FROM qimpl_lookup;
+REVOKE SELECT (state, generation, owner_attempt, owner_task_token, lifecycle_version) ON public.runs FROM qimpl_lookup;
 DROP INDEX public.runs_running;
 ALTER TABLE public.runs DROP COLUMN owner_task_token;
 """
