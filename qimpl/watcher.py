@@ -107,33 +107,32 @@ class LeaseWatcher:
         conn = await self._session()
         if not await db.hold_watch(conn):
             return
-        orphans = {(o.run_id, o.generation): o for o in await db.lease_orphans(conn, limit=self.limit)}
+        # Listed twice, in two statements: one statement's snapshot of ``runs`` may predate
+        # the lock it sees free (an owner that committed its end and closed its session in
+        # between); a run orphaned, unchanged, in both is one whose owner is gone.
+        first = await self._orphans(conn)
+        orphans = {k: o for k, o in (await self._orphans(conn)).items() if first.get(k) == o}
         now = time.monotonic()
         self.tracker.look(orphans, now)
         for key, orphan in orphans.items():
             token = self.tracker.token_to_fail(key, orphan.owner_task_token)
             if token is not None:
-                await self._fail_token(conn, orphan, token)
+                await self._fail_token(orphan, token)
             elif self.tracker.wants_describe(key, now, self.poll_s):
                 await self._unclaimed(conn, orphan)
+
+    async def _orphans(self, conn: psycopg.AsyncConnection[Any]) -> dict[tuple[str, int], db.Orphan]:
+        return {(o.run_id, o.generation): o for o in await db.lease_orphans(conn, limit=self.limit)}
 
     async def _still_orphaned(self, conn: psycopg.AsyncConnection[Any], orphan: db.Orphan) -> bool:
         """Re-read right before a call: the run is still ``running``, unclaimed since, and
         its lock free (and this session still the watcher)."""
         if not await db.hold_watch(conn):
             return False
-        again = {(o.run_id, o.generation): o for o in await db.lease_orphans(conn, limit=self.limit)}
-        now_ = again.get((orphan.run_id, orphan.generation))
-        return now_ is not None and now_.owner_attempt == orphan.owner_attempt \
-            and now_.owner_task_token == orphan.owner_task_token
+        return (await self._orphans(conn)).get((orphan.run_id, orphan.generation)) == orphan
 
-    async def _fail_token(self, conn: psycopg.AsyncConnection[Any], orphan: db.Orphan,
-                          token: bytes) -> None:
+    async def _fail_token(self, orphan: db.Orphan, token: bytes) -> None:
         key = (orphan.run_id, orphan.generation)
-        # A fresh statement: the look's snapshot of ``runs`` may predate the lock it saw
-        # free (an owner that committed its end and closed its session in between).
-        if not await self._still_orphaned(conn, orphan):
-            return
         self.tracker.token_failed(key, token)
         try:
             await self.client.get_async_activity_handle(task_token=token).fail(

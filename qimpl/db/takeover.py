@@ -20,6 +20,8 @@ from typing import Any
 
 import psycopg
 
+from qimpl.db.sessions import bound_session
+
 __all__ = ["WATCH_LOCK_SQL", "Orphan", "bound_watch_session", "hold_watch", "lease_orphans", "release_watch"]
 
 #: The watcher election's advisory lock (one per database).
@@ -42,11 +44,9 @@ async def bound_watch_session(conn: psycopg.AsyncConnection[Any], *, lease_s: fl
     """Bound the watcher's session like a lease (``idle_session_timeout``,
     ``idle_in_transaction_session_timeout`` and ``lock_timeout``, ``lease_s`` seconds):
     PostgreSQL ends a watcher that stops running, and with it its election."""
-    ms = f"{max(1, int(lease_s * 1000))}ms"
-    await conn.execute(
-        "SELECT set_config('idle_session_timeout', %s, false),"
-        " set_config('idle_in_transaction_session_timeout', %s, false),"
-        " set_config('lock_timeout', %s, false)", (ms, ms, ms))
+    await bound_session(conn, lock_timeout_s=lease_s)
+    await conn.execute("SELECT set_config('idle_session_timeout', %s, false)",
+                       (f"{max(1, int(lease_s * 1000))}ms",))
 
 
 async def hold_watch(conn: psycopg.AsyncConnection[Any]) -> bool:
