@@ -62,6 +62,9 @@ class Pending:
     #: The server's time of the activity's last heartbeat, of any attempt (Temporal keeps
     #: it across attempts); None: never.
     heartbeat_at: float | None = None
+    #: The identity of the worker that last started an attempt (kept while a retry waits
+    #: out its backoff); None: not reported.
+    worker: str | None = None
 
     @property
     def silent(self) -> bool:
@@ -79,6 +82,8 @@ class _Seen:
     pending: Pending | None = None
     pending_since: float = 0.0  # monotonic: when ``pending`` was first seen unchanged
     described: float | None = None  # monotonic: the last time Temporal was asked
+    #: Workers whose attempt of this run lost the lease (paused or dead).
+    lost_workers: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -131,18 +136,35 @@ class TakeoverTracker:
         """Record what Temporal said; True when the same started attempt, silent (no
         heartbeat since it started), has been seen for at least ``unclaimed_s`` while the
         run stayed orphaned, or for ``2 x unclaimed_s`` if it heartbeated (a dead owner
-        whose token could not be used): fail it by id."""
+        whose token could not be used), or for ``unclaimed_s / 3`` if the worker that
+        started it is one whose attempt lost this run's lease (seen as the worker of a
+        retry in backoff): fail it by id."""
         seen = self._runs.get(key)
         if seen is None:
             return False
+        if pending is not None and pending.state == "scheduled" and pending.worker:
+            # A retry waiting out its backoff names the worker of the attempt that failed:
+            # the one that lost the lease.
+            seen.lost_workers.add(pending.worker)
         if pending is None or pending.state != "started":
             seen.pending = None
             return False
         if seen.pending != pending:
             seen.pending, seen.pending_since = pending, now
             return False
-        bound = self.unclaimed_s if pending.silent else 2 * self.unclaimed_s
+        if not pending.silent:
+            bound = 2 * self.unclaimed_s
+        elif pending.worker is not None and pending.worker in seen.lost_workers:
+            bound = self.unclaimed_s / 3  # swallowed by the lost owner's own (paused) worker
+        else:
+            bound = self.unclaimed_s
         return now - seen.pending_since >= bound
+
+    def lost_worker(self, key: tuple[str, int], pending: Pending) -> bool:
+        """Whether ``pending`` was started by a worker whose attempt lost this run's lease
+        (the shorter bound of ``unclaimed`` applied)."""
+        seen = self._runs.get(key)
+        return seen is not None and pending.worker is not None and pending.worker in seen.lost_workers
 
     def failed_by_id(self, key: tuple[str, int]) -> None:
         """The started attempt was failed: the next one is judged afresh."""

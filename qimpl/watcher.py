@@ -9,7 +9,8 @@ nothing to the database; every write stays the owner's, fenced as always.
 
 Logs one JSON line per attempt it ends (``"event": "takeover.attempt_failed"``, with
 ``run_id``, ``generation``, ``attempt`` when known and ``by``: ``token`` or
-``unclaimed``): the harness's evidence.
+``unclaimed``; an ``unclaimed`` one also says ``lost_worker``: started by the worker
+whose attempt lost the lease, so judged on the shorter bound): the harness's evidence.
 """
 
 from __future__ import annotations
@@ -156,6 +157,7 @@ class LeaseWatcher:
             return
         if not await self._still_orphaned(conn, orphan) or await self._pending(wf_id) != pending:
             return
+        lost_worker = self.tracker.lost_worker(key, pending)
         try:
             # Bounded: a call that lands long after the re-check could meet a successor
             # (failing by id names no attempt); the SDK's own retries would stretch it.
@@ -172,7 +174,7 @@ class LeaseWatcher:
                  pending.attempt,
                  extra={"event": "takeover.attempt_failed", "run_id": orphan.run_id,
                         "generation": orphan.generation, "attempt": pending.attempt,
-                        "by": "unclaimed"})
+                        "by": "unclaimed", "lost_worker": lost_worker})
 
     async def _pending(self, wf_id: str) -> Pending | None:
         """The workflow's pending agent activity, or None (closed, missing, between)."""
@@ -190,7 +192,8 @@ class LeaseWatcher:
             beat = (act.last_heartbeat_time.seconds + act.last_heartbeat_time.nanos / 1e9
                     if act.HasField("last_heartbeat_time") else None)
             return Pending(attempt=int(act.attempt), state=_STATES.get(act.state, "other"),
-                           started_at=started, activity_id=act.activity_id, heartbeat_at=beat)
+                           started_at=started, activity_id=act.activity_id, heartbeat_at=beat,
+                           worker=act.last_worker_identity or None)
         return None
 
     async def _stand_down(self) -> None:

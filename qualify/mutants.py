@@ -242,6 +242,15 @@ CATALOG: tuple[Mutant, ...] = (
         "takeover-of-a-swallowed-retry",
         "the watcher failed the swallowed retry (started, never run) within 10 s (heartbeat timeout 30 s)"),
     Mutant(
+        "watcher-forgets-the-lost-worker",
+        "a retry swallowed by the lost owner's own worker is judged on the short bound (R-EXEC-13)",
+        (Patch("qimpl/takeover.py",
+               "            seen.lost_workers.add(pending.worker)\n",
+               "            pass\n"),),
+        "takeover-of-a-swallowed-retry",
+        "the swallowed retry was judged as taken by the paused owner's own worker "
+        "(the shorter bound: unclaimed / 3)"),
+    Mutant(
         "watcher-ignores-the-lock", "the watcher ends only owners whose lease is gone (R-EXEC-13)",
         (Patch("qimpl/db/migrations/versions/20261204_090000_owner_task_token.py",
                "      AND NOT EXISTS (SELECT 1 FROM held\n",

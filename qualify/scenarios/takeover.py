@@ -52,7 +52,8 @@ def watcher_failures(procs: list[ManagedProcess]) -> list[dict[str, Any]]:
                 doc = json.loads(line)
             except ValueError:
                 continue
-            out.append({**{k: doc.get(k) for k in ("run_id", "generation", "attempt", "by", "t")},
+            out.append({**{k: doc.get(k) for k in ("run_id", "generation", "attempt", "by", "t",
+                                                   "lost_worker")},
                         "process": proc.name})
     return out
 
@@ -159,6 +160,10 @@ def takeover_of_a_swallowed_retry(ctx: ScenarioContext) -> None:
                bool(swallowed) and all(int(f["attempt"]) not in asked for f in swallowed),
                f"unclaimed failures {swallowed}; attempts that asked the provider {sorted(asked)}",
                "R-EXEC-13")
+    ctx.expect("the swallowed retry was judged as taken by the paused owner's own worker "
+               "(the shorter bound: unclaimed / 3)",
+               bool(swallowed) and all(f["lost_worker"] is True for f in swallowed),
+               f"unclaimed failures {swallowed}", "R-EXEC-13")
     ctx.processes.worker("worker-live", **SLOW)
     # Resume the zombie while its successor still owns the run (steps of 300 ms): whatever
     # it tries to write must be refused, and the database's audit names each accepted

@@ -90,3 +90,28 @@ def test_an_attempt_that_heartbeated_since_its_start_gets_twice_the_bound() -> N
     assert t.unclaimed(KEY, beating, now=1.01)
     # A heartbeat from an earlier attempt (Temporal keeps it across attempts) is silence.
     assert Pending(attempt=3, state="started", started_at=101.0, activity_id="1", heartbeat_at=100.5).silent
+
+
+@pytest.mark.req("R-EXEC-13")
+def test_a_retry_swallowed_by_the_lost_owners_worker_gets_a_third_of_the_bound() -> None:
+    t = TakeoverTracker(unclaimed_s=0.3)
+    t.look([KEY], now=0.0)
+    # The dead owner's retry waits out its backoff: Temporal still names its worker.
+    waiting = Pending(attempt=2, state="scheduled", started_at=None, activity_id="1", worker="7@paused")
+    assert not t.unclaimed(KEY, waiting, now=0.1)
+    swallowed = Pending(attempt=2, state="started", started_at=100.0, activity_id="1", worker="7@paused")
+    assert not t.unclaimed(KEY, swallowed, now=0.8)
+    assert not t.unclaimed(KEY, swallowed, now=0.85)   # 0.05 s seen: not yet
+    assert t.unclaimed(KEY, swallowed, now=0.91)        # 0.11 s >= 0.3 / 3
+    t.failed_by_id(KEY)
+    # Started by another worker, silent: the full bound (it may just be slow).
+    other = Pending(attempt=3, state="started", started_at=101.0, activity_id="1", worker="8@alive")
+    assert not t.unclaimed(KEY, other, now=1.0)
+    assert not t.unclaimed(KEY, other, now=1.2)
+    assert t.unclaimed(KEY, other, now=1.31)
+    # A lost worker's attempt that heartbeated is alive: twice the bound, as any.
+    beating = Pending(attempt=4, state="started", started_at=102.0, activity_id="1",
+                      heartbeat_at=102.01, worker="7@paused")
+    assert not t.unclaimed(KEY, beating, now=2.0)
+    assert not t.unclaimed(KEY, beating, now=2.5)
+    assert t.unclaimed(KEY, beating, now=2.61)
