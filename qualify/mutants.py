@@ -30,6 +30,11 @@ class Mutant:
     check: str
 
 
+GUARD_ALL_WRITES = "qimpl/db/migrations/versions/20261205_090000_guard_all_writes.py"
+_CHECKPOINT_TRIGGER = ("\nCREATE TRIGGER run_checkpoints_guard BEFORE INSERT OR UPDATE OR DELETE ON"
+                       " public.run_checkpoints\n"
+                       "    FOR EACH ROW EXECUTE FUNCTION public.run_checkpoints_guard();\n")
+
 CATALOG: tuple[Mutant, ...] = (
     Mutant(
         "skip-checkpoint-restore", "checkpoint restore (R-EXEC-4)",
@@ -219,7 +224,10 @@ CATALOG: tuple[Mutant, ...] = (
                '        async with self.conn.transaction(), self.conn.cursor() as cur:\n'
                '            await insert_checkpoint(cur, (self.row_version + 1,))\n'
                '        await self._write(\n'
-               '            "UPDATE runs SET row_version = row_version + 1, checkpoint_step = %(step)s,"')),
+               '            "UPDATE runs SET row_version = row_version + 1, checkpoint_step = %(step)s,"'),
+         # The database's own checkpoint guard (QG015) refuses the split too: off, so that
+         # this proves the harness's check, which watches what the database accepted.
+         Patch(GUARD_ALL_WRITES, _CHECKPOINT_TRIGGER, "\n")),
         "happy-path", "every row committed in its write's transaction"),
     Mutant(
         "watcher-never-fails-a-token", "lease-driven takeover by the owner's task token (R-EXEC-13)",
@@ -241,6 +249,44 @@ CATALOG: tuple[Mutant, ...] = (
                "        return False\n"),),
         "takeover-of-a-swallowed-retry",
         "the watcher failed the swallowed retry (started, never run) within 10 s (heartbeat timeout 30 s)"),
+    Mutant(
+        "guard-skips-inserts", "the transition guard runs on INSERT too (R-STATE-1)",
+        (Patch(GUARD_ALL_WRITES,
+               "CREATE TRIGGER runs_transition_guard BEFORE INSERT OR UPDATE ON public.runs",
+               "CREATE TRIGGER runs_transition_guard BEFORE UPDATE ON public.runs"),),
+        "stale-writers-refused",
+        "the guard refuses a run inserted straight into completed at row version 7 by qimpl_api (QG014)"),
+    Mutant(
+        "guard-blind-to-null", "the fencing attempt cannot go back through NULL (R-EXEC-7)",
+        (Patch(GUARD_ALL_WRITES,
+               "       AND (NEW.owner_attempt IS NULL OR NEW.owner_attempt < OLD.owner_attempt) THEN",
+               "       AND NEW.owner_attempt < OLD.owner_attempt THEN"),),
+        "stale-writers-refused", "the guard refuses an attempt going back through NULL (QG008)"),
+    Mutant(
+        "guard-lets-the-prompt-change", "a run's request is immutable after acceptance (R-STATE-1)",
+        (Patch(GUARD_ALL_WRITES,
+               "OR NEW.agent_id IS DISTINCT FROM OLD.agent_id OR NEW.prompt IS DISTINCT FROM OLD.prompt",
+               "OR NEW.agent_id IS DISTINCT FROM OLD.agent_id"),),
+        "stale-writers-refused", "the guard refuses a changed prompt (QG004)"),
+    Mutant(
+        "guard-lets-generations-jump", "a generation steps by exactly one (R-STATE-1)",
+        (Patch(GUARD_ALL_WRITES,
+               "OR NEW.generation IS NULL OR NEW.generation NOT IN (OLD.generation, OLD.generation + 1) THEN",
+               "OR NEW.generation < OLD.generation THEN"),),
+        "stale-writers-refused", "the guard refuses a generation that jumps (QG004)"),
+    Mutant(
+        "checkpoint-guard-off", "a checkpoint only from its run's owner (R-EXEC-4, R-EXEC-7)",
+        (Patch(GUARD_ALL_WRITES, _CHECKPOINT_TRIGGER, "\n"),),
+        "stale-writers-refused",
+        "the checkpoint guard refuses a checkpoint of step 99 outside the owner's fenced write (QG015)"),
+    Mutant(
+        "checkpoint-guard-ignores-the-transaction",
+        "a checkpoint only in the transaction of its owner's fenced write (R-EXEC-3)",
+        (Patch(GUARD_ALL_WRITES,
+               "       OR NOT EXISTS (SELECT 1 FROM public.run_transitions t\n",
+               "       OR false AND NOT EXISTS (SELECT 1 FROM public.run_transitions t\n"),),
+        "stale-writers-refused",
+        "the checkpoint guard refuses a checkpoint of step 1 outside the owner's fenced write (QG015)"),
     Mutant(
         "watcher-forgets-the-lost-worker",
         "a retry swallowed by the lost owner's own worker is judged on the short bound (R-EXEC-13)",

@@ -11,7 +11,7 @@ from alembic.config import Config
 
 __all__ = ["BASELINE", "HEAD", "alembic_config", "downgrade", "load_revision", "upgrade"]
 
-HEAD = "20261204_090000_owner_task_token"
+HEAD = "20261205_090000_guard_all_writes"
 BASELINE = "20261001_000000_baseline"
 _DIR = Path(__file__).with_name("migrations")
 

@@ -51,9 +51,10 @@ AConn = psycopg.AsyncConnection[Any]
 #: SQLSTATEs raised by the transition guard (see the migrations): terminal run, illegal
 #: transition, row_version, immutable column, deadline passed, expired early, attempt
 #: going back, the owner fences of the tool journal, the provider-call record and the
-#: output deltas.
+#: output deltas, a run inserted other than new (QG014) and a checkpoint from no owner
+#: (QG015).
 GUARD_SQLSTATES = frozenset({"QG001", "QG002", "QG003", "QG004", "QG006", "QG007", "QG008", "QG009",
-                             "QG010", "QG011", "QG012", "QG013"})
+                             "QG010", "QG011", "QG012", "QG013", "QG014", "QG015"})
 #: The SET clause of every expiry (R-EXEC-8): the owner's claim, a refused writer, the
 #: reconciler. The owner's own expiry writes the same code and message (SAFE_MESSAGES).
 EXPIRE_SET = ("state = 'expired', row_version = row_version + 1, error_code = 'deadline_exceeded',"

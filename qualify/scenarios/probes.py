@@ -13,8 +13,12 @@ the evidence: no row matched (the fence), the guard's SQLSTATE, or row-level sec
   only the token's predicate can refuse it.
 - **Transition guard (R-STATE-1, R-EXEC-8/12):** raw UPDATEs by the worker role that no
   fence stands in front of: a row version that skips, an illegal transition, ``expired``
-  before the deadline, an attempt going back, a changed deadline; any write to a
-  terminal run.
+  before the deadline, an attempt going back (also through NULL), a changed deadline,
+  prompt or stream key, a generation that jumps; any write to a terminal run; raw
+  INSERTs by the API and worker roles of a run that is not new (``QG014``).
+- **Checkpoint guard (R-EXEC-4, R-EXEC-7):** a checkpoint row with the owner's own token
+  written outside the owner's fenced write (``QG015``), which the next attempt would
+  otherwise restore.
 - **Row-level security (R-AUTH-4):** sessions of the API and worker roles scoped to
   another tenant read the run, its checkpoints and audit (nothing visible), update it
   (no row) and insert a run into the first tenant (refused, ``42501``).
@@ -32,7 +36,7 @@ import psycopg
 from qualify.fakes.synthetic import make_prompt
 from qualify.scenarios.base import ScenarioContext, scenario
 
-__all__ = ["FENCE_CASES", "GUARD_CASES"]
+__all__ = ["FENCE_CASES", "GUARD_CASES", "INSERT_CASES"]
 
 #: (case, how the token differs from the owner's): each is refused only by its predicate.
 FENCE_CASES = (
@@ -50,6 +54,17 @@ GUARD_CASES = (
      "owner_attempt = owner_attempt - 1, row_version = row_version + 1", "QG008"),
     ("a moved deadline", "deadline_at = deadline_at + interval '1 hour', row_version = row_version + 1",
      "QG004"),
+    ("an attempt going back through NULL", "owner_attempt = NULL, row_version = row_version + 1", "QG008"),
+    ("a generation that jumps", "generation = generation + 40, row_version = row_version + 1", "QG004"),
+    ("a changed prompt", "prompt = 'rewritten', row_version = row_version + 1", "QG004"),
+    ("a changed stream key", "stream_key = 'guessable', row_version = row_version + 1", "QG004"),
+)
+#: (case, the INSERT's state, row_version, generation, owner_attempt): a run inserted
+#: other than new, by an application role in its own tenant (QG014).
+INSERT_CASES = (
+    ("a run inserted straight into completed at row version 7", "completed", 7, 1, None),
+    ("a run inserted running, owned by attempt 1", "running", 1, 1, 1),
+    ("a run inserted at generation 3", "accepted", 1, 3, None),
 )
 
 
@@ -121,6 +136,45 @@ def _guard_probe(dsn: str, run_id: str, tenant: str, set_clause: str) -> str:
         return "written" if cur.rowcount else "no row"
 
 
+def _insert_probe(dsn: str, tenant: str, state: str, version: int, generation: int,
+                  attempt: int | None) -> str:
+    """One raw INSERT of a run in ``tenant`` by the session's role: the SQLSTATE it raised,
+    or ``written`` (then rolled back)."""
+    with psycopg.connect(dsn, autocommit=True, application_name="qualify-probe") as conn:
+        conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
+        try:
+            with conn.transaction():
+                conn.execute(
+                    "INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,"
+                    " stream_key, deadline_at, row_version, generation, owner_attempt)"
+                    " VALUES (gen_random_uuid(), %s, 'p', 'a', %s, 'x', 'k', now() + interval '1 hour',"
+                    " %s, %s, %s)", (tenant, state, version, generation, attempt))
+                raise _RolledBack("written")
+        except _RolledBack:
+            return "written"
+        except psycopg.Error as exc:
+            return str(exc.sqlstate)
+
+
+def _stray_checkpoint_probe(dsn: str, run_id: str, tenant: str, owner: dict[str, int], step: int) -> str:
+    """A raw checkpoint row by the worker role carrying the owner's own token, outside the
+    owner's fenced write (the row a buggy or hostile session would plant for the next
+    attempt to restore): the SQLSTATE it raised, or ``written`` (then rolled back)."""
+    with psycopg.connect(dsn, autocommit=True, application_name="qualify-probe") as conn:
+        conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
+        try:
+            with conn.transaction():
+                conn.execute(
+                    "INSERT INTO run_checkpoints (run_id, step, generation, attempt, row_version,"
+                    " state_json, committed_by) VALUES (%s, %s, %s, %s, %s, '{}', 'operator')",
+                    (run_id, step, owner["generation"], owner["attempt"], owner["row_version"]))
+                raise _RolledBack("written")
+        except _RolledBack:
+            return "written"
+        except psycopg.Error as exc:
+            return str(exc.sqlstate)
+
+
 def _rls_probes(dsn: str, run_id: str, victim: str, intruder: str) -> dict[str, str]:
     """What a session scoped to ``intruder`` sees and may do to ``victim``'s run."""
     out: dict[str, str] = {}
@@ -190,6 +244,24 @@ def stale_writers_refused(ctx: ScenarioContext) -> None:
         ctx.history.record("probe", mechanism="guard", case=case, run_id=run_id, answer=answer)
         ctx.expect(f"the guard refuses {case} ({sqlstate})", answer == sqlstate, answer,
                    "R-EXEC-12" if sqlstate == "QG007" else "R-STATE-1")
+
+    for role in ("qimpl_api", "qimpl_worker"):
+        for case, state, version, generation, attempt in INSERT_CASES:
+            answer = _insert_probe(ctx.deployment.app_dsn(role), "t-dev", state, version, generation,
+                                   attempt)
+            ctx.history.record("probe", mechanism="insert guard", case=case, role=role, answer=answer)
+            ctx.expect(f"the guard refuses {case} by {role} (QG014)", answer == "QG014", answer,
+                       "R-STATE-1")
+
+    # Step 99, and the owner's own current step at its own row version: only the
+    # transaction condition (the owner's fenced write in this very transaction) refuses it.
+    owner_step = int(ctx.sql("SELECT checkpoint_step FROM runs WHERE run_id = %s", run_id)[0][0])
+    for step in (99, owner_step):
+        answer = _stray_checkpoint_probe(worker_dsn, run_id, "t-dev", owner, step)
+        ctx.history.record("probe", mechanism="checkpoint guard", case=f"step {step}", run_id=run_id,
+                           answer=answer)
+        ctx.expect(f"the checkpoint guard refuses a checkpoint of step {step} outside the owner's "
+                   "fenced write (QG015)", answer == "QG015", answer, "R-EXEC-4", "R-EXEC-7")
 
     for role in ("qimpl_api", "qimpl_worker"):
         seen = _rls_probes(ctx.deployment.app_dsn(role), run_id, victim="t-dev", intruder="t-other")

@@ -44,7 +44,7 @@ def test_a_commit_wakes_its_stream_and_a_terminated_listener_comes_back_and_wake
                     await conn.execute("SELECT set_config('qimpl.tenant', 't', false)")
                     await conn.execute(
                         "INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,"
-                        " stream_key, deadline_at) VALUES (%s, 't', 'p', 'a', 'queued', 'x', 'k',"
+                        " stream_key, deadline_at) VALUES (%s, 't', 'p', 'a', 'accepted', 'x', 'k',"
                         " now() + interval '1 hour')", (run_id,))
                 assert await _eventually(mine) and not theirs.is_set()
                 mine.clear()

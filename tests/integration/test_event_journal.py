@@ -31,10 +31,13 @@ def _as(dsn: str, role: str, tenant: str | None, *, autocommit: bool = True) -> 
 
 
 def _new_run(conn: psycopg.Connection[Any], tenant: str, state: str = "queued") -> str:
+    """A run seeded in ``state`` by the superuser of ``conn``'s database (an application
+    role may only insert a new ``accepted`` run, QG014)."""
     run_id = str(uuid.uuid4())
-    conn.execute("INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,"
-                 " stream_key, deadline_at) VALUES (%s, %s, 'p', 'a', %s, 'x', 'k',"
-                 " now() + interval '1 hour')", (run_id, tenant, state))
+    with psycopg.connect(conn.info.dsn, user="postgres", autocommit=True) as admin:
+        admin.execute("INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,"
+                      " stream_key, deadline_at) VALUES (%s, %s, 'p', 'a', %s, 'x', 'k',"
+                      " now() + interval '1 hour')", (run_id, tenant, state))
     return run_id
 
 
@@ -123,7 +126,8 @@ def test_a_rolled_back_change_leaves_no_event_and_no_notification(dsn: str) -> N
         assert committed == [f"{run_id}:1", f"{run_id}:2"]
         with pytest.raises(psycopg.errors.UniqueViolation):  # the checkpoint fails: all undone
             with conn.transaction():
-                conn.execute("UPDATE runs SET row_version = row_version + 1 WHERE run_id = %s", (run_id,))
+                conn.execute("UPDATE runs SET row_version = row_version + 1, checkpoint_step = 1"
+                             " WHERE run_id = %s", (run_id,))
                 for _ in range(2):
                     conn.execute("INSERT INTO run_checkpoints (run_id, step, generation, attempt,"
                                  " row_version, state_json) VALUES (%s, 1, 1, 1, 3, '{}')", (run_id,))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import psycopg
 import pytest
 
 from qimpl.workflows.owner import RunOwner
@@ -85,6 +86,11 @@ def test_a_checkpoint_committed_before_its_fence_is_seen_by_this_check_only(stac
     check passes."""
     dsn = stack.create_database()
     run_id = queued_run(dsn)
+
+    # The database's checkpoint guard (QG015) refuses this split itself; it is turned off
+    # here, as in the mutant, so that the check is shown to see what a guard let through.
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("ALTER TABLE run_checkpoints DISABLE TRIGGER run_checkpoints_guard")
 
     async def split() -> None:
         async with owner_lease(dsn, run_id) as lease:
