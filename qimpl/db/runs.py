@@ -290,16 +290,27 @@ async def cancel(conn: AConn, run_id: str) -> tuple[bool, Row]:
 
     The row lock serialises with the owner's compare-and-set: whichever commits first wins,
     and the other sees a changed ``row_version`` (the owner) or a terminal state (here).
+
+    A version-2 run whose deadline has passed by the database's clock is not cancelled
+    but ``expired`` (R-EXEC-8: the deadline ended it first, whether or not the reconciler
+    had swept it yet): returns (False, the expired row).
     """
     async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute("SELECT * FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
+        await cur.execute("SELECT *, deadline_at <= clock_timestamp() AS overdue FROM runs"
+                          " WHERE run_id = %s FOR UPDATE", (run_id,))
         row = await cur.fetchone()
         if row is None:
             raise LookupError(run_id)
+        overdue = bool(row.pop("overdue"))
         if row["state"] == RunState.CANCELLED:
             return True, row
         if RunState(row["state"]) in TERMINAL:
             return False, row
+        if overdue and int(row["lifecycle_version"]) == 2:
+            await cur.execute(f"UPDATE runs SET {EXPIRE_SET} WHERE run_id = %s RETURNING *", (run_id,))
+            expired = await cur.fetchone()
+            assert expired is not None
+            return False, expired
         await cur.execute(
             """
             UPDATE runs SET state = 'cancelled', row_version = row_version + 1,
