@@ -136,7 +136,12 @@ async def principal_of(
 def bearer_key(request: Request) -> str:
     """The API key of ``Authorization: Bearer <key>`` (the scheme in any case, RFC 7235),
     or of a bare ``Authorization: <key>`` as before; empty when absent."""
-    value = (request.headers.get("authorization") or "").strip()
+    return key_of_header(request.headers.get("authorization") or "")
+
+
+def key_of_header(value: str) -> str:
+    """The API key of an ``Authorization`` header value (see ``bearer_key``)."""
+    value = value.strip()
     scheme, _, rest = value.partition(" ")
     return rest.strip() if scheme.lower() == "bearer" and rest.strip() else value
 

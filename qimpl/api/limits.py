@@ -1,8 +1,11 @@
 """Request limits applied before any route runs (pure ASGI middleware):
 
-- a write to ``/v1/...`` without an ``Authorization`` header is answered 401
-  ``unauthenticated`` before its body is read (an anonymous caller cannot make the API
-  parse anything);
+- a write to ``/v1/...`` without a *known* API key (client or operator, as the routes'
+  own authentication would find it) is answered 401 ``unauthenticated`` before its body
+  is read: neither an anonymous caller nor one with any made-up ``Authorization`` value
+  can make the API buffer or parse anything (R-AUTH-1). The routes authenticate again
+  (and answer 403 for the wrong kind of key); should the lookup itself fail (the
+  database unreachable), the request goes on to the route, which answers its own way;
 - a body larger than ``max_body_bytes`` (declared by ``Content-Length``, or counted while
   it streams in, chunked included) is answered 413 ``body_too_large`` without being kept
   whole: at most ``max_body_bytes`` are buffered.
@@ -33,7 +36,7 @@ class RequestLimits:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
-        if scope["path"].startswith("/v1/") and not headers.get(b"authorization", b"").strip():
+        if scope["path"].startswith("/v1/") and not await _known(scope, headers):
             await _answer(send, 401, "unauthenticated", "a valid API key is required")
             return
         declared = headers.get(b"content-length")
@@ -63,6 +66,26 @@ class RequestLimits:
             return dict(await receive())
 
         await self.app(scope, replay, send)
+
+
+async def _known(scope: Scope, headers: dict[bytes, bytes]) -> bool:
+    """Whether the request's ``Authorization`` names a known client or operator key.
+    True when it cannot be told (no services yet, or the lookup failed): the route then
+    authenticates and answers itself."""
+    from qimpl.api.deps import key_of_header
+
+    key = key_of_header(headers.get(b"authorization", b"").decode("latin-1"))
+    if not key:
+        return False
+    services = getattr(getattr(scope.get("app"), "state", None), "services", None)
+    if services is None:
+        return True
+    try:
+        auth = services.authenticator
+        return (await auth.authenticate(key) is not None
+                or await auth.authenticate_operator(key) is not None)
+    except Exception:  # noqa: BLE001 - the route's own authentication answers the outage
+        return True
 
 
 async def _answer(send: Any, status: int, code: str, message: str) -> None:

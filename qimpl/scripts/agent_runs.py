@@ -81,10 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = UsageParser(prog="python -m qimpl.scripts.agent_runs",
                      description="Run one reconciler sweep now.")
     parser.add_argument("--tenant", action="append", required=True, help="tenant id (repeatable)")
-    parser.add_argument("--limit", type=int, default=SWEEP_LIMIT, help="candidates per tenant")
+    parser.add_argument("--limit", type=int, default=SWEEP_LIMIT,
+                        help=f"candidates per tenant per phase, 1 to {SWEEP_LIMIT} (R-OPS-3)")
     args = parser.parse_args(argv)
-    if args.limit < 1:
-        parser.error("--limit must be at least 1")
+    if not 1 <= args.limit <= SWEEP_LIMIT:
+        parser.error(f"--limit must be between 1 and {SWEEP_LIMIT} (a sweep looks at most "
+                     f"{SWEEP_LIMIT} candidates per tenant)")
     settings = load_or_exit(Settings, "agent_runs")
     return asyncio.run(_run(settings, args.tenant, args.limit))
 

@@ -166,6 +166,14 @@ def test_bodies_are_bounded_and_anonymous_writes_are_not_parsed(app: FastAPI) ->
             assert (streamed.status_code, streamed.json()["code"]) == (413, "body_too_large")
             anonymous = await client.post(RUNS, content=b"{not json", headers={"Content-Type": "application/json"})
             assert (anonymous.status_code, anonymous.json()["code"]) == (401, "unauthenticated")
+            # Any made-up value is no key: 401 before the body is parsed (was 422) or
+            # buffered (was 413), issue 22 item 11.
+            for value in ("x", "Bearer nope", f"Basic {KEY}"):
+                made_up = {"Authorization": value, "Content-Type": "application/json"}
+                bad = await client.post(RUNS, content=b"{not json", headers=made_up)
+                assert (bad.status_code, bad.json()["code"]) == (401, "unauthenticated"), value
+                huge = await client.post(RUNS, content=b"a" * (limit + 1), headers=made_up)
+                assert (huge.status_code, huge.json()["code"]) == (401, "unauthenticated"), value
             small = await client.post(RUNS, json={"prompt": "hi", "durable_temporal": True}, headers=auth)
             assert (small.status_code, small.json()["code"]) == (400, "idempotency_key_required")
 
