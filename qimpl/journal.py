@@ -35,10 +35,13 @@ OPERATOR_OUTCOMES = frozenset({"succeeded", "not_executed", "compensated"})
 
 def tool_results(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any], ...]:
     """The settled invocations as a provider sees them (``StepContext.tool_results``),
-    in the order they were asked: ``{call_id, id, tool, status, result}``."""
+    in the order they were asked: ``{call_id, id, tool, status, result, step, position}``
+    (``id`` is the model's own call id, which servers reuse across turns; ``step`` and
+    ``position`` say which turn asked it)."""
     ordered = sorted(rows, key=lambda r: (int(r["step"]), int(r["position"])))
     return tuple({"call_id": r["call_id"], "id": r["provider_call_id"], "tool": r["tool"],
-                  "status": r["status"], "result": r["result"]}
+                  "status": r["status"], "result": r["result"], "step": int(r["step"]),
+                  "position": int(r["position"])}
                  for r in ordered if r["status"] in SETTLED)
 
 

@@ -9,12 +9,17 @@ retried step (another attempt, another worker) sends exactly the same messages:
    ``state["turns"]``: ``{"inputs_seen": n, "message": {...}}`` — first the resume inputs
    that came before it, then the assistant message itself, then, for each tool call it
    made, a ``tool`` message with the journaled result of that call
-   (``StepContext.tool_results``, matched by the model's call id: R-TOOL-2);
+   (``StepContext.tool_results``, matched by the turn's step and the call's position in
+   it, R-TOOL-2: servers reuse call ids across turns, ``call_0`` in every one; a turn
+   stored before turns carried their step is matched by the model's call id);
 3. the inputs no turn has seen yet (a resume since the last turn).
 
 A streamed answer is folded by ``Accumulator``: content deltas are concatenated, tool-call
 deltas are merged by their ``index`` (id and name arrive first, arguments in pieces), the
-final usage chunk gives the token counts.
+final usage chunk gives the token counts. An answer is complete only when a choice says
+how it finished (``finish_reason``): a stream that ends cleanly without one (a cut
+connection the server closed politely, a proxy's timeout) is a counted failure,
+``provider_truncated_stream``, never a short answer taken as whole.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ def conversation(ctx: StepContext, *, system_prompt: str = "") -> list[dict[str,
         messages.append({"role": "system", "content": system_prompt})
     messages.append({"role": "user", "content": ctx.prompt})
     results = {str(r["id"]): r for r in ctx.tool_results if r.get("id") is not None}
+    by_slot = {(int(r["step"]), int(r["position"])): r for r in ctx.tool_results
+               if r.get("step") is not None and r.get("position") is not None}
     seen = 0
     turns = ctx.state.get("turns", [])
     if not isinstance(turns, list):
@@ -70,8 +77,11 @@ def conversation(ctx: StepContext, *, system_prompt: str = "") -> list[dict[str,
         seen = max(seen, upto)
         message = dict(turn["message"])
         messages.append(message)
-        for call in message.get("tool_calls") or []:
-            messages.append(_tool_message(str(call["id"]), results.get(str(call["id"]))))
+        asked_at = turn.get("step")
+        for position, call in enumerate(message.get("tool_calls") or []):
+            result = (by_slot.get((int(asked_at), position)) if asked_at is not None
+                      else results.get(str(call["id"])))
+            messages.append(_tool_message(str(call["id"]), result))
     messages += [{"role": "user", "content": text} for text in ctx.inputs[seen:]]
     return messages
 
@@ -104,12 +114,16 @@ class Accumulator:
     text: list[str] = field(default_factory=list)
     calls: dict[int, _Call] = field(default_factory=dict)
     usage: Mapping[str, Any] | None = None
+    #: The ``finish_reason`` of the answer once a choice gave one (None: not finished).
+    finished: str | None = None
 
     def add(self, chunk: Mapping[str, Any]) -> str:
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         delta_text = ""
         for choice in chunk.get("choices") or []:
+            if choice.get("finish_reason"):
+                self.finished = str(choice["finish_reason"])
             delta = choice.get("delta") or {}
             if delta.get("content"):
                 delta_text += str(delta["content"])
@@ -124,9 +138,12 @@ class Accumulator:
         return delta_text
 
     def turn(self) -> Turn:
-        """The folded answer. ProviderFailed ``provider_malformed_tool_call`` when a tool
-        call has no name or its arguments are not a JSON object. A call without an id
-        gets ``call-<step>-<index>`` (deterministic, so a retry matches its result)."""
+        """The folded answer. ProviderFailed ``provider_truncated_stream`` when no choice
+        said how the answer finished, ``provider_malformed_tool_call`` when a tool call
+        has no name or its arguments are not a JSON object. A call without an id gets
+        ``call-<step>-<index>`` (deterministic, so a retry matches its result)."""
+        if self.finished is None:
+            raise ProviderFailed("provider_truncated_stream")
         calls, wire = [], []
         for index in sorted(self.calls):
             call = self.calls[index]

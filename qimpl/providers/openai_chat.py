@@ -27,6 +27,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import httpx
 import openai
 
 from qimpl.errors import ProviderFailed, ProviderTimedOut
@@ -70,7 +71,9 @@ class OpenAIChatProvider(Provider):
     async def step(self, ctx: StepContext) -> StepResult:
         """Ask the model once. Raises ProviderTimedOut (the request timeout) or
         ProviderFailed (``provider_http_<status>``, ``provider_unreachable``,
-        ``provider_error``, ``provider_malformed_response``, ``provider_malformed_tool_call``)."""
+        ``provider_error`` (an error event inside a 200 too), ``provider_stream_broken`` (the
+        body cut mid-stream), ``provider_truncated_stream`` (ended without saying how it
+        finished), ``provider_malformed_response``, ``provider_malformed_tool_call``)."""
         folded = Accumulator(step=ctx.step)
         try:
             async with asyncio.timeout(self.settings.request_timeout_s):
@@ -90,6 +93,9 @@ class OpenAIChatProvider(Provider):
             raise ProviderFailed("provider_unreachable") from None
         except openai.APIError:
             raise ProviderFailed("provider_error") from None
+        except httpx.TransportError:
+            # The body was cut mid-stream (the SDK does not wrap errors while iterating).
+            raise ProviderFailed("provider_stream_broken") from None
         except (ValueError, TypeError, KeyError, AttributeError):
             raise ProviderFailed("provider_malformed_response") from None
         turn = folded.turn()
@@ -99,7 +105,7 @@ class OpenAIChatProvider(Provider):
         if turn.output_tokens is not None:
             usage["output_tokens"] = turn.output_tokens
         state = {"turns": [*ctx.state.get("turns", []),
-                           {"inputs_seen": len(ctx.inputs), "message": turn.message}]}
+                           {"inputs_seen": len(ctx.inputs), "step": ctx.step, "message": turn.message}]}
         return StepResult(state=state, usage=usage, tool_calls=turn.tool_calls,
                           answer=None if turn.tool_calls else turn.text)
 

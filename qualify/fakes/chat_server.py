@@ -11,10 +11,11 @@ prompt (the first user message), a JSON object::
 - ``fail`` maps a step (the request's assistant turns + 1) to how the *first* request of
   that step fails: an HTTP status (a JSON error body that quotes the request's
   ``Authorization`` header, as careless servers do: a canary for leaks) or ``"timeout"``
-  (the answer is held for ``hold_s`` seconds, past the adapter's request timeout); later
-  requests of the step are answered normally.
+  (the answer is held for ``hold_s`` seconds, past the adapter's request timeout) or
+  ``"truncated"`` (two thirds of the text answer, then a clean end of the stream with no
+  ``finish_reason`` and no ``[DONE]``); later requests of the step are answered normally.
 - With ``tool`` and no ``tool`` message yet, the answer is that tool call (``call_1``,
-  its arguments in two pieces); otherwise the text ``<answer> <tool message contents>``
+  its arguments in two pieces, ``finish_reason`` ``tool_calls``); otherwise the text ``<answer> <tool message contents>``
   in three deltas. Every answer ends with a usage chunk: ``prompt_tokens`` is the number
   of messages sent, ``completion_tokens`` 3.
 
@@ -46,9 +47,10 @@ def _sse(chunks: list[dict[str, Any]]) -> bytes:
     return ("".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n").encode()
 
 
-def _chunk(delta: Mapping[str, Any] | None = None, usage: Mapping[str, int] | None = None) -> dict[str, Any]:
+def _chunk(delta: Mapping[str, Any] | None = None, usage: Mapping[str, int] | None = None,
+           finish: str | None = None) -> dict[str, Any]:
     return {"id": "fake-1", "object": "chat.completion.chunk", "created": 1, "model": "fake",
-            "choices": [] if delta is None else [{"index": 0, "delta": dict(delta), "finish_reason": None}],
+            "choices": [] if delta is None else [{"index": 0, "delta": dict(delta), "finish_reason": finish}],
             "usage": dict(usage) if usage else None}
 
 
@@ -128,15 +130,22 @@ class ChatServer:
                 _chunk({"role": "assistant", "content": None, "tool_calls": [
                     {"index": 0, "id": "call_1", "type": "function",
                      "function": {"name": tool["name"], "arguments": arguments[:half]}}]}),
-                _chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments[half:]}}]}),
+                _chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments[half:]}}]},
+                       finish="tool_calls"),
                 _chunk(usage=usage)])
         else:
             outcome, status = "answer", 200
             text = " ".join([str(script.get("answer", "fake answer")), *tool_messages])
             third = max(len(text) // 3, 1)
-            payload = _sse([_chunk({"role": "assistant", "content": text[:third]}),
-                            _chunk({"content": text[third:2 * third]}),
-                            _chunk({"content": text[2 * third:]}), _chunk(usage=usage)])
+            chunks = [_chunk({"role": "assistant", "content": text[:third]}),
+                      _chunk({"content": text[third:2 * third]}),
+                      _chunk({"content": text[2 * third:]}, finish="stop"), _chunk(usage=usage)]
+            if failure == "truncated":
+                # Two thirds of the answer, then a clean end: no finish_reason, no [DONE].
+                outcome, payload = "truncated", "".join(
+                    f"data: {json.dumps(c)}\n\n" for c in chunks[:2]).encode()
+            else:
+                payload = _sse(chunks)
         if failure == "timeout":
             outcome = "held"
         line = {"t": time.time(), "step": step, "outcome": outcome, "usage": usage,

@@ -88,3 +88,39 @@ def openai_provider_through_the_lifecycle(ctx: ScenarioContext) -> None:
     record = json.dumps(run)
     ctx.expect("the API key is in no log and not in the run record (the 500's body quoted it)",
                not leaks and API_KEY_CANARY not in record, ", ".join(leaks), "R-PROV-1", "R-READ-3")
+
+
+@scenario(
+    "openai-provider-truncated-stream",
+    title="The fake chat-completions server ends its first answer cleanly after two thirds "
+          "of the text, with no finish_reason and no [DONE]: the adapter counts a failure "
+          "(provider_truncated_stream) instead of taking the short answer, and the retry's "
+          "whole answer completes the run",
+    requirements=("R-PROV-1", "R-EXEC-6", "R-Q34-2"),
+)
+def openai_provider_truncated_stream(ctx: ScenarioContext) -> None:
+    server = ChatServer(ctx.control).start()
+    try:
+        env = {"QIMPL_PROVIDER": "openai", "QIMPL_PROVIDER_CONFIG": "{}",
+               "QIMPL_OPENAI_BASE_URL": f"{server.url}/v1", "QIMPL_OPENAI_MODEL": "fake-1",
+               "QIMPL_OPENAI_API_KEY": API_KEY_CANARY, "QIMPL_PROVIDER_MAX_FAILURES": "5"}
+        api = ctx.processes.api(**env)
+        ctx.processes.worker(**env)
+        whole = "the whole answer, every third of it"
+        run_id = accepted(ctx, api, prompt=chat_prompt(fail={"1": "truncated"}, answer=whole))
+        run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    finally:
+        server.stop()
+    outcomes = [(r["step"], r["outcome"]) for r in _requests(ctx.control)]
+    ctx.expect("the server was asked twice: a truncated stream, then the whole answer",
+               outcomes == [(1, "truncated"), (1, "answer")], str(outcomes), "R-PROV-1")
+    answer = (run.get("result_json") or {}).get("answer", "")
+    ctx.expect("the run completed with the retry's whole answer, never the truncated one",
+               run["state"] == "completed" and answer == whole, f"{run['state']}: {answer!r}",
+               "R-PROV-1", "R-EXEC-6")
+    records = ctx.sql("SELECT step, status, outcome_code FROM provider_calls WHERE run_id = %s"
+                      " ORDER BY id", run_id)
+    ctx.expect("the truncated stream is a counted failure under a safe code",
+               [tuple(r) for r in records] == [(1, "failed", "provider_error:provider_truncated_stream"),
+                                               (1, "succeeded", None)], str(records),
+               "R-EXEC-6", "R-Q34-2")

@@ -132,7 +132,7 @@ def test_a_tool_call_goes_to_the_journal_and_its_result_comes_back_as_a_tool_mes
     assert dict(first.usage) == {"provider_calls": 1, "input_tokens": 20, "output_tokens": 7}
     # The runtime journals the call and runs it; the next step sees the settled result.
     journaled = ({"call_id": "tc-x", "id": "call_1", "tool": "charge", "status": "succeeded",
-                  "result": {"charged": 5}},)
+                  "result": {"charged": 5}, "step": 1, "position": 0},)
     serve(server, TEXT_STREAM)
     second = step(p, ctx(2, state=first.state, tool_results=journaled))
     assert second.answer == "Hello world"
@@ -195,17 +195,74 @@ def test_a_timeout_is_a_counted_provider_timeout_never_an_expiry(server: HTTPSer
 @pytest.mark.parametrize(("body", "code"), [
     ("data: {not json\n\n", "provider_malformed_response"),
     (sse(chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "charge",
-                                                                   "arguments": "{oops"}}]})),
+                                                                   "arguments": "{oops"}}]},
+               finish="tool_calls")),
      "provider_malformed_tool_call"),
     (sse(chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "charge",
-                                                                   "arguments": "[1]"}}]})),
+                                                                   "arguments": "[1]"}}]},
+               finish="tool_calls")),
      "provider_malformed_tool_call"),
+    # Every way a stream ends early (issue 22, item 13): a clean end with no finish_reason
+    # and no [DONE], with or without [DONE], and cut-off tool-call arguments.
+    (sse(chunk({"role": "assistant", "content": "Hel"}), chunk({"content": "lo"}), done=False),
+     "provider_truncated_stream"),
+    (sse(chunk({"role": "assistant", "content": "Hel"}), chunk(usage=USAGE)), "provider_truncated_stream"),
+    (sse(chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "charge",
+                                                                   "arguments": '{"amo'}}]}), done=False),
+     "provider_truncated_stream"),
+    # An error event inside a 200.
+    ('data: {"error": {"message": "overloaded", "type": "server_error"}}\n\n', "provider_error"),
 ])
 def test_a_malformed_stream_is_a_counted_failure(server: HTTPServer, body: str, code: str) -> None:
     serve(server, body)
     with pytest.raises(ProviderFailed) as failed:
         step(provider(server), ctx())
     assert failed.value.code == code
+
+
+@pytest.mark.req("R-PROV-1", "R-EXEC-6")
+def test_a_body_cut_mid_stream_is_a_counted_failure(server: HTTPServer) -> None:
+    """The server declares more than it sends and closes: the client's read fails while
+    the SDK iterates (an httpx error it does not wrap)."""
+    body = sse(chunk({"role": "assistant", "content": "Hel"}), done=False).encode()
+
+    def cut(request: Request) -> Response:
+        return Response(body, status=200, headers={"Content-Type": "text/event-stream",
+                                                   "Content-Length": str(len(body) + 500)})
+
+    server.expect_oneshot_request(PATH, method="POST").respond_with_handler(cut)
+    with pytest.raises(ProviderFailed) as failed:
+        step(provider(server), ctx())
+    assert failed.value.code in ("provider_stream_broken", "provider_truncated_stream")
+
+
+@pytest.mark.req("R-PROV-1", "R-EXEC-6")
+def test_a_429_is_a_counted_failure_with_its_status(server: HTTPServer) -> None:
+    serve(server, '{"error": {"message": "slow down"}}', status=429)
+    with pytest.raises(ProviderFailed) as failed:
+        step(provider(server), ctx())
+    assert failed.value.code == "provider_http_429"
+
+
+@pytest.mark.req("R-PROV-1", "R-TOOL-2")
+def test_each_turns_tool_results_are_that_turns_even_when_the_server_reuses_call_ids(
+        server: HTTPServer) -> None:
+    """Two turns both ask ``call_1`` (servers number calls per turn): each tool message
+    carries the result journaled for its own turn's call (issue 22, item 12)."""
+    p = provider(server)
+    serve(server, TOOL_STREAM)
+    first = step(p, ctx(1))
+    one = ({"call_id": "tc-1", "id": "call_1", "tool": "charge", "status": "succeeded",
+            "result": {"charged": 5}, "step": 1, "position": 0},)
+    serve(server, TOOL_STREAM)
+    second = step(p, ctx(2, state=first.state, tool_results=one))
+    two = (*one, {"call_id": "tc-2", "id": "call_1", "tool": "charge", "status": "failed",
+                  "result": {"code": "declined"}, "step": 2, "position": 0})
+    serve(server, TEXT_STREAM)
+    step(p, ctx(3, state=second.state, tool_results=two))
+    tools = [m["content"] for m in sent(server)["messages"] if m["role"] == "tool"]
+    assert tools == ['{"result":{"charged":5},"status":"succeeded"}',
+                     '{"result":{"code":"declined"},"status":"failed"}']
 
 
 @pytest.mark.req("R-PROV-1", "R-EXEC-6")
