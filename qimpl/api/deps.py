@@ -68,7 +68,8 @@ class Services:
         self.events = EventHub(settings.database_url, application_name="qimpl-api-listen",
                                connect_kwargs=keepalive_params(settings.api_lock_timeout_s))
         self._client: Client | None = None
-        self._client_lock = asyncio.Lock()
+        #: The one connect in flight, shared by every request that needs Temporal meanwhile.
+        self._connecting: asyncio.Task[Client] | None = None
         self._provider: Provider | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -101,16 +102,28 @@ class Services:
             await run_inline(conn, self.provider, run_id)
 
     async def temporal(self) -> Client:
-        """The Temporal client, connected on first use (the API starts without Temporal)."""
-        async with self._client_lock:
-            if self._client is None:
-                self._client = await asyncio.wait_for(
-                    Client.connect(self.settings.temporal_address,
-                                   namespace=self.settings.temporal_namespace,
-                                   runtime=temporal_runtime()),
-                    timeout=self.settings.dispatch_timeout_s,
-                )
+        """The Temporal client, connected on first use (the API starts without Temporal).
+
+        Concurrent callers share one connect attempt, bounded by ``dispatch_timeout_s``
+        (seconds): during a Temporal outage each request waits at most one timeout, never
+        one per request ahead of it (issue 22, item 8). Raises what the connect raised
+        (TimeoutError, RuntimeError, RPCError); the next call tries again."""
+        if self._client is not None:
             return self._client
+        if self._connecting is None or self._connecting.done():
+            self._connecting = asyncio.create_task(self._connect())
+            # Retrieved here too: a failure no request waited for is not "never retrieved".
+            self._connecting.add_done_callback(lambda t: t.cancelled() or t.exception())
+        # Shielded: a request that gives up does not cancel the others' connect.
+        return await asyncio.shield(self._connecting)
+
+    async def _connect(self) -> Client:
+        client = await asyncio.wait_for(
+            Client.connect(self.settings.temporal_address, namespace=self.settings.temporal_namespace,
+                           runtime=temporal_runtime()),
+            timeout=self.settings.dispatch_timeout_s)
+        self._client = client
+        return client
 
 
 def services_of(request: Request) -> Services:
