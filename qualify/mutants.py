@@ -288,6 +288,13 @@ CATALOG: tuple[Mutant, ...] = (
         "stale-writers-refused",
         "the checkpoint guard refuses a checkpoint of step 1 outside the owner's fenced write (QG015)"),
     Mutant(
+        "stream-accepts-unknown-event-ids", "a Last-Event-ID the run never sent is refused (R-EVENT-2)",
+        (Patch("qimpl/api/routers/events.py",
+               "    if last_event_id is not None and int(last_event_id) > int(newest or 0):\n",
+               "    if False:\n"),),
+        "stream-survives-listener-loss",
+        "a Last-Event-ID beyond the live run's journal (one past the journal) is 400 last_event_id_unknown"),
+    Mutant(
         "watcher-forgets-the-lost-worker",
         "a retry swallowed by the lost owner's own worker is judged on the short bound (R-EXEC-13)",
         (Patch("qimpl/takeover.py",

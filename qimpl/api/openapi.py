@@ -104,7 +104,8 @@ RESUME_ERRORS = errors(
     s503=f"durable_dispatch_unknown (the body carries the receipt), {_BUSY}")
 ANSWER_ERRORS = errors(s401=_AUTH, s422=_VALIDATION, s502="answer_failed")
 EVENTS_ERRORS: dict[int | str, dict[str, Any]] = {
-    **errors(s401="stream_key_required", s404=_NOT_FOUND, s422=_VALIDATION,
+    **errors(s400="last_event_id_unknown (the live run sent no event with that id)",
+             s401="stream_key_required", s404=_NOT_FOUND, s422=_VALIDATION,
              s410="event_stream_pruned (the run ended longer ago than the event retention and "
                   "its events were pruned, R-EVENT-5; read the run record instead)"),
     204: {"description": "the run ended and `Last-Event-ID` is its terminal event (or later): "

@@ -280,6 +280,18 @@ def stream_survives_listener_loss(ctx: ScenarioContext) -> None:
     _woken(ctx, followers, so_far)
     ping = _keep_alive(api, run_id, key, after=so_far)
     ctx.expect("a quiet stream gets keep-alive comments", ping.startswith(":"), ping[:80], "R-EVENT-2")
+    # An id the live run never sent (beyond its journal, or a 20-digit number) is refused,
+    # not answered with a stream that waits for events that never come (issue 22, item 10).
+    for what, unknown in (("one past the journal", str(so_far + 1)), ("a 20-digit number", "9" * 20)):
+        # Only the status and, for a JSON answer, its code: a stream (the defect) is left
+        # at its headers, never read.
+        with httpx.stream("GET", f"{api.base_url}{PATH.format(run_id=run_id)}", timeout=10.0,
+                          headers={"X-Stream-Key": key, "Last-Event-ID": unknown}) as resp:
+            json_answer = resp.headers.get("content-type", "").startswith("application/json")
+            code = json.loads(resp.read()).get("code") if json_answer else None
+        ctx.expect(f"a Last-Event-ID beyond the live run's journal ({what}) is 400 "
+                   "last_event_id_unknown", (resp.status_code, code) == (400, "last_event_id_unknown"),
+                   f"{resp.status_code} {code}", "R-EVENT-2")
     before = ctx.sql("SELECT pid FROM pg_stat_activity WHERE application_name = %s", LISTEN_APPLICATION)
     try:
         # The listener cannot reconnect until the run has written everything.

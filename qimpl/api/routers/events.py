@@ -35,7 +35,8 @@ async def run_events(
     another run's key, or another tenant's, is 404 ``run_not_found`` (R-AUTH-3).
     ``Last-Event-ID`` resumes after that event; the stream ends with a ``terminal``
     event matching the run record (R-EVENT-2, R-EVENT-3). Reconnecting after the terminal
-    event answers 204 No Content, which stops a client's automatic reconnection."""
+    event answers 204 No Content, which stops a client's automatic reconnection; a
+    ``Last-Event-ID`` beyond the live run's last event is 400 ``last_event_id_unknown``."""
     if not x_stream_key:
         raise ApiError(401, "stream_key_required", "send the run's stream key in X-Stream-Key")
     async with svc.pool.connection() as conn:
@@ -60,6 +61,12 @@ async def run_events(
         # The client already saw the terminal event: 204 tells an EventSource to stop
         # reconnecting (the SSE standard), instead of a stream that never ends.
         return Response(status_code=204)
+    if last_event_id is not None and int(last_event_id) > int(newest or 0):
+        # An id this run never sent (another run's, or made up): a stream resumed after
+        # it would wait for events that never come and outlive the run (issue 22, item 10).
+        raise ApiError(400, "last_event_id_unknown",
+                       "this run sent no event with that id; reconnect without Last-Event-ID "
+                       "or with the id of the last event received")
     return EventSourceResponse(
         stream_events(lambda: svc.tenant(tenant_id), svc.events, str(run_id), int(last_event_id or 0),
                       fallback_s=svc.settings.event_fallback_poll_s),
