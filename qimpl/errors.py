@@ -79,6 +79,8 @@ class ProviderTimedOut(ProviderFailed, TimeoutError):
 #: never an exception text, a trace, a secret or a grant.
 SAFE_MESSAGES: dict[str, str] = {
     "agent_attempts_exhausted": "the agent could not complete after repeated attempts",
+    "agent_step_asks_exhausted": "one step of the agent was asked of the provider too many times "
+                                 "without its result being saved",
     "agent_activity_failed": "the agent activity failed and cannot be retried",
     "deadline_exceeded": "the run's deadline passed",
     "workflow_vanished": "the run's workflow closed without it; it cannot continue",

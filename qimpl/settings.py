@@ -127,7 +127,7 @@ class Settings(BaseSettings):
         json_schema_extra=_example("2"))
     provider_max_failures: int = Field(
         default=5, ge=1,
-        description="provider failures (counted in the run) before it ends `failed` (R-EXEC-6)",
+        description="provider failures (counted in the run) before it ends `failed` (R-EXEC-6); also the most times one step is asked of the provider, however its asks ended (a counted failure, or the attempt's death after the answer: `agent_step_asks_exhausted`, R-EXEC-12)",
         json_schema_extra=_example("5"))
     dispatch_timeout_s: float = Field(
         default=5.0, gt=0,

@@ -295,6 +295,12 @@ CATALOG: tuple[Mutant, ...] = (
         "stream-survives-listener-loss",
         "a Last-Event-ID beyond the live run's journal (one past the journal) is 400 last_event_id_unknown"),
     Mutant(
+        "poison-step-asked-forever", "a step is asked a bounded number of times whatever ends its asks (R-EXEC-12)",
+        (Patch("qimpl/workflows/activities.py",
+               "            if await owner.asks(step) >= inp.max_provider_failures:\n",
+               "            if False:\n"),),
+        "poison-step", "the run failed agent_step_asks_exhausted"),
+    Mutant(
         "watcher-forgets-the-lost-worker",
         "a retry swallowed by the lost owner's own worker is judged on the short bound (R-EXEC-13)",
         (Patch("qimpl/takeover.py",

@@ -251,6 +251,14 @@ class AgentActivities:
             if owner.seconds_left() <= 0:
                 return repo.outcome(await owner.expire())
             step += 1
+            if await owner.asks(step) >= inp.max_provider_failures:
+                # Asked that often and never saved: each attempt died between the answer and
+                # the checkpoint (a poison step). Bounded like counted failures (R-EXEC-12).
+                log.warning("step %s of run %s asked %s times without a checkpoint: failing the run",
+                            step, inp.run_id, inp.max_provider_failures,
+                            extra={"run_id": inp.run_id, "step": step, "event": "step.asks_exhausted"})
+                code = "agent_step_asks_exhausted"
+                return repo.outcome(await owner.fail(code, SAFE_MESSAGES[code]))
             result = await self._ask(owner, StepContext(
                 run_id=inp.run_id, tenant_id=inp.tenant_id, generation=inp.generation,
                 attempt=owner.attempt, step=step, prompt=row["prompt"], state=state,

@@ -290,6 +290,15 @@ class RunOwner:
                 (self.run_id, self.generation, self.attempt, self.row_version, step, delta))
 
     # -- the provider-call record (observed usage, R-Q34-2) ------------------------------
+    async def asks(self, step: int) -> int:
+        """How many times ``step`` was asked of the provider, by any attempt of any
+        generation: the provider-call records of that step (each is written before its
+        call, so an attempt that died after the answer still left its ask)."""
+        cur = await self.conn.execute(
+            "SELECT count(*) FROM provider_calls WHERE run_id = %s AND step = %s", (self.run_id, step))
+        got = await cur.fetchone()
+        return int(got[0]) if got else 0
+
     async def call_started(self, step: int) -> int:
         """Record a provider call for ``step`` *before* it is made; returns the record's
         id. The database accepts it only from this owner at its fencing token and before

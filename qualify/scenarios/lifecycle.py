@@ -219,6 +219,37 @@ def retry_exhaustion(ctx: ScenarioContext) -> None:
 
 
 @scenario(
+    "poison-step",
+    title="The worker is SIGKILLed after the provider's answer of step 1 and before its "
+          "checkpoint, on every attempt (a poison step): the step is asked at most "
+          "QIMPL_PROVIDER_MAX_FAILURES (3) times, then the run ends failed with a safe code "
+          "instead of being asked again until its deadline; every ask counted in usage",
+    requirements=("R-EXEC-12", "R-EXEC-6", "R-Q34-2", "R-Q-4"),
+    faults=("sigkill at activity.before_checkpoint_commit (step 1), three attempts",),
+    crash_points=(CKPT_BEFORE,),
+)
+def poison_step(ctx: ScenarioContext) -> None:
+    asks = 3
+    api = ctx.processes.api(QIMPL_PROVIDER_MAX_FAILURES=str(asks))
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=2, answer="never"))
+    for i in range(1, asks + 1):
+        ctx.strike_worker(CKPT_BEFORE, f"worker-{i}")
+    ctx.processes.worker(f"worker-{asks + 1}")
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    ctx.expect("the run failed agent_step_asks_exhausted",
+               (run["state"], run["error_code"]) == ("failed", "agent_step_asks_exhausted"),
+               f"{run['state']} {run['error_code']}", "R-EXEC-12", "R-EXEC-6")
+    steps = Counter(c["step"] for c in provider_calls(ctx, run_id))
+    ctx.expect(f"step 1 asked exactly {asks} times, step 2 never", steps == Counter({1: asks}),
+               f"calls per step {dict(steps)}", "R-EXEC-12")
+    usage = run.get("usage") or {}
+    ctx.expect("usage counts every ask, the lost answers included",
+               usage.get("provider_calls") == asks, str(usage), "R-Q34-2")
+    ckpts = ctx.sql("SELECT count(*) FROM run_checkpoints WHERE run_id = %s", run_id)[0][0]
+    ctx.expect("no checkpoint was ever committed", ckpts == 0, f"{ckpts} checkpoints", "R-EXEC-3")
+
+
+@scenario(
     "terminal-redelivery",
     title="Kill the worker right after the final commit, before Temporal hears of it: the "
           "retried attempt returns the saved outcome without calling the provider",
