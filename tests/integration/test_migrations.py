@@ -117,3 +117,33 @@ def test_a_run_inserted_during_the_downgrade_guard_cannot_slip_past_it(empty_db:
         inserting.commit()
     worker.join(timeout=60)
     assert outcome.get("error") is not None and "downgrade refused" in str(outcome["error"])
+
+
+@pytest.mark.req("R-OPS-2")
+@pytest.mark.req("R-TOOL-3")
+def test_downgrade_below_the_tool_journal_refused_under_a_parked_run(empty_db: str) -> None:
+    """Issue 22, item 6: a partial downgrade below the journal would drop it, and QG010,
+    under a run parked on an unknown outcome; it is refused, naming the run."""
+    upgrade(empty_db, HEAD)
+    below = "20261130_120000_deadline_fence"  # the revision before the tool journal
+    run_id = str(uuid.uuid4())
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,"
+                     " stream_key, deadline_at, owner_attempt) VALUES (%s, 't', 'p', 'a', 'running', 'x',"
+                     " 'k', now() + interval '1 hour', 1)", (run_id,))
+        with conn.transaction():
+            conn.execute("UPDATE runs SET row_version = row_version + 1 WHERE run_id = %s", (run_id,))
+            conn.execute(
+                "INSERT INTO tool_invocations (run_id, call_id, tenant_id, generation, step, position, tool,"
+                " kind, arguments, arguments_digest, status, intent_attempt, intent_row_version)"
+                " VALUES (%s, 'c-1', 't', 1, 1, 0, 'charge', 'instrumented', '{}', 'd', 'intent', 1, 2)",
+                (run_id,))
+        conn.execute("UPDATE runs SET state = 'awaiting_input', row_version = row_version + 1"
+                     " WHERE run_id = %s", (run_id,))
+    with pytest.raises(Exception, match=f"downgrade refused: runs {run_id} are not terminal"):
+        downgrade(empty_db, below)
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM tool_invocations").fetchone() == (1,)  # kept
+        conn.execute("UPDATE runs SET state = 'cancelled', row_version = row_version + 1"
+                     " WHERE run_id = %s", (run_id,))
+    downgrade(empty_db, below)

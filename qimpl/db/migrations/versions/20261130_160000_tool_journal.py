@@ -157,7 +157,28 @@ def upgrade() -> None:
     op.execute(GUARD_SQL)
 
 
+#: R-OPS-2: the journal (and QG010 with it) may not be dropped under a run that still
+#: needs it: a live run with journaled calls would replay its side effects, and a run
+#: parked on an unknown outcome could be resumed without its reconciliation.
+REFUSE_DOWN_SQL = """
+DO $$
+DECLARE
+    live text;
+BEGIN
+    LOCK TABLE runs IN EXCLUSIVE MODE;
+    LOCK TABLE tool_invocations IN EXCLUSIVE MODE;
+    SELECT string_agg(DISTINCT r.run_id::text, ', ') INTO live
+    FROM runs r JOIN tool_invocations t ON t.run_id = r.run_id
+    WHERE r.state NOT IN ('completed', 'failed', 'expired', 'cancelled');
+    IF live IS NOT NULL THEN
+        RAISE EXCEPTION 'downgrade refused: runs % are not terminal and have journaled tool calls; settle and end them first', live;
+    END IF;
+END $$;
+"""
+
+
 def downgrade() -> None:
+    op.execute(REFUSE_DOWN_SQL)
     op.execute(PREVIOUS_GUARD_SQL)
     op.execute("DROP FUNCTION qimpl_authenticate_operator(text)")
     op.execute("ALTER TABLE api_keys DROP COLUMN role")
