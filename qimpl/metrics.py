@@ -18,7 +18,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from temporalio.api.enums.v1 import WorkerStatus
 from temporalio.api.taskqueue.v1 import PollerInfo
@@ -192,32 +192,41 @@ async def tenant_run_stats(conn: Any, tenant_id: str) -> list[tuple[str, int, fl
     return [(str(state), int(n), float(age)) for state, n, age in await cur.fetchall()]
 
 
-def run_families(tenant_id: str, stats: Iterable[tuple[str, int, float]]) -> list[GaugeMetricFamily]:
-    """The run gauges of one tenant from ``tenant_run_stats``' rows (pure):
-    ``qimpl_runs{tenant,state}`` and ``qimpl_oldest_accepted_run_age_seconds{tenant}``
-    (seconds; 0 when no run is ``accepted``)."""
+def run_families(tenant_id: str, stats: Iterable[tuple[str, int, float]]) -> list[Any]:
+    """The run metrics of one tenant from ``tenant_run_stats``' rows (pure):
+    ``qimpl_runs{tenant,state}``, ``qimpl_oldest_accepted_run_age_seconds{tenant}``
+    (seconds; 0 when no run is ``accepted``) and ``qimpl_deadline_expired_runs_total{tenant}``
+    (R-OPS-6): every run that ended ``expired``, whoever wrote it — its own workflow, the
+    reconciler, the API (a cancel after the deadline) — counted from the database, so
+    every instance reports the same (runs are never deleted: it only grows)."""
     runs = GaugeMetricFamily("qimpl_runs", "Runs by tenant and state", labels=["tenant", "state"])
+    expired = CounterMetricFamily("qimpl_deadline_expired_runs",
+                                  "Runs that ended expired at their deadline, by any writer",
+                                  labels=["tenant"])
     oldest = GaugeMetricFamily("qimpl_oldest_accepted_run_age_seconds",
                                "Age of the oldest run still `accepted` (dispatch unconfirmed)",
                                labels=["tenant"])
-    age = 0.0
+    age, ended = 0.0, 0
     for state, n, oldest_s in stats:
         runs.add_metric([tenant_id, state], n)
         if state == "accepted":
             age = oldest_s
+        if state == "expired":
+            ended = n
     oldest.add_metric([tenant_id], age)
-    return [runs, oldest]
+    expired.add_metric([tenant_id], ended)
+    return [runs, oldest, expired]
 
 
 class _Families(Collector):
-    def __init__(self, families: list[GaugeMetricFamily]) -> None:
+    def __init__(self, families: list[Any]) -> None:
         self._families = families
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[Any]:
         return self._families
 
 
-def scrape(families: list[GaugeMetricFamily], *, pollers: bool) -> bytes:
+def scrape(families: list[Any], *, pollers: bool) -> bytes:
     """One scrape's exposition (Prometheus text format): ``families``, plus
     ``qimpl_task_queue_pollers`` when ``pollers`` (it carries no tenant label). A fresh
     registry per scrape: nothing of one operator's scrape reaches another's."""

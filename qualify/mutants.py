@@ -301,6 +301,10 @@ CATALOG: tuple[Mutant, ...] = (
                "            if False:\n"),),
         "poison-step", "the run failed agent_step_asks_exhausted"),
     Mutant(
+        "deadline-metric-misses-expiries", "the deadline metric counts every expiry (R-OPS-6)",
+        (Patch("qimpl/metrics.py", '        if state == "expired":\n            ended = n\n', ""),),
+        "expiry-mid-run", "the deadline metric counts the run its own workflow expired"),
+    Mutant(
         "watcher-forgets-the-lost-worker",
         "a retry swallowed by the lost owner's own worker is judged on the short bound (R-EXEC-13)",
         (Patch("qimpl/takeover.py",

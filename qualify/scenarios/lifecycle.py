@@ -4,9 +4,12 @@ lock session, retry exhaustion, terminal redelivery, expiry and cancel races."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
 from typing import Any
+
+import httpx
 
 from qimpl.lifecycle import workflow_id
 from qualify.errors import HarnessError
@@ -292,6 +295,13 @@ def expiry_mid_run(ctx: ScenarioContext) -> None:
                str(run["error_code"]), "R-EXEC-8")
     ckpts = ctx.sql("SELECT count(*) FROM run_checkpoints WHERE run_id = %s", run_id)[0][0]
     ctx.expect("some steps were checkpointed before the deadline", ckpts > 0, f"{ckpts} checkpoints")
+    # Expired by its own workflow, not by the reconciler: the deadline metric counts it.
+    text = httpx.get(f"{api.base_url}/metrics", timeout=10,
+                     headers={"Authorization": "Bearer ops-key"}).text  # an operator of t-dev
+    found = re.search(r'^qimpl_deadline_expired_runs_total\{tenant="t-dev"\} ([0-9.e+]+)$', text, re.M)
+    ctx.expect("the deadline metric counts the run its own workflow expired",
+               found is not None and float(found.group(1)) == 1.0,
+               found.group(0) if found else "no qimpl_deadline_expired_runs_total for t-dev", "R-OPS-6")
 
 
 def _cancel_with_hold(ctx: ScenarioContext, api: ManagedProcess, point: str, name: str) -> None:
