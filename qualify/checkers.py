@@ -337,8 +337,10 @@ def usage_events_match_the_record(history: Sequence[Event]) -> Check:
 def event_journal_matches_run_record(history: Sequence[Event]) -> Check:
     """The event journal (R-EVENT-1, R-EVENT-3, R-Q-5), per run not pruned: ``seq`` is
     1, 2, … without gaps; every transition has exactly one event at its ``row_version``
-    (``state``, ``checkpoint``, ``tool_call``, ``tool_result`` or ``terminal``: a tool
-    invocation's intent and outcome versions are its ``tool_call``/``tool_result``) and no
+    (``state``, ``checkpoint``, ``tool_call``, ``tool_result``, ``claim``, ``failure`` or
+    ``terminal``: a tool invocation's intent and outcome versions are its
+    ``tool_call``/``tool_result``, a ``checkpoint`` event's version has a committed
+    checkpoint, a takeover's is a ``claim``) and no
     event names a row version the run never had; the last event is ``terminal`` exactly
     when the run is terminal, and then its state, row version and generation are the run
     record's; otherwise the last transition's event is the run record's row version.
@@ -359,6 +361,17 @@ def event_journal_matches_run_record(history: Sequence[Event]) -> Check:
     tools: dict[str, list[Event]] = defaultdict(list)
     for e in _of(history, "tool_invocation"):
         tools[str(e["run_id"])].append(e)
+    checkpointed = {(str(c["run_id"]), int(c["row_version"])) for c in _of(history, "checkpoint")}
+    claims: dict[str, list[int]] = defaultdict(list)
+    previous: dict[str, Event] = {}
+    for t in sorted(_of(history, "transition"), key=lambda t: (str(t["run_id"]), int(t["row_version"]))):
+        run = str(t["run_id"])
+        before = previous.get(run)
+        if (before is not None and t.get("old_state") == "running" and t.get("new_state") == "running"
+                and t.get("generation") == before.get("generation")
+                and t.get("owner_attempt") != before.get("owner_attempt")):
+            claims[run].append(int(t["row_version"]))
+        previous[run] = t
     bad = []
     for run, record in sorted(records.items()):
         if run in pruned:
@@ -377,6 +390,14 @@ def event_journal_matches_run_record(history: Sequence[Event]) -> Check:
         if not evs:
             continue
         kinds = {int(e["row_version"]): e["kind"] for e in evs if e["kind"] not in ("output", "usage")}
+        # A ``checkpoint`` event names a committed checkpoint; a write by which another
+        # attempt took the run over is a ``claim`` (migration 20261206_090000_claim_events).
+        for version, kind in sorted(kinds.items()):
+            if kind == "checkpoint" and (run, version) not in checkpointed:
+                bad.append(f"{run}: a checkpoint event at v{version}, where no checkpoint was committed")
+        for version in claims.get(run, []):
+            if kinds.get(version) not in (None, "claim"):
+                bad.append(f"{run}: the takeover at v{version} is a {kinds.get(version)} event, not a claim")
         for inv in tools.get(run, []):
             intent, outcome = inv.get("intent_row_version"), inv.get("outcome_row_version")
             want = [(intent, "tool_result" if intent == outcome else "tool_call")] if intent else []
@@ -401,7 +422,7 @@ def event_journal_matches_run_record(history: Sequence[Event]) -> Check:
 
 #: Journal events that describe the write at their ``row_version`` (written by the audit
 #: row's commit trigger); ``output`` ones too when they carry a checkpoint's whole text.
-_WRITE_EVENTS = frozenset({"state", "checkpoint", "tool_call", "tool_result", "terminal"})
+_WRITE_EVENTS = frozenset({"state", "checkpoint", "tool_call", "tool_result", "claim", "failure", "terminal"})
 
 
 def writes_committed_whole(history: Sequence[Event]) -> Check:

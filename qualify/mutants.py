@@ -305,6 +305,11 @@ CATALOG: tuple[Mutant, ...] = (
         (Patch("qimpl/metrics.py", '        if state == "expired":\n            ended = n\n', ""),),
         "expiry-mid-run", "the deadline metric counts the run its own workflow expired"),
     Mutant(
+        "claims-journaled-as-checkpoints", "a takeover claim is a claim event, not a checkpoint (R-EVENT-1)",
+        (Patch("qimpl/db/migrations/versions/20261206_090000_claim_events.py",
+               "                    kind := 'claim';\n", "                    kind := 'checkpoint';\n"),),
+        "takeover-after-sigkill", "event journal consistent with the run record"),
+    Mutant(
         "watcher-forgets-the-lost-worker",
         "a retry swallowed by the lost owner's own worker is judged on the short bound (R-EXEC-13)",
         (Patch("qimpl/takeover.py",

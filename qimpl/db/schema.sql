@@ -240,6 +240,7 @@ DECLARE
     data jsonb;
     ti record;
     answer text;
+    previous integer;
 BEGIN
     kind := CASE WHEN t.new_state IN ('completed', 'failed', 'expired', 'cancelled') THEN 'terminal'
                  WHEN t.old_state = 'running' AND t.new_state = 'running' THEN 'checkpoint'
@@ -260,6 +261,21 @@ BEGIN
                 data := data || jsonb_build_object('status', ti.status);
             ELSE
                 kind := 'tool_call';
+            END IF;
+        END IF;
+        IF NOT FOUND THEN
+            SELECT p.owner_attempt INTO previous FROM public.run_transitions p
+            WHERE p.run_id = t.run_id AND p.row_version = t.row_version - 1;
+            IF NOT EXISTS (SELECT 1 FROM public.run_checkpoints c
+                           WHERE c.run_id = t.run_id AND c.row_version = t.row_version) THEN
+                IF previous IS DISTINCT FROM t.owner_attempt THEN
+                    kind := 'claim';
+                    data := data || jsonb_build_object('attempt', t.owner_attempt,
+                                                       'previous_attempt', previous);
+                ELSE
+                    kind := 'failure';
+                    data := data || jsonb_build_object('attempt', t.owner_attempt);
+                END IF;
             END IF;
         END IF;
     END IF;
@@ -716,7 +732,7 @@ CREATE TABLE public.run_events (
     data jsonb NOT NULL,
     at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     xact_id xid8,
-    CONSTRAINT run_events_kind_check CHECK ((kind = ANY (ARRAY['state'::text, 'checkpoint'::text, 'tool_call'::text, 'tool_result'::text, 'output'::text, 'usage'::text, 'terminal'::text]))),
+    CONSTRAINT run_events_kind_check CHECK ((kind = ANY (ARRAY['state'::text, 'checkpoint'::text, 'tool_call'::text, 'tool_result'::text, 'output'::text, 'usage'::text, 'terminal'::text, 'claim'::text, 'failure'::text]))),
     CONSTRAINT run_events_seq_check CHECK ((seq >= 1))
 );
 

@@ -139,7 +139,8 @@ def ev(seq: int, kind: str, v: int, state: str = "running") -> dict[str, Any]:
 
 
 def journal() -> list[dict[str, Any]]:
-    kinds = ["state", "state", "state", "checkpoint", "checkpoint", "checkpoint", "checkpoint"]
+    # v6 is a write with no checkpoint by the same attempt (a counted failure).
+    kinds = ["state", "state", "state", "checkpoint", "checkpoint", "failure", "checkpoint"]
     return [*(ev(v, k, v) for v, k in enumerate(kinds, start=1)), ev(8, "output", 7),
             ev(9, "terminal", 8, "completed")]
 
@@ -171,6 +172,17 @@ def test_journal_checker_catches_a_missing_repeated_or_wrong_last_event() -> Non
     assert ck.event_journal_matches_run_record(merge(good(), tooled, [inv])).ok is True
     result = ck.event_journal_matches_run_record(merge(good(), j, [inv]))
     assert result.ok is False and "call c1 at v5 is a checkpoint event, not tool_call" in result.detail
+    # A write with no checkpoint journaled as a checkpoint (issue 22, item 5), and a
+    # takeover (another attempt at v6) journaled as anything but a claim.
+    as_checkpoint = [ev(6, "checkpoint", 6) if e["seq"] == 6 else e for e in j]
+    result = ck.event_journal_matches_run_record(merge(good(), as_checkpoint))
+    assert result.ok is False and "checkpoint event at v6, where no checkpoint was committed" in result.detail
+    taken = [{**e, "owner_attempt": 2} if e.get("type") == "transition" and e["row_version"] >= 6 else e
+             for e in good()]
+    result = ck.event_journal_matches_run_record(merge(taken, j))
+    assert result.ok is False and "the takeover at v6 is a failure event, not a claim" in result.detail
+    claimed = [ev(6, "claim", 6) if e["seq"] == 6 else e for e in j]
+    assert ck.event_journal_matches_run_record(merge(taken, claimed)).ok is True
     pruned = [{"type": "event_prune", "run_id": R, "tenant_id": "t", "pruned_by": "r", "events": 9, "t": 30}]
     assert ck.event_journal_matches_run_record(merge(good(), [ev(1, "state", 1), *pruned])).ok is True
 
