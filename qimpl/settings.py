@@ -219,6 +219,10 @@ class ApiSettings(_ProviderSettings, Settings):
         default_factory=dict,
         description="`QIMPL_AUTH=static` only: JSON object `{key: {\"tenant\", \"principal\", \"role\"?}}` (`role`: `client`, the default, or `operator`)",
         json_schema_extra=_example('{"dev-key": {"tenant": "acme", "principal": "alice"}}'))
+    legacy_runs_per_tenant: int = Field(
+        default=4, ge=1, le=1000,
+        description="legacy inline runs (R-CREATE-6) one API process executes at once per tenant; more wait in `queued`. Each runs on a connection of its own, outside the API pool, and ends `expired` at its deadline",
+        json_schema_extra=_example("4"))
     api_pool_size: int = Field(default=10, ge=1, description="API connection pool size",
                                json_schema_extra=_example("10"))
     event_ping_s: float = Field(

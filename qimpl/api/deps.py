@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
+import psycopg
 from fastapi import Depends, Path, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from psycopg_pool import AsyncConnectionPool
@@ -24,6 +26,8 @@ from qimpl.legacy import run_inline
 from qimpl.logs import temporal_runtime
 from qimpl.provider import Provider, load_provider
 from qimpl.settings import ApiSettings
+
+log = logging.getLogger("qimpl.api")
 
 __all__ = ["BEARER", "AgentId", "CurrentPrincipal", "OperatorPrincipal", "Services", "Svc",
            "operator_principal", "owned_run", "principal_of", "services_of"]
@@ -71,6 +75,8 @@ class Services:
         #: The one connect in flight, shared by every request that needs Temporal meanwhile.
         self._connecting: asyncio.Task[Client] | None = None
         self._provider: Provider | None = None
+        #: Per-tenant bound on legacy inline runs executing in this process.
+        self._legacy_slots: dict[str, asyncio.Semaphore] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
     @property
@@ -97,9 +103,38 @@ class Services:
             yield conn
 
     async def run_legacy(self, run_id: str, tenant_id: str) -> None:
-        async with self.pool.connection() as conn:
-            await conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant_id,))
-            await run_inline(conn, self.provider, run_id)
+        """Execute a legacy inline run (R-CREATE-6) in this process, bounded (issue 22,
+        item 9): at most ``legacy_runs_per_tenant`` at once per tenant (the rest wait,
+        ``queued``, holding nothing), each on a connection of its own — never one of the
+        API pool's, which the durable routes need — and only until the run's deadline,
+        when it ends ``expired``/``deadline_exceeded``."""
+        slots = self._legacy_slots.setdefault(
+            tenant_id, asyncio.Semaphore(self.settings.legacy_runs_per_tenant))
+        async with slots:
+            try:
+                async with await self._legacy_connection(tenant_id) as conn:
+                    cur = await conn.execute(
+                        "SELECT extract(epoch FROM deadline_at - clock_timestamp())::float8"
+                        " FROM runs WHERE run_id = %s", (run_id,))
+                    left = await cur.fetchone()
+                    async with asyncio.timeout(max(float(left[0]), 0.0) if left else 0.0):
+                        await run_inline(conn, self.provider, run_id)
+                return
+            except TimeoutError:
+                pass
+            async with await self._legacy_connection(tenant_id) as conn:
+                await conn.execute(
+                    f"UPDATE runs SET {repo.EXPIRE_SET} WHERE run_id = %s"
+                    " AND state NOT IN ('completed', 'failed', 'expired', 'cancelled')", (run_id,))
+            log.info("legacy run %s expired at its deadline", run_id,
+                     extra={"event": "legacy.expired", "run_id": run_id})
+
+    async def _legacy_connection(self, tenant_id: str) -> psycopg.AsyncConnection[Any]:
+        conn = await psycopg.AsyncConnection.connect(
+            self.settings.database_url, autocommit=True, application_name="qimpl-api-legacy",
+            **keepalive_params(self.settings.api_lock_timeout_s))
+        await conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant_id,))
+        return conn
 
     async def temporal(self) -> Client:
         """The Temporal client, connected on first use (the API starts without Temporal).
