@@ -229,6 +229,10 @@ class ApiSettings(_ProviderSettings, Settings):
         default=15.0, gt=0,
         description="seconds between keep-alive comments on an open event stream (R-EVENT-2)",
         json_schema_extra=_example("15"))
+    event_streams_per_run: int = Field(
+        default=16, ge=1, le=10000,
+        description="open event streams of one run one API process serves at once (R-EVENT-2); one more is 429 `too_many_streams` (the stream key is a bearer secret: a leaked one must not open unbounded streams)",
+        json_schema_extra=_example("16"))
     event_fallback_poll_s: float = Field(
         default=5.0, gt=0,
         description="an open event stream reads the journal at least this often, seconds, even without a notification (the LISTEN connection wakes it at once)",

@@ -310,6 +310,12 @@ CATALOG: tuple[Mutant, ...] = (
                "                    kind := 'claim';\n", "                    kind := 'checkpoint';\n"),),
         "takeover-after-sigkill", "event journal consistent with the run record"),
     Mutant(
+        "streams-unbounded-per-run", "open event streams of one run are bounded (R-EVENT-2)",
+        (Patch("qimpl/api/routers/events.py",
+               "    if svc.events.streams_of(str(run_id)) >= svc.settings.event_streams_per_run:\n",
+               "    if False:\n"),),
+        "streams-per-run-bounded", "a third stream of the run is 429 too_many_streams"),
+    Mutant(
         "watcher-forgets-the-lost-worker",
         "a retry swallowed by the lost owner's own worker is judged on the short bound (R-EXEC-13)",
         (Patch("qimpl/takeover.py",

@@ -63,6 +63,10 @@ class EventHub:
         """Streams currently subscribed (for tests and the bench)."""
         return sum(len(s) for s in self._waiters.values())
 
+    def streams_of(self, run_id: str) -> int:
+        """Streams of ``run_id`` currently subscribed in this process."""
+        return len(self._waiters.get(run_id, ()))
+
     def start(self) -> None:
         """Start listening in the background (idempotent)."""
         if self._task is None:

@@ -105,6 +105,7 @@ RESUME_ERRORS = errors(
 ANSWER_ERRORS = errors(s401=_AUTH, s422=_VALIDATION, s502="answer_failed")
 EVENTS_ERRORS: dict[int | str, dict[str, Any]] = {
     **errors(s400="last_event_id_unknown (the live run sent no event with that id)",
+             s429="too_many_streams (QIMPL_EVENT_STREAMS_PER_RUN open streams of this run already)",
              s401="stream_key_required", s404=_NOT_FOUND, s422=_VALIDATION,
              s410="event_stream_pruned (the run ended longer ago than the event retention and "
                   "its events were pruned, R-EVENT-5; read the run record instead)"),

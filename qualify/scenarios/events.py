@@ -459,3 +459,61 @@ def two_hundred_open_streams(ctx: ScenarioContext) -> None:
                sessions <= 12, f"{sessions} sessions of qimpl_api with 200 streams open", "R-EVENT-2")
     for run_id, _ in runs:
         ctx.wait_terminal(api, run_id, timeout_s=60)
+
+
+def _open_status(client: httpx.Client, url: str, headers: dict[str, str]) -> tuple[int, str | None]:
+    """The status of one more stream, and its error code if it was refused; the stream
+    itself (if one was opened) is closed at once, never read."""
+    with client.stream("GET", url, headers=headers) as resp:
+        if resp.headers.get("content-type", "").startswith("application/json"):
+            return resp.status_code, json.loads(resp.read()).get("code")
+        return resp.status_code, None
+
+
+@scenario(
+    "streams-per-run-bounded",
+    title="With QIMPL_EVENT_STREAMS_PER_RUN=2, two streams of a live run are open: a third is "
+          "429 too_many_streams (a leaked stream key cannot open unbounded streams); once one "
+          "closes, a new stream opens again",
+    requirements=("R-EVENT-2",),
+)
+def streams_per_run_bounded(ctx: ScenarioContext) -> None:
+    import contextlib
+
+    api = ctx.processes.api(QIMPL_EVENT_STREAMS_PER_RUN="2", QIMPL_EVENT_PING_S="0.3")
+    ctx.processes.worker()
+    resp = ctx.create_run(api, prompt=make_prompt(steps=3, answer="bounded",
+                                                  barrier={"step": 2, "name": "held"}))
+    if resp is None or resp.status_code != 202:
+        raise HarnessError("the run was not accepted")
+    run_id, key = resp.json()["run_id"], resp.json()["stream_key"]
+    ctx.wait_barrier("held")
+    url, headers = f"{api.base_url}{PATH.format(run_id=run_id)}", {"X-Stream-Key": key}
+    with httpx.Client(timeout=httpx.Timeout(10.0, read=5.0)) as client:
+        streams = [contextlib.ExitStack() for _ in range(2)]
+        opened, readers = [], []
+        for stack in streams:
+            stream = stack.enter_context(client.stream("GET", url, headers=headers))
+            # The reader is kept: closing it would close the stream.
+            readers.append(lines := stream.iter_lines())
+            first = ""
+            for _ in range(100):  # the first non-empty line (a stream that ends gives "")
+                if first := next(lines, ""):
+                    break
+            opened.append((stream.status_code, first.split(":")[0]))
+        ctx.expect("two streams of the run open", all(s == 200 for s, _ in opened), str(opened),
+                   "R-EVENT-2")
+        third = _open_status(client, url, headers)
+        ctx.expect("a third stream of the run is 429 too_many_streams",
+                   third == (429, "too_many_streams"), str(third), "R-EVENT-2")
+        streams[0].close()
+        deadline = time.monotonic() + 10
+        again = _open_status(client, url, headers)
+        while again[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            again = _open_status(client, url, headers)
+        ctx.expect("once one closes, a new stream opens", again[0] == 200, str(again), "R-EVENT-2")
+        streams[1].close()
+    ctx.release_barrier("held")
+    run = ctx.wait_terminal(api, run_id)
+    ctx.expect("the run completes", run["state"] == "completed", str(run["state"]))

@@ -36,7 +36,9 @@ async def run_events(
     ``Last-Event-ID`` resumes after that event; the stream ends with a ``terminal``
     event matching the run record (R-EVENT-2, R-EVENT-3). Reconnecting after the terminal
     event answers 204 No Content, which stops a client's automatic reconnection; a
-    ``Last-Event-ID`` beyond the live run's last event is 400 ``last_event_id_unknown``."""
+    ``Last-Event-ID`` beyond the live run's last event is 400 ``last_event_id_unknown``;
+    more than ``QIMPL_EVENT_STREAMS_PER_RUN`` open streams of one run is 429
+    ``too_many_streams``."""
     if not x_stream_key:
         raise ApiError(401, "stream_key_required", "send the run's stream key in X-Stream-Key")
     async with svc.pool.connection() as conn:
@@ -67,6 +69,11 @@ async def run_events(
         raise ApiError(400, "last_event_id_unknown",
                        "this run sent no event with that id; reconnect without Last-Event-ID "
                        "or with the id of the last event received")
+    if svc.events.streams_of(str(run_id)) >= svc.settings.event_streams_per_run:
+        # Counted by the open subscriptions of this process (a stream subscribes as it
+        # starts): concurrent opens may pass together, never unboundedly (issue 22, item 10).
+        raise ApiError(429, "too_many_streams",
+                       f"at most {svc.settings.event_streams_per_run} open streams per run; close one")
     return EventSourceResponse(
         stream_events(lambda: svc.tenant(tenant_id), svc.events, str(run_id), int(last_event_id or 0),
                       fallback_s=svc.settings.event_fallback_poll_s),
