@@ -223,6 +223,10 @@ class ApiSettings(_ProviderSettings, Settings):
         default=4, ge=1, le=1000,
         description="legacy inline runs (R-CREATE-6) one API process executes at once per tenant; more wait in `queued`. Each runs on a connection of its own, outside the API pool, and ends `expired` at its deadline",
         json_schema_extra=_example("4"))
+    api_pool_timeout_s: float = Field(
+        default=5.0, gt=0, le=300,
+        description="seconds a request waits for a pooled database connection (the pool replacing dead ones, or all busy) before it is answered 503 `database_unavailable` (retryable)",
+        json_schema_extra=_example("5"))
     api_pool_size: int = Field(default=10, ge=1, description="API connection pool size",
                                json_schema_extra=_example("10"))
     event_ping_s: float = Field(

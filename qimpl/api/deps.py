@@ -55,6 +55,8 @@ class Services:
         self.settings = settings
         self.pool = AsyncConnectionPool(
             settings.database_url, min_size=1, max_size=settings.api_pool_size, open=False,
+            # A request waits at most this long for a connection: then 503, not a hang.
+            timeout=settings.api_pool_timeout_s,
             kwargs={"autocommit": True, "application_name": "qimpl-api",
                     **keepalive_params(settings.api_lock_timeout_s)},
             # Every session waits at most api_lock_timeout_s for a run's row and is ended by

@@ -73,6 +73,19 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(_body("run_busy", "the run is busy; retry shortly", retryable=True),
                             status_code=503, headers={"Retry-After": "1"})
 
+    @app.exception_handler(psycopg.OperationalError)
+    async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
+        # The database connection was lost mid-request (a killed backend, a restart) or no
+        # pooled connection came within QIMPL_API_POOL_TIMEOUT_S (PoolTimeout): the
+        # request's transaction did not commit. Coded, retryable, and logged (issue 22, items 7, 11).
+        import logging
+
+        logging.getLogger("qimpl.api").warning(
+            "database unavailable: %s", type(exc).__name__,
+            extra={"event": "api.database_unavailable", "exc_type": type(exc).__name__})
+        return JSONResponse(_body("database_unavailable", "the database is unavailable; retry shortly",
+                                  retryable=True), status_code=503, headers={"Retry-After": "1"})
+
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         # Never leak a stack trace: the type name goes to the log, a code to the client.

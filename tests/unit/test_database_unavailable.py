@@ -1,0 +1,47 @@
+"""A request that cannot get or keep a database connection is answered within the pool
+timeout with a coded, retryable 503, and logged (issue 22, items 7 and 11)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import httpx
+import pytest
+
+from qimpl.api.app import create_app
+from qimpl.api.deps import Services
+from qimpl.settings import ApiSettings
+
+KEY = "k-1-0123456789abcdefghijklmn"
+#: Nothing listens there: every connection attempt fails.
+DSN = "postgresql://qimpl_api@127.0.0.1:1/qimpl"
+
+
+@pytest.mark.req("R-READ-1")
+def test_no_database_is_a_coded_503_within_the_pool_timeout(caplog: pytest.LogCaptureFixture) -> None:
+    settings = ApiSettings(database_url=DSN, auth="static", api_pool_timeout_s=0.5,
+                           api_keys={KEY: {"tenant": "t-1", "principal": "p-1"}})
+    app = create_app(settings)
+    services = Services(settings)
+    app.state.services = services
+
+    async def call() -> tuple[httpx.Response, float]:
+        await services.pool.open(wait=False)
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
+                                         base_url="http://api") as client:
+                t0 = time.monotonic()
+                resp = await client.get("/v1/agents/a-1/runs/00000000-0000-0000-0000-000000000001",
+                                        headers={"Authorization": f"Bearer {KEY}"})
+                return resp, time.monotonic() - t0
+        finally:
+            await services.pool.close()
+
+    with caplog.at_level(logging.WARNING, logger="qimpl.api"):
+        resp, took = asyncio.run(call())
+    assert (resp.status_code, resp.json()["code"]) == (503, "database_unavailable"), resp.text
+    assert resp.headers.get("Retry-After") == "1"
+    assert took < 3, f"answered after {took:.1f} s (pool timeout 0.5 s)"
+    assert any(getattr(r, "event", "") == "api.database_unavailable" for r in caplog.records)
