@@ -46,13 +46,22 @@ def tool_results(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any], ...
 
 
 def matching_decision(decisions: Sequence[Mapping[str, Any]], tool: str,
-                      arguments: Mapping[str, Any], used: Iterable[str]) -> Mapping[str, Any] | None:
-    """The latest approval decision for exactly this tool and these arguments that no
-    journaled call has used yet (one approval runs one call, R-TOOL-5), or None."""
+                      arguments: Mapping[str, Any], used: Iterable[str], *,
+                      call_id: str | None = None, version: str | None = None) -> Mapping[str, Any] | None:
+    """The latest approval decision for this call that no journaled call has used yet (one
+    approval runs one call, R-TOOL-5), or None. A decision given on a request the tool
+    journal parked for a call (it names that ``call_id``) serves that call only, at the
+    ``action_version`` it was decided on (R-APPROVAL-1): never an identical call elsewhere
+    in the run. A decision without a call (a provider-raised approval, or one decided
+    before decisions named their call) serves a call of exactly its tool and arguments."""
     taken = set(used)
     for decision in reversed(decisions):
-        if (decision.get("tool") == tool and decision.get("arguments") == dict(arguments)
-                and decision.get("approval_id") not in taken):
+        if decision.get("approval_id") in taken:
+            continue
+        if decision.get("call_id") is not None:
+            if decision["call_id"] == call_id and decision.get("action_version") == version:
+                return decision
+        elif decision.get("tool") == tool and decision.get("arguments") == dict(arguments):
             return decision
     return None
 

@@ -411,7 +411,9 @@ async def decide_approval(conn: AConn, run_id: str, *, approval_id: str, action_
             " action_version, approved) VALUES (%s, %s, %s, %s, %s, %s)",
             (run_id, approval_id, tenant_id, principal_id, action_version, approved))
         decision = {"approval_id": approval_id, "approved": approved, "tool": pending.get("tool"),
-                    "arguments": pending.get("arguments"), "action_version": action_version}
+                    "arguments": pending.get("arguments"), "action_version": action_version,
+                    # The journaled call the approval was parked for, if any: it serves that one.
+                    "call_id": pending.get("call_id")}
         with _deadline_refusal():
             await cur.execute(
                 """

@@ -123,10 +123,13 @@ class ToolSteps:
                                     result={"code": "arguments_invalid", "errors": errors})
                 continue
             if spec.needs_approval:
-                decision = matching_decision(decisions, spec.name, call["arguments"], used)
+                request = {**approval_request(owner.run_id, owner.generation, step, {
+                    "tool": spec.name, "arguments": call["arguments"], "plan": call["call_id"]}),
+                    "call_id": call["call_id"]}
+                decision = matching_decision(decisions, spec.name, call["arguments"], used,
+                                             call_id=call["call_id"], version=request["action_version"])
                 if decision is None:
-                    return Park(approval_request(owner.run_id, owner.generation, step, {
-                        "tool": spec.name, "arguments": call["arguments"], "plan": call["call_id"]})), usage
+                    return Park(request), usage
                 invocation["approval_id"] = str(decision["approval_id"])
                 used.add(invocation["approval_id"])
                 if not decision.get("approved"):

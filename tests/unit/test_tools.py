@@ -70,6 +70,22 @@ def test_one_approval_runs_one_call_of_exactly_that_tool_and_arguments() -> None
     assert matching_decision(decisions, "merge", {"pr": 2}, used=[])["approved"] is False
 
 
+@pytest.mark.req("R-TOOL-5")
+@pytest.mark.req("R-APPROVAL-1")
+def test_an_approval_parked_for_a_call_serves_that_call_only() -> None:
+    """Two identical calls (same tool, same arguments) of one run: the approval the journal
+    parked the first for names its call and action version, and never serves the second
+    (issue 22, item 5)."""
+    given = {"approval_id": "a1", "approved": True, "tool": "merge", "arguments": {"pr": 1},
+             "action_version": "v-1", "call_id": "c-1"}
+    assert matching_decision([given], "merge", {"pr": 1}, [], call_id="c-1", version="v-1") == given
+    assert matching_decision([given], "merge", {"pr": 1}, [], call_id="c-2", version="v-2") is None
+    assert matching_decision([given], "merge", {"pr": 1}, [], call_id="c-1", version="v-stale") is None
+    # Without a call (a provider-raised approval): tool and arguments, as before.
+    raised = {k: v for k, v in given.items() if k != "call_id"}
+    assert matching_decision([raised], "merge", {"pr": 1}, [], call_id="c-2", version="v-2") == raised
+
+
 def _row(step: int, position: int, status: str, kind: str = "instrumented") -> dict[str, Any]:
     return {"call_id": f"c{step}{position}", "provider_call_id": None, "tool": "t", "kind": kind,
             "step": step, "position": position, "status": status, "result": {"n": step},
