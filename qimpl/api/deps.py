@@ -125,11 +125,10 @@ class Services:
             except TimeoutError:
                 pass
             async with await self._legacy_connection(tenant_id) as conn:
-                await conn.execute(
-                    f"UPDATE runs SET {repo.EXPIRE_SET} WHERE run_id = %s"
-                    " AND state NOT IN ('completed', 'failed', 'expired', 'cancelled')", (run_id,))
-            log.info("legacy run %s expired at its deadline", run_id,
-                     extra={"event": "legacy.expired", "run_id": run_id})
+                expired = await repo.expire_if_overdue(conn, run_id)
+            if expired is not None:
+                log.info("legacy run %s expired at its deadline", run_id,
+                         extra={"event": "legacy.expired", "run_id": run_id})
 
     async def _legacy_connection(self, tenant_id: str) -> psycopg.AsyncConnection[Any]:
         conn = await psycopg.AsyncConnection.connect(
