@@ -47,16 +47,28 @@ TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 
 @dataclass(frozen=True)
 class Check:
-    """One checked property: ``ok`` is True, False, or None when the checker raised."""
+    """One checked property: ``ok`` is True, False, or None when the checker raised.
+
+    ``judged`` is how many items of its kind the check looked at (runs, writes, provider
+    calls, stream clients, sink requests…): a check that judged none held vacuously and
+    covers no requirement (R-Q-12). ``restates`` names the database guard a check only
+    restates (``"QG003"``): it still fails a scenario when the history breaks it, but the
+    guard is covered by the probes that watch the database refuse, not by this check.
+    Which checks cover what is decided in one place, ``qualify.coverage.covers``."""
 
     name: str
     ok: bool | None
     detail: str = ""
     requirements: tuple[str, ...] = field(default=())
+    judged: int = 0
+    restates: str = ""
 
     def as_dict(self) -> dict[str, object]:
-        return {"name": self.name, "ok": self.ok, "detail": self.detail,
-                "requirements": list(self.requirements)}
+        out: dict[str, object] = {"name": self.name, "ok": self.ok, "detail": self.detail,
+                                  "requirements": list(self.requirements), "judged": self.judged}
+        if self.restates:
+            out["restates"] = self.restates
+        return out
 
 
 def _summary(problems: Sequence[str], most: int = 5) -> str:
@@ -97,40 +109,47 @@ def one_terminal_state(history: Sequence[Event]) -> Check:
             bad.append(f"{run}: {len(entries)} terminal transitions")
         elif trans[run][-1]["new_state"] not in TERMINAL:
             bad.append(f"{run}: ends in {trans[run][-1]['new_state']}")
-    return Check(name, not bad, _summary(bad) or f"{len(accepted_runs(history))} runs",
-                 ("R-STATE-1",))
+    runs = len(accepted_runs(history))
+    return Check(name, not bad, _summary(bad) or f"{runs} runs", ("R-STATE-1",), judged=runs)
 
 
 def row_version_strictly_increasing(history: Sequence[Event]) -> Check:
-    """Per run, in the database's commit order, ``row_version`` goes up by exactly one."""
+    """Per run, in the database's commit order, ``row_version`` goes up by exactly one.
+    Restates the guard's QG003."""
     name = "row_version strictly increasing"
     bad = []
-    for run, evs in _by_run(_of(history, "transition")).items():
+    transitions = _of(history, "transition")
+    for run, evs in _by_run(transitions).items():
         versions = [int(e["row_version"]) for e in evs]
         for a, b in itertools.pairwise(versions):
             if b != a + 1:
                 bad.append(f"{run}: {a} -> {b}")
                 break
-    return Check(name, not bad, _summary(bad), ("R-STATE-1", "R-EXEC-3"))
+    return Check(name, not bad, _summary(bad) or f"{len(transitions)} transitions", ("R-STATE-1", "R-EXEC-3"),
+                 judged=len(transitions), restates="QG003")
 
 
 def no_write_after_terminal(history: Sequence[Event]) -> Check:
-    """Nothing changes a run once it is terminal: no transition and no checkpoint after it."""
+    """Nothing changes a run once it is terminal: no transition and no checkpoint after it.
+    Restates the guard's QG001 (and the checkpoint guard's QG015)."""
     name = "no write after terminal"
     bad = []
+    ended = 0
     trans = _by_run(_of(history, "transition"))
     ckpts = _by_run(_of(history, "checkpoint"))
     for run, evs in trans.items():
         idx = next((i for i, e in enumerate(evs) if e["new_state"] in TERMINAL), None)
         if idx is None:
             continue
+        ended += 1
         if idx != len(evs) - 1:
             bad.append(f"{run}: {len(evs) - 1 - idx} transitions after {evs[idx]['new_state']}")
         final_version = int(evs[idx]["row_version"])
         late = [c for c in ckpts.get(run, []) if int(c["row_version"]) > final_version]
         if late:
             bad.append(f"{run}: checkpoint after terminal")
-    return Check(name, not bad, _summary(bad), ("R-STATE-1", "R-EXEC-7", "R-CANCEL-1"))
+    return Check(name, not bad, _summary(bad) or f"{ended} ended runs", ("R-STATE-1", "R-EXEC-7", "R-CANCEL-1"),
+                 judged=ended, restates="QG001")
 
 
 def no_step_repeated_after_checkpoint(history: Sequence[Event]) -> Check:
@@ -141,41 +160,49 @@ def no_step_repeated_after_checkpoint(history: Sequence[Event]) -> Check:
         key = (str(c["run_id"]), int(c["step"]))
         committed[key] = min(committed.get(key, c["t"]), c["t"])
     bad = []
+    judged = 0  # calls of a step whose checkpoint committed: the only ones that could repeat it
     for call in _of(history, "provider_call"):
         key = (str(call["run_id"]), int(call["step"]))
+        judged += key in committed
         if key in committed and call["t"] > committed[key]:
             bad.append(f"{key[0]}: step {key[1]} asked again (attempt {call.get('attempt')})")
-    return Check(name, not bad, _summary(bad), ("R-EXEC-4",))
+    return Check(name, not bad, _summary(bad) or f"{judged} calls of checkpointed steps", ("R-EXEC-4",),
+                 judged=judged)
 
 
 def checkpoints_one_per_step(history: Sequence[Event]) -> Check:
     """Each run's checkpoints are steps 1..n, each exactly once, in order."""
     name = "one checkpoint per step"
     bad = []
-    for run, evs in _by_run(_of(history, "checkpoint")).items():
+    checkpoints = _of(history, "checkpoint")
+    for run, evs in _by_run(checkpoints).items():
         steps = [int(e["step"]) for e in sorted(evs, key=lambda e: int(e["row_version"]))]
         dup = [s for s, n in Counter(steps).items() if n > 1]
         if dup or steps != list(range(1, len(steps) + 1)):
             bad.append(f"{run}: steps {steps}")
-    return Check(name, not bad, _summary(bad), ("R-EXEC-3",))
+    return Check(name, not bad, _summary(bad) or f"{len(checkpoints)} checkpoints", ("R-EXEC-3",),
+                 judged=len(checkpoints))
 
 
 def no_write_by_a_superseded_attempt(history: Sequence[Event]) -> Check:
     """Within a generation, once attempt n owns the run no write carries an attempt < n
-    (a paused or partitioned zombie is fenced, R-EXEC-7)."""
+    (a paused or partitioned zombie is fenced, R-EXEC-7). Restates the guard's QG008."""
     name = "no write by a superseded attempt"
     bad = []
+    judged = 0
     for run, evs in _by_run(_of(history, "transition")).items():
         highest: dict[int, int] = {}
         for e in evs:
             attempt = e.get("owner_attempt")
             if attempt is None:
                 continue
+            judged += 1
             gen = int(e["generation"])
             if attempt < highest.get(gen, 0):
                 bad.append(f"{run}: attempt {attempt} wrote v{e['row_version']} after attempt {highest[gen]}")
             highest[gen] = max(highest.get(gen, 0), int(attempt))
-    return Check(name, not bad, _summary(bad), ("R-EXEC-7",))
+    return Check(name, not bad, _summary(bad) or f"{judged} owned writes", ("R-EXEC-7",),
+                 judged=judged, restates="QG008")
 
 
 def _token(text: str | None) -> tuple[str, int, int] | None:
@@ -224,7 +251,8 @@ def every_write_by_its_owner(history: Sequence[Event]) -> Check:
             bad.append(f"{run} v{version}: written by attempt {t_attempt} while attempt {owner} owns it")
         if not e.get("writer_lock"):
             bad.append(f"{run} v{version}: attempt {t_attempt} wrote without the run's advisory lock")
-    return Check(name, not bad, _summary(bad) or f"{judged} writes", ("R-EXEC-7", "R-EXEC-2"))
+    return Check(name, not bad, _summary(bad) or f"{judged} writes", ("R-EXEC-7", "R-EXEC-2"),
+                 judged=judged)
 
 
 #: Provider calls are stamped by the worker a few microseconds after it checked the
@@ -235,15 +263,19 @@ PROVIDER_CLOCK_SLACK_S = 0.05
 def deadline_respected(history: Sequence[Event]) -> Check:
     """After a run's deadline: no provider call, no checkpoint, and no transition except
     into ``expired``, ``failed`` or ``cancelled`` (R-EXEC-8); and never ``expired`` before
-    it (R-EXEC-12). Deadlines and transitions are both stamped by the database's clock."""
+    it (R-EXEC-12). Deadlines and transitions are both stamped by the database's clock.
+    Judges what a deadline bounded: each event stamped after its run's deadline and each
+    ``expired`` transition (a history whose runs all ended early judged nothing)."""
     name = "deadline respected"
     deadlines = {str(e["run_id"]): float(e["deadline_t"]) for e in _of(history, "run")}
     bad = []
+    judged = 0
     for e in history:
         run = str(e.get("run_id", ""))
         if run not in deadlines or e["type"] not in ("provider_call", "checkpoint", "transition"):
             continue
         late = e["t"] - deadlines[run]
+        judged += late > 0 or (e["type"] == "transition" and e["new_state"] == "expired")
         if e["type"] == "provider_call" and late > PROVIDER_CLOCK_SLACK_S:
             bad.append(f"{run}: provider step {e['step']} asked {late:.3f} s after the deadline")
         elif e["type"] == "checkpoint" and late > 0:
@@ -253,7 +285,8 @@ def deadline_respected(history: Sequence[Event]) -> Check:
             bad.append(f"{run}: {e['old_state']} -> {e['new_state']} {late:.3f} s after the deadline")
         elif e["type"] == "transition" and late < 0 and e["new_state"] == "expired":
             bad.append(f"{run}: expired {-late:.3f} s before its deadline")
-    return Check(name, not bad, _summary(bad), ("R-EXEC-8", "R-EXEC-12"))
+    return Check(name, not bad, _summary(bad) or f"{judged} events at or past a deadline",
+                 ("R-EXEC-8", "R-EXEC-12"), judged=judged)
 
 
 def _journal(history: Sequence[Event]) -> dict[str, dict[int, str | None]]:
@@ -304,7 +337,8 @@ def stream_events_consistent(history: Sequence[Event]) -> Check:
                 bad.append(f"{run}: stream incomplete: got {ids}, journal {sorted(recorded)}")
             if last["state"] != finals.get(run):
                 bad.append(f"{run}: terminal event {last['state']} but run is {finals.get(run)}")
-    return Check(name, not bad, _summary(bad), ("R-EVENT-2", "R-EVENT-3"))
+    return Check(name, not bad, _summary(bad) or f"{len(by_client)} stream clients", ("R-EVENT-2", "R-EVENT-3"),
+                 judged=len(by_client))
 
 
 def usage_events_match_the_record(history: Sequence[Event]) -> Check:
@@ -331,7 +365,7 @@ def usage_events_match_the_record(history: Sequence[Event]) -> Check:
                 totals and totals[-1] < len(evs)):
             bad.append(f"{run}: running totals {totals[:10]} for {len(evs)} usage events")
     return Check(name, not bad, _summary(bad) or f"{sum(want.values())} settled calls",
-                 ("R-EVENT-1", "R-Q34-2"))
+                 ("R-EVENT-1", "R-Q34-2"), judged=sum(want.values()) + len(events))
 
 
 def event_journal_matches_run_record(history: Sequence[Event]) -> Check:
@@ -373,9 +407,11 @@ def event_journal_matches_run_record(history: Sequence[Event]) -> Check:
             claims[run].append(int(t["row_version"]))
         previous[run] = t
     bad = []
+    judged = 0
     for run, record in sorted(records.items()):
         if run in pruned:
             continue
+        judged += 1
         evs = sorted(by_run.get(run, []), key=lambda e: int(e["seq"]))
         seqs = [int(e["seq"]) for e in evs]
         if seqs != list(range(1, len(seqs) + 1)):
@@ -417,7 +453,7 @@ def event_journal_matches_run_record(history: Sequence[Event]) -> Check:
                        f"v{record['row_version']} g{record['generation']}")
         elif not terminal and max(described, default=0) != int(record["row_version"]):
             bad.append(f"{run}: newest event at v{max(described, default=0)}, run at v{record['row_version']}")
-    return Check(name, not bad, _summary(bad) or f"{len(by_run)} runs' journals", reqs)
+    return Check(name, not bad, _summary(bad) or f"{judged} runs' journals", reqs, judged=judged)
 
 
 #: Journal events that describe the write at their ``row_version`` (written by the audit
@@ -498,7 +534,8 @@ def writes_committed_whole(history: Sequence[Event]) -> Check:
                        f" transaction {e['xact_id']}, which settled no such provider call")
     if not judged:
         return Check(name, True, "no row stamped with its transaction")  # cites nothing: vacuous
-    return Check(name, not bad, _summary(bad) or f"{judged} rows, each in its write's transaction", reqs)
+    return Check(name, not bad, _summary(bad) or f"{judged} rows, each in its write's transaction", reqs,
+                 judged=judged)
 
 
 def event_prunes_bounded(history: Sequence[Event]) -> Check:
@@ -522,7 +559,7 @@ def event_prunes_bounded(history: Sequence[Event]) -> Check:
         if left.get(run):
             bad.append(f"{run}: pruned but {left[run]} events remain")
     return Check(name, not bad, _summary(bad) or f"{len(prunes)} streams in {len(sweeps)} sweeps "
-                 f"(largest {max(sweeps.values())})", reqs)
+                 f"(largest {max(sweeps.values())})", reqs, judged=len(prunes))
 
 
 def _calls(events: Iterable[Event]) -> dict[str, list[Event]]:
@@ -547,7 +584,7 @@ def no_side_effect_repeated(history: Sequence[Event]) -> Check:
     bad += [f"{call} ({evs[0].get('tool')}, run {evs[0].get('run_id')}): uninstrumented action"
             f" executed {len(evs)} times" for call, evs in actions.items() if len(evs) > 1]
     return Check(name, not bad, _summary(bad) or f"{len(requests)} calls, {len(actions)} actions",
-                 ("R-Q-5", "R-TOOL-2"))
+                 ("R-Q-5", "R-TOOL-2"), judged=len(requests) + len(actions))
 
 
 #: Sink requests are stamped by the sink process, intents by the database's clock (the
@@ -581,13 +618,14 @@ def no_execution_without_intent(history: Sequence[Event]) -> Check:
             bad.append(f"{call} ({row.get('tool')}): requested {float(row['t']) - first['t']:.3f} s"
                        " before its intent")
     return Check(name, not bad, _summary(bad) or f"{len(calls)} calls, {len(journal)} journaled",
-                 ("R-TOOL-1", "R-Q-5"))
+                 ("R-TOOL-1", "R-Q-5"), judged=len(calls))
 
 
 def journal_matches_run_record(history: Sequence[Event]) -> Check:
     """For every run, the last transition the database's own audit recorded equals the run
     record at collection (state, row_version, generation): no write escaped the journal
-    (R-Q-5, R-EVENT-1)."""
+    (R-Q-5, R-EVENT-1). Restates the audit trigger (``run_transitions`` is written by the
+    database for every write of a run)."""
     name = "every run's last journaled transition equals its run record"
     last: dict[str, Event] = {}
     for t in sorted(_of(history, "transition"), key=lambda e: int(e.get("id", 0))):
@@ -599,7 +637,8 @@ def journal_matches_run_record(history: Sequence[Event]) -> Check:
         got = (found["new_state"], found["row_version"], found["generation"]) if found else None
         if got != want:
             bad.append(f"{run['run_id']}: journal {got}, record {want}")
-    return Check(name, not bad, _summary(bad) or f"{len(last)} runs", ("R-Q-5", "R-EVENT-1"))
+    return Check(name, not bad, _summary(bad) or f"{len(last)} runs", ("R-Q-5", "R-EVENT-1"),
+                 judged=len(_of(history, "run")), restates="the audit trigger")
 
 
 def deadline_from_acceptance(history: Sequence[Event]) -> Check:
@@ -613,12 +652,14 @@ def deadline_from_acceptance(history: Sequence[Event]) -> Check:
                if e.get("op") == "create" and e.get("phase") == "ok" and e.get("run_id")
                and str(e.get("key")) in asked}
     bad = []
+    judged = 0
     for run in _of(history, "run"):
         want = created.get(str(run["run_id"]))
+        judged += want is not None
         if want is not None and abs(float(run["deadline_t"]) - float(run["t"]) - float(want)) > 0.001:
             bad.append(f"{run['run_id']}: deadline {float(run['deadline_t']) - float(run['t']):.3f} s"
                        f" after acceptance, asked {want} s")
-    return Check(name, not bad, _summary(bad) or f"{len(created)} runs", ("R-EXEC-8", "R-Q-5"))
+    return Check(name, not bad, _summary(bad) or f"{judged} runs", ("R-EXEC-8", "R-Q-5"), judged=judged)
 
 
 _WORKFLOW_ID = re.compile(r"^agent-run-(?P<run>[0-9a-f-]{36})-g(?P<gen>[0-9]+)$")
@@ -642,7 +683,8 @@ def one_workflow_per_generation(history: Sequence[Event]) -> Check:
             continue  # the version-1 workflow type and other ids are not generations
         if int(m["gen"]) > generations.get(m["run"], 0):
             bad.append(f"{wid}: no such generation (run at {generations.get(m['run'])})")
-    return Check(name, not bad, _summary(bad) or f"{len(per_id)} workflows", ("R-CREATE-5", "R-Q-5"))
+    return Check(name, not bad, _summary(bad) or f"{len(per_id)} workflows", ("R-CREATE-5", "R-Q-5"),
+                 judged=len(per_id))
 
 
 def _approval_tools() -> frozenset[str]:
@@ -675,7 +717,8 @@ def no_unapproved_effect(history: Sequence[Event]) -> Check:
             bad.append(f"{call} ({evs[0].get('tool')}, run {evs[0].get('run_id')}): no approved decision"
                        f" (approval {row.get('approval_id')})")
     bad += [f"approval {a} used by {n} calls" for a, n in used.items() if n > 1]
-    return Check(name, not bad, _summary(bad) or f"{seen} calls needing an approval", ("R-TOOL-5", "R-Q-5"))
+    return Check(name, not bad, _summary(bad) or f"{seen} calls needing an approval", ("R-TOOL-5", "R-Q-5"),
+                 judged=seen + len(used))
 
 
 #: Provider-call records are stamped by the database before the call, the synthetic
@@ -738,7 +781,7 @@ def provider_calls_recorded(history: Sequence[Event]) -> Check:
     asked_n, recorded_n = sum(map(len, calls.values())), sum(map(len, records.values()))
     seen = f"{asked_n} calls asked" if observed else "no provider's own record of its calls"
     return Check(name, not bad, _summary(bad) or f"{seen}, {recorded_n} recorded, {reads} terminal reads",
-                 reqs)
+                 reqs, judged=asked_n + recorded_n + reads)
 
 
 SLOT_STATES = frozenset({"running", "awaiting_approval"})
@@ -766,8 +809,9 @@ def slot_limit_respected(limit: int) -> Callable[[Sequence[Event]], Check]:
 
     def check(history: Sequence[Event]) -> Check:
         most = slot_holders(history)
+        held = {str(e["run_id"]) for e in _of(history, "transition") if e["new_state"] in SLOT_STATES}
         return Check(f"at most {limit} slot holders per tenant", most <= limit,
-                     f"max {most} at once", ("R-EXEC-9",))
+                     f"max {most} at once ({len(held)} runs held a slot)", ("R-EXEC-9",), judged=len(held))
 
     check.__name__ = "slot_limit_respected"
     return check

@@ -68,6 +68,7 @@ def merge_reports(shard_dirs: Sequence[Path], reports_root: Path) -> tuple[dict[
     """Read each shard's ``summary.json``, merge, copy each scenario's directory (history,
     logs) and write the merged report under ``reports_root``. Returns (summary, report
     directory, exit code). UsageError when a directory holds no finished report."""
+    from qualify.scenarios import REGISTRY
     from qualify.session import crash_point_catalog, full_run_gates, new_report_dir
 
     summaries = []
@@ -97,7 +98,7 @@ def merge_reports(shard_dirs: Sequence[Path], reports_root: Path) -> tuple[dict[
     if problems:
         summary["verdict"] = str(Verdict.CRASHED)
         summary["error"] = "; ".join(problems)
-    elif all(s["shard"]["whole_selection"] for s in summaries) and not summary["refused"]:
-        full_run_gates(summary, docs)
+    elif all(s["shard"]["whole_selection"] for s in summaries):
+        full_run_gates(summary, docs, refused=[REGISTRY[i] for i in summary["refused"] if i in REGISTRY])
     write_report(report_dir, summary)
     return summary, report_dir, EXIT_CODES[Verdict(summary["verdict"])]

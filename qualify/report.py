@@ -157,7 +157,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lines += ["", f"### {s['id']} — {s['status']}", "", s["title"], ""]
         for c in s["checks"]:
             mark = {True: "ok", False: "FAIL", None: "UNKNOWN"}[c["ok"]]
-            lines.append(f"- [{mark}] {c['name']}{': ' + c['detail'] if c['detail'] else ''}")
+            lines.append(f"- [{mark}] {c['name']} ({_judged(c)}){': ' + c['detail'] if c['detail'] else ''}")
         if s["figures"]:
             lines.append(f"- figures: {json.dumps(s['figures'])}")
         if s["error"]:
@@ -173,7 +173,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
     by_checks = judged["covered"]
     lines += ["", "## Requirement coverage", "",
               f"{len(by_checks)} of the spec's {len(REQUIREMENTS)} requirements have a passing check "
-              f"that cites them; {len(judged['waived'])} are waived (reason given); "
+              f"that covers them (it cites them and judged at least one item; a check that restates "
+              f"a database guard covers nothing, R-Q-12); {len(judged['waived'])} are waived (reason given); "
               f"{len(judged['uncovered'])} have neither"
               + (" — a full run fails on these (R-Q-8)." if judged["uncovered"] else "."), "",
               "| requirement | passing checks | scenarios citing it (passed / failed) |", "|---|---|---|"]
@@ -190,6 +191,10 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lines.append(f"| {req} | {shown} | {cited} |")
     if judged.get("stale_waivers"):
         lines += ["", "Stale waivers (now covered; remove them): " + ", ".join(judged["stale_waivers"])]
+    if summary.get("refused"):
+        lines += ["", f"Refused (not run): {', '.join(summary['refused'])}"]
+    for point, why in summary.get("waived_crash_points", {}).items():
+        lines.append(f"- crash point {point} waived: {why}")
     if summary["crash_points"]:
         actions, matrix = crash_matrix(summary)
         lines += ["", "## Crash points", "", "| crash point | " + " | ".join(actions) + " |",
@@ -198,6 +203,17 @@ def render_markdown(summary: dict[str, Any]) -> str:
             cells = [", ".join(by_action.get(a, [])) or "-" for a in actions]
             lines.append(f"| {point} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _judged(check: dict[str, Any]) -> str:
+    """``judged N``, and why the check covers nothing when it does not (R-Q-12)."""
+    if "judged" not in check:
+        return "judged: not counted"
+    if check.get("restates"):
+        return f"judged {check['judged']}; restates {check['restates']}: covers nothing"
+    if not check["judged"] and check.get("requirements"):
+        return "judged 0: covers nothing"
+    return f"judged {check['judged']}"
 
 
 def crash_matrix(summary: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, list[str]]]]:

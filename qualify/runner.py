@@ -68,11 +68,12 @@ LOG_RED_FLAGS = ("Traceback (most recent call last)", "Fatal Python error")
 def clean_logs(logs_dir: Path) -> Check:
     """No process log carries a stack trace or a fatal interpreter error."""
     bad = []
-    for path in sorted(logs_dir.glob("*.log")):
+    logs = sorted(logs_dir.glob("*.log"))
+    for path in logs:
         text = path.read_text(errors="replace")
         bad += [f"{path.name}: {flag}" for flag in LOG_RED_FLAGS if flag in text]
-    return Check("no stack trace or fatal error in any process log", not bad, "; ".join(bad),
-                 ("R-EXEC-6", "R-READ-3"))
+    return Check("no stack trace or fatal error in any process log", not bad,
+                 "; ".join(bad) or f"{len(logs)} logs", ("R-EXEC-6", "R-READ-3"), judged=len(logs))
 
 
 def all_reaped(procs: Sequence[Any]) -> Check:
@@ -81,7 +82,7 @@ def all_reaped(procs: Sequence[Any]) -> Check:
     alive = [getattr(p, "name", "sink") for p in procs
              if p.proc is not None and p.proc.poll() is None]
     return Check("every process the scenario started was stopped and reaped", not alive,
-                 ", ".join(alive) or f"{len(procs)} processes", ("R-Q-1", "R-Q-2"))
+                 ", ".join(alive) or f"{len(procs)} processes", ("R-Q-1", "R-Q-2"), judged=len(procs))
 
 
 def crash_points_struck(declared: Sequence[str], events: Sequence[Event]) -> Check:
@@ -90,7 +91,7 @@ def crash_points_struck(declared: Sequence[str], events: Sequence[Event]) -> Che
     struck = {e["point"] for e in events if e["type"] == "crash_point"}
     missing = [p for p in declared if p not in struck]
     return Check("every declared crash point struck, with the process's evidence", not missing,
-                 ", ".join(missing) or ", ".join(declared), ("R-Q-4",))
+                 ", ".join(missing) or ", ".join(declared), ("R-Q-4",), judged=len(declared))
 
 
 def judge(checks: list[Check], faults: list[dict[str, Any]], *, expected_faults: int,

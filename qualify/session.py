@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from qualify import interrupt
-from qualify.coverage import gate
+from qualify.coverage import gate, unreachable_waivers
 from qualify.errors import HarnessError, UsageError
 from qualify.forkserver import SPAWN_MODES, SpawnPolicy
 from qualify.procs import kill_tree, spawn
@@ -137,14 +137,32 @@ def shard_of(scenarios: Sequence[Scenario], shard: tuple[int, int] | None) -> li
     return [sc for i, sc in enumerate(scenarios) if i % n == k - 1]
 
 
-def full_run_gates(summary: dict[str, Any], docs: Sequence[dict[str, Any]]) -> None:
+#: Why a scenario was refused: the one reason ``run_session`` refuses (``needs_platform``).
+REFUSED_BECAUSE = ("refused on a stack the harness did not boot (it restarts or stops PostgreSQL "
+                   "or Temporal)")
+
+
+def full_run_gates(summary: dict[str, Any], docs: Sequence[dict[str, Any]],
+                   refused: Sequence[Scenario] = ()) -> None:
     """Apply a full run's gates to ``summary`` in place: every declared crash point struck
-    (R-Q-4) and every requirement with a passing check that cites it (R-Q-8); a miss
-    makes the verdict ``fail`` and is named in ``error``."""
+    (R-Q-4) and every requirement with a passing check that covers it (R-Q-8, R-Q-12); a
+    miss makes the verdict ``fail`` and is named in ``error``.
+
+    A run that refused scenarios (a staging run on ``--stack existing``) is gated too
+    (R-Q-12): a crash point or requirement that only the refused scenarios would have
+    struck or covered is ``waived`` with the reason and their ids
+    (``waived_crash_points``, ``requirement_gate["waived"]``), never silently skipped;
+    anything else uncovered fails the run as in any full run."""
+    reason = REFUSED_BECAUSE
     uncovered = [p for p, by in summary["crash_points"].items() if not by]
+    waived_points = {p: f"{reason}: {', '.join(sc.id for sc in refused if p in sc.crash_points)}"
+                     for p in uncovered if any(p in sc.crash_points for sc in refused)}
+    uncovered = [p for p in uncovered if p not in waived_points]
     summary["uncovered_crash_points"] = uncovered
+    summary["waived_crash_points"] = waived_points
     problems = ["uncovered crash point: " + ", ".join(uncovered)] if uncovered else []
-    summary["requirement_gate"] = gate(docs, REQUIREMENTS)
+    summary["requirement_gate"] = gate(
+        docs, REQUIREMENTS, unreachable=unreachable_waivers(((sc.id, sc.requirements) for sc in refused), reason))
     missing = summary["requirement_gate"]["uncovered"]
     if missing:
         problems.append("requirement without a passing check: " + ", ".join(missing))
@@ -303,8 +321,8 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
     if crashed:
         summary["verdict"] = str(Verdict.CRASHED)
         summary["error"] = crashed
-    elif opts.full and not refused:
-        full_run_gates(summary, docs)
+    elif opts.full:
+        full_run_gates(summary, docs, refused=[REGISTRY[i] for i in refused])
     write_report(report_dir, summary)
     return summary, report_dir, EXIT_CODES[Verdict(summary["verdict"])]
 

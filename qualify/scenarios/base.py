@@ -91,10 +91,12 @@ class ScenarioContext:
         return self.deployment.control_dir
 
     # -- checks -----------------------------------------------------------------
-    def expect(self, name: str, ok: bool, detail: str = "", *requirements: str) -> bool:
+    def expect(self, name: str, ok: bool, detail: str = "", *requirements: str, judged: int = 1) -> bool:
         """Record a scenario check; bearer secrets in ``detail`` (stream keys) are redacted
-        before anything is stored or reported."""
-        self.checks.append(Check(name, bool(ok), redact(detail), tuple(requirements)))
+        before anything is stored or reported. ``judged`` is how many items the assertion
+        looked at (one, unless it is a statement about a collection: pass its size, so an
+        empty collection covers no requirement, R-Q-12)."""
+        self.checks.append(Check(name, bool(ok), redact(detail), tuple(requirements), judged=judged))
         return bool(ok)
 
     # -- client operations (invoke, then ok / fail / info) -----------------------

@@ -72,7 +72,7 @@ def resume_at_the_deadline(ctx: ScenarioContext) -> None:
     ctx.expect("every run ended expired with deadline_exceeded",
                all(f["state"] == "expired" and f["error_code"] == "deadline_exceeded" for f in finals.values()),
                "; ".join(f"{r[:8]}: {f['state']}/{f['error_code']}" for r, f in finals.items()),
-               "R-EXEC-8")
+               "R-EXEC-8", judged=len(finals))
     bad = [f"{r[:8]} at {d * 1000:+.0f} ms: {s} {c}" for r, (d, s, c) in answers.items()
            if not (s == 202 or (s == 409 and c == "run_terminal"))]
     ctx.expect("each resume answered 202 or 409 run_terminal", not bad, "; ".join(bad), "R-RESUME-2")

@@ -126,7 +126,8 @@ def _woken(ctx: ScenarioContext, followers: list[Follower], n: int) -> bool:
     """Check that every follower got the first ``n`` events as they committed."""
     got = [f.wait_events(n) for f in followers]
     return ctx.expect(f"the followers were woken for each of the first {n} events (NOTIFY; no fallback read)",
-                      all(got), str([len(f.result.events) for f in followers]), "R-EVENT-2")
+                      all(got), str([len(f.result.events) for f in followers]), "R-EVENT-2",
+                      judged=len(followers))
 
 
 def _journal(ctx: ScenarioContext, run_id: str) -> list[int]:
