@@ -227,6 +227,10 @@ class ApiSettings(_ProviderSettings, Settings):
         default=5.0, gt=0, le=300,
         description="seconds a request waits for a pooled database connection (the pool replacing dead ones, or all busy) before it is answered 503 `database_unavailable` (retryable)",
         json_schema_extra=_example("5"))
+    api_db_timeout_s: float = Field(
+        default=10.0, gt=0, le=300,
+        description="longest a request's work on one database connection may take (its statements and commit, not the wait for the connection) before the connection is cut and the request answered 503 `database_unavailable` (retryable with the same idempotency key: a commit may have landed). Bounds a database that stops answering with the connection still up; keep it above `QIMPL_API_LOCK_TIMEOUT_S`",
+        json_schema_extra=_example("10"))
     api_pool_size: int = Field(default=10, ge=1, description="API connection pool size",
                                json_schema_extra=_example("10"))
     event_ping_s: float = Field(

@@ -38,12 +38,13 @@ class DbKeyAuthenticator(Authenticator):
     """API keys stored hashed in PostgreSQL, looked up through the SECURITY DEFINER
     function ``qimpl_authenticate`` (the app role cannot read the key table)."""
 
-    def __init__(self, pool: Any) -> None:
-        self.pool = pool
+    def __init__(self, connection: Any) -> None:
+        #: ``() -> async context manager`` of a bounded pooled connection (``Services.connection``).
+        self.connection = connection
 
     async def authenticate(self, api_key: str) -> Principal | None:
         digest = hashlib.sha256(api_key.encode()).hexdigest()
-        async with self.pool.connection() as conn:
+        async with self.connection() as conn:
             cur = await conn.execute(
                 "SELECT a.tenant_id, a.principal_id, EXISTS (SELECT 1 FROM qimpl_authenticate_operator(%s))"
                 " FROM qimpl_authenticate(%s) a", (digest, digest))
@@ -52,7 +53,7 @@ class DbKeyAuthenticator(Authenticator):
 
     async def authenticate_operator(self, api_key: str) -> Principal | None:
         digest = hashlib.sha256(api_key.encode()).hexdigest()
-        async with self.pool.connection() as conn:
+        async with self.connection() as conn:
             cur = await conn.execute(
                 "SELECT tenant_id, principal_id FROM qimpl_authenticate_operator(%s)", (digest,))
             row = await cur.fetchone()

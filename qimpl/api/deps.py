@@ -21,7 +21,7 @@ from qimpl.api.auth import Authenticator, DbKeyAuthenticator, Principal, StaticK
 from qimpl.api.errors import ApiError
 from qimpl.api.event_hub import EventHub
 from qimpl.db import runs as repo
-from qimpl.db.sessions import bound_session, keepalive_params
+from qimpl.db.sessions import bound_session, cut_after, keepalive_params
 from qimpl.legacy import run_inline
 from qimpl.logs import temporal_runtime
 from qimpl.provider import Provider, load_provider
@@ -43,9 +43,22 @@ BEARER = HTTPBearer(
                 "`unauthenticated` (R-AUTH-1).")
 
 
+#: Longest the pool's own statements on a connection may take (its check on checkout,
+#: its reset on return), seconds: a server that stops answering fails them, and the
+#: pool replaces the connection, instead of hanging the request (or the pool's worker).
+POOL_STATEMENT_S = 2.0
+
+
 async def _forget_tenant(conn: Any) -> None:
     """Pool reset: a connection never carries one request's tenant into the next."""
-    await conn.execute("SELECT set_config('qimpl.tenant', '', false)")
+    async with cut_after(conn, POOL_STATEMENT_S):
+        await conn.execute("SELECT set_config('qimpl.tenant', '', false)")
+
+
+async def _check(conn: Any) -> None:
+    """Pool check on checkout (``AsyncConnectionPool.check_connection``), bounded."""
+    async with cut_after(conn, POOL_STATEMENT_S):
+        await AsyncConnectionPool.check_connection(conn)
 
 
 class Services:
@@ -64,12 +77,12 @@ class Services:
             configure=functools.partial(bound_session, lock_timeout_s=settings.api_lock_timeout_s),
             # A connection that died while idle (server restart) is replaced on checkout
             # instead of failing the request.
-            check=AsyncConnectionPool.check_connection,
+            check=_check,
             reset=_forget_tenant,
         )
         self.authenticator: Authenticator = (
             StaticKeyAuthenticator(settings.api_keys) if settings.auth == "static"
-            else DbKeyAuthenticator(self.pool))
+            else DbKeyAuthenticator(self.connection))
         #: The process's one LISTEN connection for the event journal (R-EVENT-2).
         self.events = EventHub(settings.database_url, application_name="qimpl-api-listen",
                                connect_kwargs=keepalive_params(settings.api_lock_timeout_s))
@@ -95,12 +108,20 @@ class Services:
         task.add_done_callback(self._tasks.discard)
 
     @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Any]:
+        """A pooled connection (autocommit) whose use inside the block is bounded by
+        ``api_db_timeout_s`` (``qimpl.db.sessions.cut_after``): a database that stops
+        answering costs a request that long, then 503 ``database_unavailable``."""
+        async with self.pool.connection() as conn, cut_after(conn, self.settings.api_db_timeout_s):
+            yield conn
+
+    @asynccontextmanager
     async def tenant(self, tenant_id: str) -> AsyncIterator[Any]:
         """A pooled connection inside a transaction scoped to ``tenant_id``: row-level
         security shows and accepts only that tenant's rows (R-AUTH-4). Statements wait at
         most ``api_lock_timeout_s`` for a row lock — a paused owner's is released within the
         lease — then fail with LockNotAvailable, answered 503 ``run_busy``."""
-        async with self.pool.connection() as conn, conn.transaction():
+        async with self.connection() as conn, conn.transaction():
             await conn.execute("SELECT set_config('qimpl.tenant', %s, true)", (tenant_id,))
             yield conn
 

@@ -8,13 +8,45 @@ longer than a known bound: every such session runs with ``lock_timeout`` (it nev
 longer than that for a row) and ``idle_in_transaction_session_timeout`` (PostgreSQL ends
 it if it sits inside a transaction that long), both ``lock_timeout_s`` seconds, plus TCP
 keepalives so that a silent peer is noticed.
+
+None of those notices a server that *stops answering* while the TCP connection stays up
+(a hung server or pooler, a stalled middlebox, a proxy that holds the bytes): the client
+just waits for a reply. ``cut_after`` bounds that wait on the client's side.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
-__all__ = ["bound_session", "keepalive_params"]
+__all__ = ["bound_session", "cut_after", "keepalive_params"]
+
+
+@contextlib.asynccontextmanager
+async def cut_after(conn: Any, seconds: float) -> AsyncIterator[Any]:
+    """Bound everything done on ``conn`` (a psycopg ``AsyncConnection``) inside the block
+    by ``seconds``, on the client's side: at expiry the connection's socket is shut down
+    (``shutdown(SHUT_RDWR)``, the descriptor left to psycopg), so the statement or commit
+    in flight fails at once with ``psycopg.OperationalError`` and the pool discards the
+    connection. Not a cancel: PostgreSQL may or may not have received what was sent (a
+    commit may have landed), which is why callers answer "retry with the same
+    idempotency key". Issue 23, item 3; R-CREATE-1."""
+    fd = conn.pgconn.socket
+
+    def cut() -> None:
+        with contextlib.suppress(OSError):
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+
+    handle = asyncio.get_running_loop().call_later(seconds, cut)
+    try:
+        yield conn
+    finally:
+        handle.cancel()
 
 
 def keepalive_params(within_s: float) -> dict[str, Any]:

@@ -41,7 +41,7 @@ async def run_events(
     ``too_many_streams``."""
     if not x_stream_key:
         raise ApiError(401, "stream_key_required", "send the run's stream key in X-Stream-Key")
-    async with svc.pool.connection() as conn:
+    async with svc.connection() as conn:
         cur = await conn.execute("SELECT qimpl_stream_tenant(%s, %s)", (str(run_id), x_stream_key))
         found = await cur.fetchone()
     tenant_id = found[0] if found else None
