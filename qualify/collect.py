@@ -146,11 +146,15 @@ def file_events(control_dir: Path) -> list[Event]:
     return out
 
 
-def workflow_events(address: str, namespace: str, task_queue: str, *, timeout_s: float = 10.0) -> list[Event]:
-    """Every Temporal workflow execution of the scenario's task queue, from Temporal's own
-    visibility store: ``workflow`` events (``workflow_id, run_id_temporal, status``) and one
-    ``workflow_listing`` event (``count``, or ``error`` when Temporal could not be read, so
-    the checker says unknown instead of passing on nothing)."""
+def workflow_events(address: str, namespace: str, task_queue: str, *, since: float | None = None,
+                    timeout_s: float = 10.0) -> list[Event]:
+    """Every Temporal workflow execution of the namespace started since ``since`` (epoch
+    s; None: those of the scenario's task queue only), from Temporal's own visibility
+    store, whatever its id or task queue — a dispatch to the wrong queue or under the
+    wrong id is seen too: ``workflow`` events (``workflow_id, run_id_temporal, status,
+    task_queue, ours``: on the scenario's queue) and one ``workflow_listing`` event
+    (``count``, or ``error`` when Temporal could not be read, so the checker says
+    unknown instead of passing on nothing)."""
     import asyncio
 
     from temporalio.client import Client
@@ -158,10 +162,14 @@ def workflow_events(address: str, namespace: str, task_queue: str, *, timeout_s:
     async def listing() -> list[Event]:
         client = await Client.connect(address, namespace=namespace)
         out: list[Event] = []
-        async for wf in client.list_workflows(f'TaskQueue = "{task_queue}"'):
+        from datetime import UTC, datetime
+
+        query = (f'TaskQueue = "{task_queue}"' if since is None else
+                 f'StartTime >= "{datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}"')
+        async for wf in client.list_workflows(query):
             out.append({"type": "workflow", "workflow_id": wf.id, "run_id_temporal": wf.run_id,
-                        "status": wf.status.name if wf.status else None,
-                        "t": wf.start_time.timestamp()})
+                        "status": wf.status.name if wf.status else None, "task_queue": wf.task_queue,
+                        "ours": wf.task_queue == task_queue, "t": wf.start_time.timestamp()})
         return out
 
     try:

@@ -22,6 +22,8 @@ class Nemesis:
     def __init__(self, history: HistoryRecorder) -> None:
         self.history = history
         self.recorded: list[dict[str, Any]] = []
+        #: Open partitions: proxy name -> (direction, epoch s, stats before, context).
+        self._partitions: dict[str, tuple[str, float, dict[str, Any], dict[str, Any]]] = {}
 
     def _record(self, fault: str, target: str, landed: bool, evidence: dict[str, Any]) -> dict[str, Any]:
         event = self.history.record("fault", fault=fault, target=target, landed=landed, evidence=evidence)
@@ -277,6 +279,44 @@ class Nemesis:
         return self._record("crash_point:stop", proc.name, stopped and in_txn, {
             "point": evidence["point"], "pid": evidence["pid"], **evidence.get("context", {}),
             "stopped": stopped, "owner_sessions": [[p, s, w] for p, s, w in sessions], **context})
+
+    # -- the network (R-Q-11): proxies between one process and PostgreSQL or Temporal ------
+    def partition(self, proxy: Any, direction: str = "both", **context: Any) -> dict[str, Any]:
+        """Black-hole ``proxy`` (a ``qualify.proxy.TcpProxy``) ``direction`` ways; the fault
+        is recorded by ``heal``, which knows whether anything was held (landed)."""
+        proxy.blackhole(direction)
+        self._partitions[proxy.name] = (direction, time.time(), dict(vars(proxy.stats)), context)
+        return {"proxy": proxy.name, "direction": direction}
+
+    def heal(self, proxy: Any, **context: Any) -> dict[str, Any]:
+        """Heal ``proxy``'s partition and record it: landed when bytes of the process (or
+        of its server) were held back while it lasted, the evidence that it struck."""
+        direction, t0, before, started = self._partitions.pop(proxy.name)
+        after = dict(vars(proxy.stats))
+        proxy.heal()
+        held = {d: after[f"held_{d}"] - before[f"held_{d}"] for d in ("up", "down")}
+        waiting = after["opened"] - before["opened"]
+        return self._record(f"partition:{direction}", proxy.name, sum(held.values()) > 0 or (
+            direction == "both" and waiting > 0), {
+            "held_bytes": held, "connections_opened_meanwhile": waiting,
+            "lasted_s": round(time.time() - t0, 3), "upstream": f"{proxy.upstream[0]}:{proxy.upstream[1]}",
+            **started, **context})
+
+    def reset_connections(self, proxy: Any, **context: Any) -> dict[str, Any]:
+        """RST every connection open through ``proxy``; landed when there was one."""
+        n = proxy.reset()
+        return self._record("connection_reset", proxy.name, n > 0, {"connections": n, **context})
+
+    def rpc_error_once(self, proxy: Any, method: str, contains: str, code: str = "NOT_FOUND") -> Any:
+        """Arm ``proxy`` (a ``qualify.proxy.GrpcProxy``) to answer the next ``method`` call
+        naming ``contains`` with ``code``; ``rpc_error_struck`` records whether it did."""
+        return proxy.fail_once(method, contains, code)
+
+    def rpc_error_struck(self, proxy: Any, rule: Any, **context: Any) -> dict[str, Any]:
+        """Record the armed error: landed when a real call of the process was answered with it."""
+        return self._record(f"rpc_error:{rule.code.name}", proxy.name, rule.struck is not None,
+                            {"method": rule.method, "matching": rule.needle.decode(),
+                             "struck": rule.struck, **context})
 
     def kill_sink(self, sink: Any, *, call: dict[str, Any], hold_s: float, **context: Any) -> dict[str, Any]:
         """SIGKILL the side-effect sink while ``call`` is out (R-TOOL-3): it executed the

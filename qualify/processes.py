@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import psutil
@@ -182,14 +182,31 @@ class ManagedProcess:
             kill_tree(self.proc, first=signal.SIGTERM, grace_s=3)
 
 
-class Processes:
-    """Registry of a scenario's processes; ``stop_all`` reaps every one of them."""
+#: Settings of a started process that the checkers judge against, recorded in the
+#: history as a ``process`` event (``qualify.checkers.no_crash_loop``,
+#: ``qualify.checkers.one_workflow_per_generation``).
+RECORDED_SETTINGS = ("QIMPL_PROVIDER_MAX_FAILURES", "QIMPL_TASK_QUEUE")
 
-    def __init__(self, deployment: Deployment, *, launcher: ForkServer | None = None) -> None:
+
+class Processes:
+    """Registry of a scenario's processes; ``stop_all`` reaps every one of them. With a
+    ``history`` (a ``HistoryRecorder``), each start is recorded as a ``process`` event
+    with the ``RECORDED_SETTINGS`` it was given."""
+
+    def __init__(self, deployment: Deployment, *, launcher: ForkServer | None = None,
+                 history: Any = None) -> None:
         self.deployment = deployment
         self.all: dict[str, ManagedProcess] = {}
         #: When set, API and worker processes are forked from it (``qualify.forkserver``).
         self.launcher = launcher
+        self.history = history
+
+    def _started(self, proc: ManagedProcess) -> ManagedProcess:
+        self.all[proc.name] = proc
+        if self.history is not None:
+            self.history.record("process", name=proc.name, kind=proc.kind, settings={
+                k: proc.env[k] for k in RECORDED_SETTINGS if k in proc.env})
+        return proc.spawn()
 
     def _log(self, name: str) -> Path:
         return self.deployment.logs_dir / f"{name}.log"
@@ -215,8 +232,7 @@ class Processes:
                   "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
                   "--no-access-log"],
         )
-        self.all[name] = proc
-        return proc.spawn()
+        return self._started(proc)
 
     def spawn_worker(self, name: str = "worker-1", *,
                      env: Mapping[str, str] | None = None) -> ManagedProcess:
@@ -226,8 +242,7 @@ class Processes:
             env=self.deployment.env("qimpl_worker", **(env or {})),
             argv=[sys.executable, "-m", "qimpl.workflows.worker"], launcher=self.launcher,
         )
-        self.all[name] = proc
-        return proc.spawn()
+        return self._started(proc)
 
     def stop_all(self) -> None:
         errors = []

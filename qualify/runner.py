@@ -129,12 +129,13 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
                             sink_url=sink.url)
     history = HistoryRecorder(out_dir / "history.jsonl")
     history.record("scenario", phase="start", id=scenario.id, seed=seed)
-    processes = Processes(deployment, launcher=launcher)
+    processes = Processes(deployment, launcher=launcher, history=history)
     nemesis = Nemesis(history)
     ctx = ScenarioContext(deployment=deployment, processes=processes, history=history,
                           nemesis=nemesis, rng=random.Random(sub_seed(seed, scenario.id)),
                           stack=stack, sink=sink)
     t0 = time.monotonic()
+    started_at = time.time()
     error_verdict: Verdict | None = None
     error = ""
     try:
@@ -158,12 +159,17 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
                     sink.stop()  # after the workers: none of them can call it any more
                 except Exception as exc:  # noqa: BLE001 - a sink that will not die: crashed
                     error_verdict, error = Verdict.CRASHED, f"could not stop the sink: {exc}"
+                for proxy in ctx.proxies:
+                    try:
+                        proxy.stop()
+                    except Exception as exc:  # noqa: BLE001 - a proxy that will not stop: crashed
+                        error_verdict, error = Verdict.CRASHED, f"could not stop proxy {proxy.name}: {exc}"
     duration = time.monotonic() - t0
     history.record("scenario", phase="end", id=scenario.id)
     try:
         collected = (database_events(dsn) + file_events(control)
                      + workflow_events(deployment.temporal_address, deployment.namespace,
-                                       deployment.task_queue))
+                                       deployment.task_queue, since=started_at - 1.0))
     except Exception as exc:  # noqa: BLE001 - no history means no verdict but crashed
         collected = []
         error_verdict, error = Verdict.CRASHED, f"could not collect the history: {exc}"

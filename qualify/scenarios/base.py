@@ -85,6 +85,32 @@ class ScenarioContext:
     stack: Any = None
     #: The side-effect sink (``qualify.processes.SinkProcess``), for faults that strike it.
     sink: Any = None
+    #: Network proxies the scenario put between a process and a server (R-Q-11); the
+    #: runner stops them after the processes.
+    proxies: list[Any] = field(default_factory=list)
+
+    # -- the network ------------------------------------------------------------
+    def postgres_proxy(self, name: str, role: str = "qimpl_worker") -> tuple[Any, dict[str, str]]:
+        """A ``TcpProxy`` to the scenario's PostgreSQL and the environment that sends a
+        process of ``role`` through it: ``ctx.processes.worker("w", **env)``."""
+        from urllib.parse import urlsplit
+
+        from qualify.proxy import TcpProxy
+
+        dsn = self.deployment.app_dsn(role)
+        where = urlsplit(dsn).netloc.rsplit("@", 1)[-1]
+        proxy = TcpProxy(name, where).start()
+        self.proxies.append(proxy)
+        return proxy, {"QIMPL_DATABASE_URL": dsn.replace("@" + where + "/", "@" + proxy.address + "/", 1)}
+
+    def temporal_proxy(self, name: str, *, grpc: bool = False) -> tuple[Any, dict[str, str]]:
+        """A proxy to Temporal (``GrpcProxy`` when ``grpc``, else ``TcpProxy``) and the
+        environment that sends a process through it."""
+        from qualify.proxy import GrpcProxy, TcpProxy
+
+        proxy: Any = (GrpcProxy if grpc else TcpProxy)(name, self.deployment.temporal_address).start()
+        self.proxies.append(proxy)
+        return proxy, {"QIMPL_TEMPORAL_ADDRESS": proxy.address}
 
     @property
     def control(self) -> Path:

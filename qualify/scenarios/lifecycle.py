@@ -31,6 +31,16 @@ def provider_calls(ctx: ScenarioContext, run_id: str) -> list[dict[str, Any]]:
     return [d for d in map(json.loads, lines) if d["run_id"] == run_id]
 
 
+def writes_by_others_until(ctx: ScenarioContext, run_id: str, token: str, until: float) -> list[tuple[Any, ...]]:
+    """``(writer_token, epoch s)`` of every write to ``run_id`` by a writer other than
+    ``token`` committed at or before ``until`` (the database's clock): two owners at once
+    when ``token``'s session still lived then (R-EXEC-2)."""
+    return ctx.sql(
+        "SELECT writer_token, extract(epoch FROM at)::float8 FROM run_transitions WHERE run_id = %s"
+        " AND writer_token IS NOT NULL AND writer_token <> %s AND at <= to_timestamp(%s)",
+        run_id, token, until)
+
+
 def accepted(ctx: ScenarioContext, api: ManagedProcess, **kwargs: Any) -> str:
     resp = ctx.create_run(api, **kwargs)
     if resp is None or resp.status_code != 202:

@@ -35,6 +35,7 @@ import psycopg
 
 from qualify.fakes.synthetic import make_prompt
 from qualify.scenarios.base import ScenarioContext, scenario
+from qualify.scenarios.lifecycle import writes_by_others_until
 
 __all__ = ["FENCE_CASES", "GUARD_CASES", "INSERT_CASES"]
 
@@ -346,10 +347,7 @@ def owner_cut_off_from_temporal(ctx: ScenarioContext) -> None:
     done = ctx.wait_terminal(api, run, timeout_s=60)
     ctx.expect("the run completed", done["state"] == "completed", done["state"], "R-EXEC-2")
     token = f"{run}:1:{held['attempt']}"
-    early = ctx.sql(
-        "SELECT writer_token, extract(epoch FROM at)::float8 FROM run_transitions WHERE run_id = %s"
-        " AND writer_token IS NOT NULL AND writer_token <> %s AND at <= to_timestamp(%s)",
-        run, token, last_alive)
+    early = writes_by_others_until(ctx, run, token, last_alive)
     ctx.expect("no other attempt wrote while the first owner's session lived", not early,
                f"{len(early)} writes before {last_alive:.3f}: {early[:3]}", "R-EXEC-2", "R-EXEC-7")
 

@@ -1,0 +1,255 @@
+"""The network nemesis (R-Q-11): partitions between one qimpl process and PostgreSQL or
+Temporal, and a single injected RPC error, struck through the harness's own proxies
+(``qualify.proxy``) so they run on any stack, also one the harness did not boot.
+
+Each fault records its evidence: bytes of the process held back while a partition
+lasted, the gRPC call an injected error answered. Times are read on the database's clock.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from qimpl.lifecycle import workflow_id
+from qualify.fakes.synthetic import make_prompt
+from qualify.scenarios.base import ScenarioContext, scenario
+from qualify.scenarios.lifecycle import accepted, writes_by_others_until
+from qualify.scenarios.takeover import LEASE_S, SLOW, SLOW_HB_S, WITHIN_S, watcher_failures
+
+__all__: list[str] = []
+
+STEPS = 4
+
+
+def _db_now(ctx: ScenarioContext) -> float:
+    return float(ctx.sql("SELECT extract(epoch FROM clock_timestamp())::float8")[0][0])
+
+
+def _owner_sessions(ctx: ScenarioContext, run_id: str) -> set[int]:
+    return {int(r[0]) for r in ctx.sql("SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                                       f"qimpl-owner:{run_id}")}
+
+
+def _until(what: Any, timeout_s: float, interval_s: float = 0.05) -> Any:
+    """``what()``'s first truthy value within ``timeout_s``, else its last value."""
+    deadline = time.monotonic() + timeout_s
+    value = what()
+    while not value and time.monotonic() < deadline:
+        time.sleep(interval_s)
+        value = what()
+    return value
+
+
+@scenario(
+    "owner-partitioned-from-postgres",
+    title=f"Partition the owner's worker from PostgreSQL (both ways, Temporal still reachable) mid-step, "
+          f"lease {LEASE_S:.0f} s, heartbeat timeout {SLOW_HB_S:.0f} s: PostgreSQL ends the silent lease "
+          f"session, the watcher fails the cut-off attempt and a survivor commits the next checkpoint "
+          f"within {WITHIN_S:.0f} s; after the heal the old owner writes nothing",
+    requirements=("R-Q-11", "R-EXEC-2", "R-EXEC-7", "R-EXEC-11", "R-EXEC-13"),
+    faults=("partition of worker-1 from PostgreSQL (both ways)",),
+)
+def owner_partitioned_from_postgres(ctx: ScenarioContext) -> None:
+    proxy, via = ctx.postgres_proxy("worker-1<->postgres")
+    api = ctx.processes.api(**SLOW)
+    owner = ctx.processes.worker("worker-1", **SLOW, **via)
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="across a partition",
+                                                   barrier={"step": 2, "name": "cut"}))
+    held = ctx.wait_barrier("cut")
+    survivor = ctx.processes.worker("worker-2", **SLOW)
+    before = _owner_sessions(ctx, run_id)
+    ctx.nemesis.partition(proxy, "both", run_id=run_id, attempt=held["attempt"])
+    cut_at = _db_now(ctx)
+    ctx.release_barrier("cut")  # the owner goes on: its checkpoint is held in the partition
+    rows = _until(lambda: ctx.sql(
+        "SELECT attempt, extract(epoch FROM created_at)::float8 FROM run_checkpoints"
+        " WHERE run_id = %s AND step = 2", run_id), WITHIN_S)
+    gone = not (before & _owner_sessions(ctx, run_id))
+    ctx.nemesis.heal(proxy, run_id=run_id)
+    took = round(float(rows[0][1]) - cut_at, 3) if rows else None
+    ctx.figures["takeover_after_partition_s"] = took if took is not None else -1.0
+    ctx.expect("PostgreSQL ended the cut-off owner's lease session (its lock freed)", bool(before) and gone,
+               f"owner sessions before {sorted(before)}, now {sorted(_owner_sessions(ctx, run_id))}",
+               "R-EXEC-11")
+    ctx.expect(f"a survivor committed checkpoint 2 within {WITHIN_S:.0f} s of the partition, by a later attempt",
+               bool(rows) and int(rows[0][0]) > int(held["attempt"]),
+               f"{took} s after the partition (database clock), by attempt {rows[0][0] if rows else None};"
+               f" the owner was attempt {held['attempt']}", "R-EXEC-13", "R-Q-11")
+    ended = [f for f in watcher_failures([owner, survivor]) if f["run_id"] == run_id]
+    ctx.expect("the watcher ended the cut-off attempt by its task token",
+               any(f["by"] == "token" and int(f["attempt"]) == int(held["attempt"]) for f in ended),
+               f"watcher failures {ended}", "R-EXEC-13")
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    token = f"{run_id}:1:{held['attempt']}"
+    late = ctx.sql("SELECT row_version FROM run_transitions WHERE run_id = %s AND writer_token = %s"
+                   " AND at > to_timestamp(%s)", run_id, token, cut_at)
+    ctx.expect("the old owner wrote nothing after the partition, healed or not", not late,
+               f"writes by {token} after the partition: {late}", "R-EXEC-7", "R-EXEC-2")
+    ctx.expect("run completed", run["state"] == "completed", run["state"], "R-EXEC-13")
+
+
+@scenario(
+    "owner-partitioned-from-temporal",
+    title="Partition the owner's worker from Temporal (both ways, PostgreSQL still reachable) for "
+          "3 x the heartbeat timeout mid-step: its lease session lives, so no later attempt claims "
+          "or writes while it does; after the heal the run completes (the per-process twin of "
+          "owner-cut-off-from-temporal, which pauses the whole server)",
+    requirements=("R-Q-11", "R-EXEC-2", "R-EXEC-7"),
+    faults=("partition of worker-1 from Temporal (both ways)",),
+)
+def owner_partitioned_from_temporal(ctx: ScenarioContext) -> None:
+    proxy, via = ctx.temporal_proxy("worker-1<->temporal")
+    api = ctx.processes.api()
+    ctx.processes.worker("worker-1", **via)
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=3, barrier={"step": 2, "name": "cut"}))
+    held = ctx.wait_barrier("cut")
+    ctx.processes.worker("worker-2")
+    first = _owner_sessions(ctx, run_id)
+    h = ctx.deployment.heartbeat_timeout_s
+    # The database-clock time the owner's session was last seen alive: no other attempt
+    # may have written by then (two owners at once).
+    last_alive = 0.0
+
+    def alive() -> bool:
+        nonlocal last_alive
+        rows = ctx.sql("SELECT count(*) FILTER (WHERE pid = ANY(%s)), extract(epoch FROM clock_timestamp())::float8"
+                       " FROM pg_stat_activity WHERE application_name = %s", list(first), f"qimpl-owner:{run_id}")
+        if rows[0][0]:
+            last_alive = float(rows[0][1])
+        return bool(rows[0][0])
+
+    ctx.nemesis.partition(proxy, "both", run_id=run_id)
+    lived = True
+    until = time.monotonic() + 3 * h
+    while time.monotonic() < until:  # the partition's length is the fault itself
+        lived = alive() and lived
+        time.sleep(0.1)
+    ctx.nemesis.heal(proxy, run_id=run_id)
+    ctx.expect("the owner's lease session lived through its partition from Temporal", lived and bool(first),
+               f"owner sessions {sorted(first)}", "R-EXEC-2", "R-Q-11")
+    ctx.release_barrier("cut")
+    _until(lambda: not alive(), 60)
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    ctx.expect("the run completed", run["state"] == "completed", run["state"], "R-EXEC-2")
+    token = f"{run_id}:1:{held['attempt']}"
+    early = writes_by_others_until(ctx, run_id, token, last_alive)
+    ctx.expect("no other attempt wrote while the partitioned owner's session lived", not early,
+               f"{len(early)} writes by then ({last_alive:.3f}): {early[:3]}", "R-EXEC-2", "R-EXEC-7")
+
+
+@scenario(
+    "reconciler-sees-one-not-found",
+    title="The reconciler's Temporal answers NOT_FOUND once for a live run's workflow: the run is "
+          "not ended (missing is judged on two sweeps), the next look finds it open, it completes",
+    requirements=("R-Q-11", "R-OPS-8", "R-CREATE-5"),
+    faults=("one DescribeWorkflowExecution answered NOT_FOUND",),
+)
+def reconciler_sees_one_not_found(ctx: ScenarioContext) -> None:
+    from qualify.scenarios.reconciler import RECONCILE
+
+    proxy, via = ctx.temporal_proxy("reconciler-1<->temporal", grpc=True)
+    api = ctx.processes.api()
+    ctx.processes.worker("worker-1")
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=2, barrier={"step": 1, "name": "live"}))
+    wf = workflow_id(run_id, 1)
+    ctx.wait_barrier("live")
+    rule = ctx.nemesis.rpc_error_once(proxy, "DescribeWorkflowExecution", wf, "NOT_FOUND")
+    ctx.processes.worker("reconciler-1", **RECONCILE, **via,
+                         QIMPL_TASK_QUEUE=f"{ctx.deployment.task_queue}-reconcile-only")
+
+    def looked_again() -> bool:
+        return rule.struck is not None and any(
+            c["method"] == "DescribeWorkflowExecution" and not c["struck"] and c["t"] > rule.struck["t"]
+            and wf.encode() in c["request"] for c in list(proxy.calls))
+
+    again = _until(looked_again, 20)
+    ctx.nemesis.rpc_error_struck(proxy, rule, run_id=run_id)
+    state = ctx.sql("SELECT state, error_code FROM runs WHERE run_id = %s", run_id)[0]
+    ctx.expect("the reconciler looked at the workflow again after the NOT_FOUND, the run still live",
+               bool(again) and state[0] == "running",
+               f"looked again: {bool(again)}; run {state[0]}/{state[1]}", "R-OPS-8", "R-Q-11")
+    ctx.release_barrier("live")
+    run = ctx.wait_terminal(api, run_id, timeout_s=30)
+    ctx.expect("one NOT_FOUND did not end the run: it completed", run["state"] == "completed",
+               json.dumps({k: run.get(k) for k in ("state", "error_code")}), "R-OPS-8")
+
+
+MID_CREATE = "api.after_dispatch"
+
+
+def _body(resp: Any) -> dict[str, Any]:
+    """A response's JSON object ({} for none or another content type)."""
+    if resp is None or "json" not in resp.headers.get("content-type", ""):
+        return {}
+    doc = resp.json()
+    return doc if isinstance(doc, dict) else {}
+
+
+@scenario(
+    "api-partitioned-from-postgres-mid-create",
+    title="Partition an API from PostgreSQL (both ways) between two requests, and another one in the "
+          "middle of a create (its run committed and dispatched, the confirming write not yet sent): "
+          "each client gets a coded answer within the API's database bounds (503 "
+          "database_unavailable; 503 durable_dispatch_unknown with the receipt), nothing is half "
+          "written, and the same requests after the heal give exactly one run each",
+    requirements=("R-Q-11", "R-CREATE-1", "R-CREATE-2", "R-CREATE-3", "R-CREATE-5"),
+    faults=("partition of api-1 from PostgreSQL (both ways)", "partition of api-2 from PostgreSQL (both ways)"),
+    crash_points=(MID_CREATE,),
+)
+def api_partitioned_from_postgres_mid_create(ctx: ScenarioContext) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    proxy, via = ctx.postgres_proxy("api-1<->postgres", role="qimpl_api")
+    api = ctx.processes.api(**via)
+    ctx.processes.worker("worker-1")
+    accepted(ctx, api, prompt=make_prompt(steps=1))  # the pool's connections are open, through the proxy
+    ctx.nemesis.partition(proxy, "both")
+    t0 = time.monotonic()
+    resp = ctx.create_run(api, prompt=make_prompt(steps=1, answer="once"), key="between-requests", timeout_s=30)
+    took = round(time.monotonic() - t0, 3)
+    ctx.nemesis.heal(proxy)
+    ctx.figures["api_answer_in_partition_s"] = took
+    body = _body(resp)
+    ctx.expect("a request to the cut-off API got 503 database_unavailable, retryable",
+               resp is not None and resp.status_code == 503 and body.get("code") == "database_unavailable"
+               and body.get("retryable") is True,
+               f"{resp.status_code if resp is not None else 'no answer'} {str(body)[:200]} after {took} s",
+               "R-CREATE-1", "R-Q-11")
+
+    proxy2, via2 = ctx.postgres_proxy("api-2<->postgres", role="qimpl_api")
+    api2 = ctx.processes.api("api-2", QIMPL_CRASH_POINTS=f"{MID_CREATE}:hold", **via2)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(ctx.create_run, api2, prompt=make_prompt(steps=1, answer="once"),
+                              key="mid-create", timeout_s=30)
+        evidence = ctx.wait_crash_point(MID_CREATE, api2)
+        ctx.nemesis.partition(proxy2, "both", run_id=evidence.get("context", {}).get("run_id"))
+        t1 = time.monotonic()
+        ctx.release_crash_point(MID_CREATE)
+        mid = pending.result()
+        took2 = round(time.monotonic() - t1, 3)
+    ctx.nemesis.heal(proxy2)
+    ctx.figures["api_answer_mid_create_s"] = took2
+    body2 = _body(mid)
+    ctx.expect("the create cut off mid-way got 503 durable_dispatch_unknown carrying its receipt",
+               mid is not None and mid.status_code == 503 and body2.get("code") == "durable_dispatch_unknown"
+               and bool((body2.get("receipt") or {}).get("run_id")),
+               f"{mid.status_code if mid is not None else 'no answer'} {str(body2)[:200]} after {took2} s",
+               "R-CREATE-3", "R-Q-11")
+
+    finals = {}
+    for key, via_api in (("between-requests", api), ("mid-create", api2)):
+        again = _until(lambda via_api=via_api, key=key: (
+            r := ctx.create_run(via_api, prompt=make_prompt(steps=1, answer="once"), key=key))
+            is not None and r.status_code == 202 and r, 20, interval_s=0.2)
+        if again:
+            finals[key] = ctx.wait_terminal(via_api, str(again.json()["run_id"]), timeout_s=30)
+    receipt_run = (body2.get("receipt") or {}).get("run_id")
+    runs = ctx.sql("SELECT count(*) FROM runs")[0][0]
+    ctx.expect("the same requests after the heal were accepted: three runs in all, the mid-create one"
+               " is the run of its receipt, each completed",
+               runs == 3 and len(finals) == 2 and all(f["state"] == "completed" for f in finals.values())
+               and finals.get("mid-create", {}).get("run_id") == receipt_run,
+               f"{runs} runs; {({k: (f.get('run_id'), f['state']) for k, f in finals.items()})}; receipt {receipt_run}",
+               "R-CREATE-2", "R-CREATE-5", judged=len(finals))
