@@ -25,6 +25,7 @@ __all__ = [
     "event_journal_matches_run_record",
     "event_prunes_bounded",
     "journal_matches_run_record",
+    "no_crash_loop",
     "no_execution_without_intent",
     "no_side_effect_repeated",
     "no_step_repeated_after_checkpoint",
@@ -668,15 +669,25 @@ _WORKFLOW_ID = re.compile(r"^agent-run-(?P<run>[0-9a-f-]{36})-g(?P<gen>[0-9]+)$"
 def one_workflow_per_generation(history: Sequence[Event]) -> Check:
     """Temporal holds at most one execution per workflow id, and every durable workflow id
     names a generation its run reached (R-CREATE-5): dispatch identity held under
-    retries, reconciler sweeps and faults. Vacuous without ``workflow`` events."""
+    retries, reconciler sweeps and faults. Judges every workflow of the namespace the
+    listing saw that is the scenario's — on its task queue, or naming one of its runs
+    under any id or queue: a workflow naming one of its runs on another task queue is a
+    misdirected dispatch (unless a process of the scenario was started on that queue, its
+    ``process`` events). Vacuous without ``workflow`` events."""
     name = "one Temporal workflow per run generation"
     failed = [e["error"] for e in _of(history, "workflow_listing") if e.get("error")]
     if failed:
         return Check(name, None, f"Temporal's executions could not be listed: {failed[0]}",
                      ("R-CREATE-5", "R-Q-5"))
     generations = {str(e["run_id"]): int(e["generation"]) for e in _of(history, "run")}
-    per_id = Counter(str(e["workflow_id"]) for e in _of(history, "workflow"))
+    ours = [e for e in _of(history, "workflow")
+            if e.get("ours", True) or any(run in str(e["workflow_id"]) for run in generations)]
+    per_id = Counter(str(e["workflow_id"]) for e in ours)
     bad = [f"{wid}: {n} executions" for wid, n in per_id.items() if n > 1]
+    queues = {str(e["settings"]["QIMPL_TASK_QUEUE"]) for e in _of(history, "process")
+              if "QIMPL_TASK_QUEUE" in (e.get("settings") or {})}
+    bad += [f"{e['workflow_id']}: started on task queue {e.get('task_queue')}, where no process of the"
+            " scenario was" for e in ours if e.get("ours") is False and e.get("task_queue") not in queues]
     for wid in per_id:
         m = _WORKFLOW_ID.match(wid)
         if m is None:
@@ -784,6 +795,49 @@ def provider_calls_recorded(history: Sequence[Event]) -> Check:
                  reqs, judged=asked_n + recorded_n + reads)
 
 
+#: How often the harness lets one step be asked of the provider: the documented default of
+#: ``QIMPL_PROVIDER_MAX_FAILURES`` (5), which no catalog scenario raises (R-EXEC-12).
+ASK_BOUND = 5
+#: How many times in a row a run may be claimed by a new attempt with no checkpoint
+#: committed in between before it is judged a crash loop (R-EXEC-12, R-EXEC-6).
+CLAIMS_WITHOUT_PROGRESS = 12
+
+
+def no_crash_loop(history: Sequence[Event]) -> Check:
+    """Crash loops are judged, not left to end as a late ``expired`` (R-EXEC-12, R-EXEC-6):
+    per durable run, no step was asked of the provider (the owners' own records, which
+    are written before each call and count every attempt's ask) more than ``ASK_BOUND``
+    times, or than the lowest ``QIMPL_PROVIDER_MAX_FAILURES`` a process of the history
+    was started with (its ``process`` events), and no run was claimed by ``CLAIMS_WITHOUT_PROGRESS`` new attempts in a row
+    without a checkpoint committed between two of them. Judges every durable run with
+    a provider record or a claim."""
+    name = "no crash loop: each step asked a bounded number of times, attempts make progress"
+    bound = min([ASK_BOUND, *(int(e["settings"]["QIMPL_PROVIDER_MAX_FAILURES"]) for e in _of(history, "process")
+                              if "QIMPL_PROVIDER_MAX_FAILURES" in (e.get("settings") or {}))])
+    asks = Counter((str(e["run_id"]), int(e["step"])) for e in _of(history, "provider_call_record"))
+    bad = [f"{run}: step {step} asked {n} times (bound {bound})"
+           for (run, step), n in sorted(asks.items()) if n > bound]
+    checkpoints = _by_run(_of(history, "checkpoint"))
+    judged = {run for run, _ in asks}
+    for run, evs in _by_run(_of(history, "transition")).items():
+        done = sorted(int(c["row_version"]) for c in checkpoints.get(run, []))
+        streak, owner = 0, None
+        for e in sorted(evs, key=lambda e: int(e["row_version"])):
+            attempt = (e.get("generation"), e.get("owner_attempt"))
+            if e.get("owner_attempt") is not None and attempt != owner:
+                judged.add(run)
+                streak += 1
+                if streak > CLAIMS_WITHOUT_PROGRESS:
+                    bad.append(f"{run}: {streak} attempts claimed it in a row without a checkpoint"
+                               f" (up to v{e['row_version']})")
+                    break
+            owner = attempt if e.get("owner_attempt") is not None else owner
+            if int(e["row_version"]) in done:
+                streak = 0
+    return Check(name, not bad, _summary(bad) or f"{len(judged)} runs", ("R-EXEC-12", "R-EXEC-6"),
+                 judged=len(judged))
+
+
 SLOT_STATES = frozenset({"running", "awaiting_approval"})
 
 
@@ -838,6 +892,7 @@ GENERIC_CHECKERS: tuple[Callable[[Sequence[Event]], Check], ...] = (
     deadline_from_acceptance,
     one_workflow_per_generation,
     provider_calls_recorded,
+    no_crash_loop,
 )
 
 

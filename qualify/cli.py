@@ -257,6 +257,7 @@ def selftest(
     mutant: Annotated[list[str] | None, typer.Option("--mutant", "-m", help="mutant name (repeatable); default the whole catalog")] = None,
     ci: Annotated[bool, typer.Option("--ci", help="only the catalog's CI subset")] = False,
     seed: Annotated[int, typer.Option(min=0, help="seed of every mutant's scenario")] = 3,
+    seeds: Annotated[int, typer.Option(min=1, max=10, help="run each mutant (and the baseline) with this many seeds from --seed on; caught only if caught on each")] = 1,
     reports_dir: ReportsOpt = Path("reports"),
 ) -> None:
     """Break each mechanism of qimpl in a temporary copy and check that qualification fails
@@ -267,13 +268,18 @@ def selftest(
     interrupt.install()
 
     def shown(r: dict[str, Any]) -> None:
-        mark = "[green]caught[/]" if r["caught"] else "[red]MISSED[/]"
+        mark = "[green]caught[/]" if r["caught"] else ("[red]MISSED[/]" if r["proven"] else "[yellow]UNPROVEN[/]")
         console.print(f"  {esc(r['name'])} … {mark} ({r['duration_s']} s): {esc(r['expected_check'] if r['caught'] else ', '.join(r['failed_checks']) or r['verdict'])}")
 
     def body() -> int:
         names = list(mutant or []) or (list(CI_SUBSET) if ci else [])
-        summary, out, code = run_selftest(names, reports_root=reports_dir, seed=seed, progress=shown)
-        console.print(f"kill rate {summary['caught']}/{summary['total']}; report: {out}")
+        summary, out, code = run_selftest(names, reports_root=reports_dir, seed=seed, seeds=seeds, progress=shown)
+        if summary["unproven_scenarios"]:
+            console.print(f"[yellow]baseline[/]: {len(summary['unproven_scenarios'])} scenario(s) fail unmutated: "
+                          + esc(", ".join(summary["unproven_scenarios"])))
+        console.print(f"kill rate {summary['caught']}/{summary['total']} (baseline: "
+                      f"{len(summary['baseline']) - len(summary['unproven_scenarios'])}/{len(summary['baseline'])} "
+                      f"scenarios pass unmutated); report: {out}")
         return code
 
     raise typer.Exit(_guarded(body))

@@ -31,7 +31,6 @@ WAIVED: Mapping[str, str] = {
     # when the issue lands.
     "R-READ-5": "not built yet: the list routes (issue 25, item 10)",
     "R-EVENT-6": "not built yet: browser EventSource clients (issue 25, item 5)",
-    "R-Q-11": "not built yet: the network nemesis (issue 23, item 3)",
     "R-Q-12": "this gate: tests/unit/test_coverage_gate.py (the gate run on a real summary with each "
               "scenario family removed, and every generic checker on an empty history)",
 }

@@ -301,6 +301,12 @@ CATALOG: tuple[Mutant, ...] = (
                "            if False:\n"),),
         "poison-step", "the run failed agent_step_asks_exhausted"),
     Mutant(
+        "crash-loop-left-to-the-deadline", "a crash loop is judged by the generic checker, not only by its scenario (R-EXEC-12)",
+        (Patch("qimpl/workflows/activities.py",
+               "            if await owner.asks(step) >= inp.max_provider_failures:\n",
+               "            if False:\n"),),
+        "poison-step", "no crash loop: each step asked a bounded number of times, attempts make progress"),
+    Mutant(
         "deadline-metric-misses-expiries", "the deadline metric counts every expiry (R-OPS-6)",
         (Patch("qimpl/metrics.py", '        if state == "expired":\n            ended = n\n', ""),),
         "expiry-mid-run", "the deadline metric counts the run its own workflow expired"),
@@ -334,6 +340,52 @@ CATALOG: tuple[Mutant, ...] = (
                "                      held.key = pg_catalog")),
         "watcher-never-ends-a-live-owner",
         "the watcher ended only attempts of the killed worker or attempts that never ran"),
+    Mutant(
+        "one-approval-serves-identical-calls", "one approval runs one call (R-TOOL-5): the used set and the call binding",
+        (Patch("qimpl/journal.py", "    taken = set(used)\n", "    taken: set[str] = set()\n"),
+         Patch("qimpl/journal.py",
+               '            if decision["call_id"] == call_id and decision.get("action_version") == version:',
+               '            if True:')),
+        "one-approval-one-call", "identical call 2 waited for an approval of its own, 1 run so far"),
+    Mutant(
+        "guard-lets-a-late-run-resume", "after its deadline a run may only end (QG006 alone, R-EXEC-8)",
+        (Patch(GUARD_ALL_WRITES,
+               "    IF OLD.lifecycle_version = 2 AND clock_timestamp() >= OLD.deadline_at\n",
+               "    IF false AND OLD.lifecycle_version = 2 AND clock_timestamp() >= OLD.deadline_at\n"),),
+        "stale-writers-refused",
+        "the guard refuses a new generation after the deadline: the run may only end (QG006)"),
+    Mutant(
+        "guard-lets-a-resume-past-an-unknown-outcome", "no new generation over an unsettled tool call (QG010 alone, R-RESUME-3)",
+        (Patch(GUARD_ALL_WRITES,
+               "    IF OLD.state = 'awaiting_input' AND NEW.generation > OLD.generation\n",
+               "    IF false AND OLD.state = 'awaiting_input' AND NEW.generation > OLD.generation\n"),),
+        "tool-reply-lost", "the guard refuses a new generation while a tool outcome is unknown (QG010)"),
+    # The network nemesis (R-Q-11): each partition or RPC error guards a mechanism.
+    Mutant(
+        "reconciler-trusts-one-not-found", "a workflow is judged missing on two sweeps, not one answer (R-OPS-8)",
+        (Patch("qimpl/reconciler.py",
+               'if status == "missing" and key not in _missing_since:',
+               'if False and status == "missing" and key not in _missing_since:'),),
+        "reconciler-sees-one-not-found", "one NOT_FOUND did not end the run: it completed"),
+    Mutant(
+        "watcher-blind-to-a-partitioned-owner", "takeover of an owner cut off from PostgreSQL (R-EXEC-13)",
+        (Patch("qimpl/watcher.py",
+               "        self.tracker.token_failed(key, token)\n        try:\n",
+               "        self.tracker.token_failed(key, token)\n        return\n        try:\n"),),
+        "owner-partitioned-from-postgres", "the watcher ended the cut-off attempt by its task token"),
+    Mutant(
+        "lock-not-taken-under-a-temporal-partition", "the advisory lock keeps a cut-off owner's run (R-EXEC-2)",
+        (Patch("qimpl/workflows/lease.py",
+               'cur = await conn.execute(f"SELECT pg_try_advisory_lock({lock_key_sql})", (self.run_id,))',
+               'cur = await conn.execute("SELECT true")'),),
+        "owner-partitioned-from-temporal", "no other attempt wrote while the partitioned owner's session lived"),
+    Mutant(
+        "api-waits-on-a-silent-database", "the API's client-side database bound (QIMPL_API_DB_TIMEOUT_S)",
+        (Patch("qimpl/db/sessions.py",
+               "handle = asyncio.get_running_loop().call_later(seconds, cut)",
+               "handle = asyncio.get_running_loop().call_later(3600, cut)"),),
+        "api-partitioned-from-postgres-mid-create",
+        "a request to the cut-off API got 503 database_unavailable, retryable"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).

@@ -3,10 +3,16 @@
 Each mutant of ``qualify.mutants.CATALOG`` is applied to a temporary copy of ``qimpl``
 and ``qualify``; its scenario then runs from the copy (a real ``qualify run`` in a
 subprocess, with its own disposable stack), and the mutant is *caught* when the verdict
-is ``fail`` with the catalog's check among the failed ones. The result — per mutant,
-caught or missed and the checks that fired — and the kill rate go to
-``<reports>/<stamp>-selftest/selftest.json`` and ``selftest.md``. Exit 0 only when every
-mutant was caught.
+is ``fail`` with the catalog's check among the failed ones.
+
+The self-test proves itself first: the *baseline* runs every chosen mutant's scenario on
+the unmutated code with the same seeds, and a mutant whose scenario does not pass there
+is ``unproven`` (its failure might be the scenario's, not the mutant's), never caught.
+Each mutant runs with every seed asked for (``seeds``: timing-dependent catches must
+hold on more than one schedule) and is caught only when caught on each. The result —
+the baseline, per mutant and seed caught or missed and the checks that fired — and the
+kill rate go to ``<reports>/<stamp>-selftest/selftest.json`` and ``selftest.md``. Exit 0
+only when every mutant was caught.
 """
 
 from __future__ import annotations
@@ -46,36 +52,58 @@ def apply_mutant(mutant: Mutant, dest: Path, root: Path = ROOT) -> None:
         target.write_text(text.replace(patch.old, patch.new))
 
 
-def _run_one(mutant: Mutant, *, seed: int, work: Path) -> dict[str, Any]:
-    copy = work / "copy"
-    apply_mutant(mutant, copy)
-    reports = work / "reports"
-    env = {**os.environ, "PYTHONPATH": str(copy)}
-    t0 = time.monotonic()
+def _qualify(scenarios: Sequence[str], *, seed: int, cwd: Path, reports: Path, parallel: int = 1,
+             timeout_s: float = MUTANT_TIMEOUT_S) -> tuple[int | None, dict[str, dict[str, Any]]]:
+    """Run ``qualify run`` on ``scenarios`` from the code in ``cwd``; (exit code or None
+    on timeout, scenario id -> its document)."""
+    env = {**os.environ, "PYTHONPATH": str(cwd)}
+    argv = [sys.executable, "-m", "qualify.cli", "run", "--seed", str(seed), "--reruns", "0",
+            "--reports-dir", str(reports), "-n", str(parallel)]
+    for sid in scenarios:
+        argv += ["-s", sid]
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "qualify.cli", "run", "-s", mutant.scenario, "--seed", str(seed),
-             "--reruns", "0", "--reports-dir", str(reports)],
-            cwd=copy, env=env, capture_output=True, text=True, timeout=MUTANT_TIMEOUT_S, check=False)
+        proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s,
+                              check=False)
         code: int | None = proc.returncode
     except subprocess.TimeoutExpired:
         code = None
     found = sorted(reports.glob("*/summary.json"))
-    verdict, failed = "timeout" if code is None else "no report", []
-    if found:
-        summary = json.loads(found[-1].read_text())
-        scenarios = summary.get("scenarios") or [{}]
-        verdict = str(scenarios[0].get("status"))
-        failed = [str(c["name"]) for c in scenarios[0].get("checks", []) if c.get("ok") is False]
-    return {"name": mutant.name, "mechanism": mutant.mechanism, "scenario": mutant.scenario,
-            "expected_check": mutant.check, "verdict": verdict, "failed_checks": failed,
+    docs = {str(d["id"]): d for d in json.loads(found[-1].read_text()).get("scenarios", [])} if found else {}
+    return code, docs
+
+
+def baseline(scenarios: Sequence[str], *, seeds: Sequence[int], work: Path, parallel: int = 2
+             ) -> dict[str, dict[int, str]]:
+    """Each scenario's verdict per seed on the unmutated code (``ROOT``): scenario ->
+    seed -> ``pass`` / ``fail`` / ... (``timeout`` / ``no report`` when the run broke)."""
+    out: dict[str, dict[int, str]] = {sid: {} for sid in scenarios}
+    for seed in seeds:
+        code, docs = _qualify(scenarios, seed=seed, cwd=ROOT, reports=work / f"baseline-{seed}",
+                              parallel=min(parallel, len(scenarios)) or 1,
+                              timeout_s=MUTANT_TIMEOUT_S * max(1, len(scenarios) // max(parallel, 1)))
+        for sid in scenarios:
+            out[sid][seed] = str(docs[sid]["status"]) if sid in docs else (
+                "timeout" if code is None else "no report")
+    return out
+
+
+def _run_one(mutant: Mutant, *, seed: int, work: Path) -> dict[str, Any]:
+    copy = work / "copy"
+    apply_mutant(mutant, copy)
+    t0 = time.monotonic()
+    code, docs = _qualify([mutant.scenario], seed=seed, cwd=copy, reports=work / "reports")
+    doc = docs.get(mutant.scenario)
+    verdict = str(doc["status"]) if doc else ("timeout" if code is None else "no report")
+    failed = [str(c["name"]) for c in (doc or {}).get("checks", []) if c.get("ok") is False]
+    return {"seed": seed, "verdict": verdict, "failed_checks": failed,
             "caught": verdict == "fail" and mutant.check in failed, "exit_code": code,
             "duration_s": round(time.monotonic() - t0, 1)}
 
 
-def run_selftest(names: Sequence[str], *, reports_root: Path, seed: int = 3,
+def run_selftest(names: Sequence[str], *, reports_root: Path, seed: int = 3, seeds: int = 1,
                  progress: Callable[[dict[str, Any]], None] | None = None) -> tuple[dict[str, Any], Path, int]:
-    """Run the named mutants (all when empty); returns (summary, report dir, exit code)."""
+    """Run the named mutants (all when empty) with ``seeds`` seeds from ``seed`` on, after
+    the unmutated baseline of their scenarios; returns (summary, report dir, exit code)."""
     by_name = {m.name: m for m in CATALOG}
     unknown = [n for n in names if n not in by_name]
     if unknown:
@@ -84,23 +112,45 @@ def run_selftest(names: Sequence[str], *, reports_root: Path, seed: int = 3,
     with tempfile.TemporaryDirectory(prefix="qualify-selftest-") as tmp:
         for m in chosen:  # refuse a stale catalog before spending minutes on the rest
             apply_mutant(m, Path(tmp) / m.name)
+    seed_list = [seed + i for i in range(max(1, seeds))]
+    with tempfile.TemporaryDirectory(prefix="qualify-selftest-baseline-") as tmp:
+        base = baseline(sorted({m.scenario for m in chosen}), seeds=seed_list, work=Path(tmp))
     results = []
     for m in chosen:
-        with tempfile.TemporaryDirectory(prefix="qualify-selftest-") as tmp:
-            result = _run_one(m, seed=seed, work=Path(tmp))
+        runs = []
+        for s in seed_list:
+            with tempfile.TemporaryDirectory(prefix="qualify-selftest-") as tmp:
+                runs.append(_run_one(m, seed=s, work=Path(tmp)))
+        proven = all(base[m.scenario].get(s) == "pass" for s in seed_list)
+        result = {"name": m.name, "mechanism": m.mechanism, "scenario": m.scenario,
+                  "expected_check": m.check, "baseline": base[m.scenario], "proven": proven,
+                  "runs": runs, "verdict": runs[-1]["verdict"],
+                  "failed_checks": sorted({c for r in runs for c in r["failed_checks"]}),
+                  "caught": proven and all(r["caught"] for r in runs),
+                  "duration_s": round(sum(r["duration_s"] for r in runs), 1)}
         results.append(result)
         if progress:
             progress(result)
     caught = sum(r["caught"] for r in results)
-    summary = {"seed": seed, "mutants": results, "caught": caught, "total": len(results),
+    unproven = sorted({r["scenario"] for r in results if not r["proven"]})
+    summary = {"seed": seed, "seeds": seed_list, "baseline": base, "unproven_scenarios": unproven,
+               "mutants": results, "caught": caught, "total": len(results),
                "kill_rate": round(caught / len(results), 3) if results else 1.0}
     out = reports_root / f"{utc_stamp()}-selftest"
     out.mkdir(parents=True, exist_ok=True)
     (out / "selftest.json").write_text(json.dumps(summary, indent=2))
-    lines = ["# qualify selftest", "", f"Kill rate: {caught}/{len(results)} (seed {seed})", "",
-             "| mutant | mechanism | scenario | verdict | caught by |", "|---|---|---|---|---|"]
+    lines = ["# qualify selftest", "", f"Kill rate: {caught}/{len(results)} (seeds {', '.join(map(str, seed_list))})",
+             "", f"Baseline (unmutated code, same seeds): {len(base) - len(unproven)} of {len(base)} scenarios pass"
+             + (f"; not passing, so their mutants prove nothing: {', '.join(unproven)}" if unproven else ""),
+             "", "| mutant | mechanism | scenario | verdicts per seed | caught by |", "|---|---|---|---|---|"]
     for r in results:
-        by = r["expected_check"] if r["caught"] else "MISSED (" + (", ".join(r["failed_checks"]) or "no check") + ")"
-        lines.append(f"| {r['name']} | {r['mechanism']} | {r['scenario']} | {r['verdict']} | {by} |")
+        if r["caught"]:
+            by = r["expected_check"]
+        elif not r["proven"]:
+            by = f"UNPROVEN (baseline {r['baseline']})"
+        else:
+            by = "MISSED (" + (", ".join(r["failed_checks"]) or "no check") + ")"
+        verdicts = " / ".join(x["verdict"] for x in r["runs"])
+        lines.append(f"| {r['name']} | {r['mechanism']} | {r['scenario']} | {verdicts} | {by} |")
     (out / "selftest.md").write_text("\n".join(lines) + "\n")
     return summary, out, 0 if caught == len(results) else 1

@@ -34,10 +34,11 @@ from typing import Any
 import psycopg
 
 from qualify.fakes.synthetic import make_prompt
+from qualify.procs import wait_until
 from qualify.scenarios.base import ScenarioContext, scenario
 from qualify.scenarios.lifecycle import writes_by_others_until
 
-__all__ = ["FENCE_CASES", "GUARD_CASES", "INSERT_CASES"]
+__all__ = ["FENCE_CASES", "GUARD_CASES", "INSERT_CASES", "guard_probe"]
 
 #: (case, how the token differs from the owner's): each is refused only by its predicate.
 FENCE_CASES = (
@@ -126,7 +127,7 @@ class _Capture(logging.Handler):
         self.into.append(record)
 
 
-def _guard_probe(dsn: str, run_id: str, tenant: str, set_clause: str) -> str:
+def guard_probe(dsn: str, run_id: str, tenant: str, set_clause: str) -> str:
     """One raw UPDATE of the run by the worker role: the SQLSTATE it raised, or ``written``."""
     with psycopg.connect(dsn, autocommit=True, application_name="qualify-probe") as conn:
         conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
@@ -241,7 +242,7 @@ def stale_writers_refused(ctx: ScenarioContext) -> None:
                    f"{streamed} (token {token}, owner {owner})", "R-EXEC-7", "R-EVENT-1")
 
     for case, set_clause, sqlstate in GUARD_CASES:
-        answer = _guard_probe(worker_dsn, run_id, "t-dev", set_clause)
+        answer = guard_probe(worker_dsn, run_id, "t-dev", set_clause)
         ctx.history.record("probe", mechanism="guard", case=case, run_id=run_id, answer=answer)
         ctx.expect(f"the guard refuses {case} ({sqlstate})", answer == sqlstate, answer,
                    "R-EXEC-12" if sqlstate == "QG007" else "R-STATE-1")
@@ -289,9 +290,26 @@ def stale_writers_refused(ctx: ScenarioContext) -> None:
     answer = _fence_probe(worker_dsn, run_id, "t-dev", last, step=4)
     ctx.expect("the last owner's own token writes nothing to its completed run",
                answer in ("refused", "guard:QG001"), answer, "R-STATE-1")
-    answer = _guard_probe(worker_dsn, run_id, "t-dev", "row_version = row_version + 1")
+    answer = guard_probe(worker_dsn, run_id, "t-dev", "row_version = row_version + 1")
     ctx.expect("the guard refuses any write to a terminal run (QG001)", answer == "QG001", answer,
                "R-STATE-1")
+
+    # QG006 alone: a run parked awaiting input whose deadline passed may only end. Nothing
+    # else refuses a resume's write here (no owner to fence, no tool call unsettled).
+    late = ctx.create_run(api, prompt=make_prompt(steps=2, park={"step": 1, "kind": "input"}), deadline_seconds=1)
+    assert late is not None and late.status_code == 202, late
+    late_id = late.json()["run_id"]
+    ctx.wait_state(api, late_id, "awaiting_input")
+    wait_until(lambda: bool(ctx.sql("SELECT clock_timestamp() > deadline_at FROM runs WHERE run_id = %s",
+                                    late_id)[0][0]), timeout_s=10, what="the parked run's deadline", interval_s=0.05)
+    answer = guard_probe(ctx.deployment.app_dsn("qimpl_api"), late_id, "t-dev",
+                          "state = 'accepted', generation = generation + 1, row_version = row_version + 1, owner_attempt = NULL")
+    ctx.history.record("probe", mechanism="guard", case="resume after the deadline", run_id=late_id, answer=answer)
+    ctx.expect("the guard refuses a new generation after the deadline: the run may only end (QG006)",
+               answer == "QG006", answer, "R-EXEC-8")
+    ended = ctx.cancel_run(api, late_id)
+    ctx.expect("that run, cancelled after its deadline, ends expired",
+               ctx.wait_terminal(api, late_id)["state"] == "expired", str(ended)[:200], "R-EXEC-8")
 
 
 @scenario(

@@ -21,6 +21,7 @@ from qualify.processes import ManagedProcess
 from qualify.scenarios.base import ScenarioContext, scenario
 from qualify.scenarios.events import read_stream
 from qualify.scenarios.lifecycle import accepted
+from qualify.scenarios.probes import guard_probe
 
 BEFORE_INTENT = "tool.before_intent_commit"
 AFTER_INTENT = "tool.after_intent_commit"
@@ -195,6 +196,14 @@ def tool_reply_lost(ctx: ScenarioContext) -> None:
     ctx.expect("the run record shows the call sent, outcome unknown",
                len(journal) == 1 and journal[0]["sent"] and journal[0]["outcome"] == "unknown",
                str(journal), "R-Q34-3")
+    # QG010 alone: the API's own 409 comes first on the route; the database refuses the
+    # write itself (a new generation while a call's outcome is unknown) whoever sends it.
+    answer = guard_probe(ctx.deployment.app_dsn("qimpl_api"), run_id, "t-dev",
+                         "state = 'accepted', generation = generation + 1, row_version = row_version + 1, owner_attempt = NULL")
+    ctx.history.record("probe", mechanism="guard", case="resume past an unknown outcome", run_id=run_id,
+                       answer=answer)
+    ctx.expect("the guard refuses a new generation while a tool outcome is unknown (QG010)",
+               answer == "QG010", answer, "R-RESUME-3", "R-TOOL-3")
     _reconcile_and_finish(ctx, api, run_id, answer_has="charge:succeeded")
     execs = sink_lines(ctx, "executions", run_id)
     ctx.figures["sink_executions"] = len(execs)
@@ -331,6 +340,50 @@ def finalising_tool_needs_approval(ctx: ScenarioContext) -> None:
                    and len(execs) == int(approved),
                    f"{run['state']} {(run['result_json'] or {}).get('answer')} executions {len(execs)}",
                    "R-TOOL-5")
+
+
+@scenario(
+    "one-approval-one-call",
+    title="One run asks for the same finalising call (merge pull request 42) at two steps: each "
+          "call waits for an approval of its own, the first approval never serves the second, "
+          "and each runs exactly once",
+    requirements=("R-TOOL-5", "R-APPROVAL-1"),
+)
+def one_approval_one_call(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    ctx.processes.worker()
+    call = {"tool": "merge_pull_request", "arguments": {"pr": 42}}
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=4, answer="merged twice",
+                                                   tools={"1": [call], "2": [call]}))
+    approvals: list[str | None] = []
+    for n in (1, 2):
+        run = settles(ctx, api, run_id)
+        pending = (run["result_json"] or {}).get("pending_approval") or {}
+        ran = len(sink_lines(ctx, "executions", run_id))
+        if not ctx.expect(f"identical call {n} waited for an approval of its own, {n - 1} run so far",
+                          run["state"] == "awaiting_approval" and pending.get("tool") == call["tool"]
+                          and pending.get("approval_id") not in approvals and ran == n - 1,
+                          f"{run['state']} {pending} after {ran} executions; earlier approvals {approvals}",
+                          "R-TOOL-5", "R-APPROVAL-1"):
+            break
+        approvals.append(pending.get("approval_id"))
+        decided = httpx.post(
+            f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/tool-approval/{pending.get('approval_id')}",
+            json={"approved": True, "action_version": pending.get("action_version")},
+            headers=_auth(), timeout=30)
+        ctx.expect(f"approval {n} accepted", decided.status_code == 200, decided.text[:160], "R-APPROVAL-1")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # until the decided approval is no longer the pending one
+            now = ctx.read_run(api, run_id)
+            if ((now["result_json"] or {}).get("pending_approval") or {}).get("approval_id") != approvals[-1]:
+                break
+            time.sleep(0.05)
+    run = ctx.wait_terminal(api, run_id)
+    used = ctx.sql("SELECT call_id, approval_id FROM tool_invocations WHERE run_id = %s ORDER BY step", run_id)
+    ctx.expect("both calls ran once each, each under its own approval",
+               run["state"] == "completed" and len(sink_lines(ctx, "executions", run_id)) == 2
+               and len(used) == 2 and len({a for _, a in used}) == 2 and {a for _, a in used} == set(approvals),
+               f"{run['state']}; journal {used}; approvals {approvals}", "R-TOOL-5", "R-APPROVAL-1")
 
 
 @scenario(

@@ -333,3 +333,49 @@ def test_catches_a_checkpoint_committed_apart_from_its_row_version_bump() -> Non
     # Rows of writes that predate the stamps are not judged.
     old = [{**e, "xact_id": None} if e["type"] == "transition" else e for e in split(stamped(), "checkpoint", xact_id="y")]
     assert ck.writes_committed_whole(old).ok is True
+
+
+@pytest.mark.req("R-EXEC-12")
+def test_catches_a_step_asked_more_than_the_bound() -> None:
+    history = good() + [rec(2, 4.0 + i, attempt=i + 2, status="started") for i in range(ck.ASK_BOUND)]
+    check = ck.no_crash_loop(history)
+    assert check.ok is False and "step 2 asked" in check.detail, check
+    assert ck.no_crash_loop([*good(), rec(2, 4.0, attempt=2)]).ok is True
+
+
+@pytest.mark.req("R-EXEC-12", "R-EXEC-6")
+def test_catches_attempts_that_claim_again_and_again_without_progress() -> None:
+    def claim(v: int, attempt: int) -> dict[str, Any]:
+        return {**tr(v, "running", "running", 10 + v), "owner_attempt": attempt}
+
+    n = ck.CLAIMS_WITHOUT_PROGRESS
+    loop = [tr(1, None, "accepted", 1), tr(2, "accepted", "queued", 2), tr(3, "queued", "running", 3)]
+    loop += [claim(4 + i, 2 + i) for i in range(n + 1)]
+    check = ck.no_crash_loop(loop)
+    assert check.ok is False and "in a row without a checkpoint" in check.detail, check
+    # The same claims with a checkpoint committed every few of them are progress.
+    progress = loop + [cp(i, 4 + 3 * i, 20.0) for i in range(1, n // 3 + 1)]
+    assert ck.no_crash_loop(progress).ok is True
+
+
+@pytest.mark.req("R-EXEC-12")
+def test_the_ask_bound_is_the_lowest_a_process_was_started_with() -> None:
+    lowered = [{"type": "process", "name": "worker-1", "kind": "worker", "t": 0.1,
+                "settings": {"QIMPL_PROVIDER_MAX_FAILURES": "2"}}]
+    history = good() + lowered + [rec(2, 4.0 + i, attempt=i + 2, status="started") for i in range(2)]
+    check = ck.no_crash_loop(history)
+    assert check.ok is False and "(bound 2)" in check.detail, check
+
+
+@pytest.mark.req("R-CREATE-5")
+def test_catches_a_workflow_of_a_run_on_another_task_queue() -> None:
+    wf = {"type": "workflow", "workflow_id": f"agent-run-{'1' * 8}-1111-1111-1111-{'1' * 12}-g1",
+          "task_queue": "elsewhere", "ours": False, "t": 1.0}
+    run = {"type": "run", "run_id": f"{'1' * 8}-1111-1111-1111-{'1' * 12}", "generation": 1, "t": 0.5,
+           "state": "completed", "row_version": 5, "deadline_t": 100.0}
+    check = ck.one_workflow_per_generation([run, wf])
+    assert check.ok is False and "task queue elsewhere" in check.detail, check
+    moved = {"type": "process", "name": "api-2", "kind": "api", "t": 0.1, "settings": {"QIMPL_TASK_QUEUE": "elsewhere"}}
+    assert ck.one_workflow_per_generation([run, wf, moved]).ok is True
+    stranger = {**wf, "workflow_id": "someone-else", "task_queue": "other"}
+    assert ck.one_workflow_per_generation([run, stranger]).judged == 0  # not the scenario's: not judged

@@ -108,10 +108,11 @@ FAMILIES: dict[str, Callable[[Mapping[str, Any]], bool]] = {
     "stream scenarios": lambda sc: sc["module"] == "events",
     "cancel scenarios": lambda sc: any(r.startswith("R-CANCEL-") for r in sc["requirements"]),
     "provider scenarios": lambda sc: sc["module"] == "providers",
-    "takeover scenarios": lambda sc: sc["module"] == "takeover",
+    "takeover scenarios": lambda sc: "R-EXEC-13" in sc["requirements"],
     "reconciler scenarios": lambda sc: sc["module"] == "reconciler",
     "legacy scenarios": lambda sc: sc["module"] == "legacy",
     "schema scenarios": lambda sc: sc["module"] == "schema",
+    "network scenarios": lambda sc: sc["module"] == "network",
 }
 
 
@@ -197,7 +198,7 @@ def test_a_staging_run_of_the_real_summary_is_gated() -> None:
             r.id in why and point in r.crash_points for r in refused), (point, why)
     unreached = [sc for sc in scenarios if sc["id"] in ids]
     assert gate(unreached, REQUIREMENTS)["uncovered"] == [], "now a requirement is the refused ones' alone"
-    takeover = {sc["id"] for sc in scenarios if sc["module"] == "takeover"}
+    takeover = {sc["id"] for sc in scenarios if FAMILIES["takeover scenarios"](sc)}
     worse = _staged(scenarios, refused, ids - takeover)
     assert worse["verdict"] == "fail" and "R-EXEC-13" in worse["error"], worse.get("error")
 
@@ -212,7 +213,7 @@ def test_what_only_a_refused_scenario_covers_is_waived_with_its_name() -> None:
     point = "activity.after_claim"
     alone = Scenario("restarts-everything", "a platform scenario", ("R-EXEC-13",), REGISTRY["happy-path"].body,
                      crash_points=(point,), needs_platform=True)
-    ids = {sc["id"] for sc in scenarios} - {sc["id"] for sc in scenarios if sc["module"] == "takeover"}
+    ids = {sc["id"] for sc in scenarios} - {sc["id"] for sc in scenarios if FAMILIES["takeover scenarios"](sc)}
     staged = _staged(scenarios, [alone], ids, unstruck=point)
     assert staged["verdict"] == "pass", staged.get("error")
     assert staged["waived_crash_points"] == {point: "refused on a stack the harness did not boot (it restarts "
