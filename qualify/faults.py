@@ -262,23 +262,28 @@ class Nemesis:
         R-Q-10): landed when the kernel reports it stopped *and* the run's lease session
         (``qimpl-owner:<run_id>``) is idle inside a transaction that wrote (``backend_xid``
         set: the fenced UPDATE ran, the row lock is held, nothing committed)."""
-        import psycopg
-
         stopped = _stopped(evidence["pid"])
-        sessions: list[tuple[Any, ...]] = []
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                sessions = conn.execute(
-                    "SELECT pid, state, backend_xid IS NOT NULL FROM pg_stat_activity"
-                    " WHERE application_name = %s", (f"qimpl-owner:{run_id}",)).fetchall()
-            if any(state == "idle in transaction" and wrote for _, state, wrote in sessions):
-                break
-            time.sleep(0.02)
-        in_txn = any(state == "idle in transaction" and wrote for _, state, wrote in sessions)
+        sessions, in_txn = _idle_in_a_written_transaction(dsn, run_id)
         return self._record("crash_point:stop", proc.name, stopped and in_txn, {
             "point": evidence["point"], "pid": evidence["pid"], **evidence.get("context", {}),
             "stopped": stopped, "owner_sessions": [[p, s, w] for p, s, w in sessions], **context})
+
+    def stalled_in_transaction(self, proc: ManagedProcess, evidence: dict[str, Any], dsn: str,
+                               run_id: str, **context: Any) -> dict[str, Any]:
+        """Record ``proc`` stalled by itself at a crash point inside a transaction, without
+        a signal (issue 23, item 3): ``freeze`` blocks its event loop (the process and its
+        threads run, no coroutine does, the lease keeper neither), ``hold`` suspends only
+        the owner's coroutine (the keeper runs). Landed when the process is alive and *not*
+        stopped, and its run's lease session is idle inside a transaction that wrote."""
+        try:
+            status = psutil.Process(evidence["pid"]).status()
+        except psutil.Error:
+            status = "gone"
+        running = status not in ("gone", psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE)
+        sessions, in_txn = _idle_in_a_written_transaction(dsn, run_id)
+        return self._record(f"crash_point:{evidence['action']}", proc.name, running and in_txn, {
+            "point": evidence["point"], "pid": evidence["pid"], **evidence.get("context", {}),
+            "process_status": status, "owner_sessions": [[p, s, w] for p, s, w in sessions], **context})
 
     # -- the network (R-Q-11): proxies between one process and PostgreSQL or Temporal ------
     def partition(self, proxy: Any, direction: str = "both", **context: Any) -> dict[str, Any]:
@@ -355,6 +360,25 @@ class Nemesis:
         return self._record("clock_skew", proc.name, landed, {
             "pid": proc.pid, "expected_offset_s": expected_s, "observed_offset_s": observed,
             "FAKETIME": faketime, "owned": owned, "run_id": run_id, **context})
+
+
+def _idle_in_a_written_transaction(dsn: str, run_id: str, timeout_s: float = 5.0
+                                   ) -> tuple[list[tuple[Any, ...]], bool]:
+    """The run's lease sessions ``(pid, state, wrote)`` and whether one is idle inside a
+    transaction that wrote, polled up to ``timeout_s``."""
+    import psycopg
+
+    sessions: list[tuple[Any, ...]] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            sessions = conn.execute(
+                "SELECT pid, state, backend_xid IS NOT NULL FROM pg_stat_activity"
+                " WHERE application_name = %s", (f"qimpl-owner:{run_id}",)).fetchall()
+        found = any(state == "idle in transaction" and wrote for _, state, wrote in sessions)
+        if found or time.monotonic() >= deadline:
+            return sessions, found
+        time.sleep(0.02)
 
 
 def owned_runs(proc: ManagedProcess, dsn: str) -> list[str]:

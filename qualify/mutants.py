@@ -360,6 +360,37 @@ CATALOG: tuple[Mutant, ...] = (
                "    IF OLD.state = 'awaiting_input' AND NEW.generation > OLD.generation\n",
                "    IF false AND OLD.state = 'awaiting_input' AND NEW.generation > OLD.generation\n"),),
         "tool-reply-lost", "the guard refuses a new generation while a tool outcome is unknown (QG010)"),
+    Mutant(
+        "owner-trusts-its-own-clock", "the deadline by the database's clock, counted down on the monotonic one (R-EXEC-8, R-EXEC-12)",
+        (Patch("qimpl/workflows/owner.py",
+               '_LEFT = "extract(epoch FROM deadline_at - clock_timestamp())::float8 AS deadline_left_s"',
+               '_LEFT = "extract(epoch FROM deadline_at)::float8 AS deadline_left_s"'),
+         Patch("qimpl/workflows/owner.py",
+               "        self._deadline_mono = time.monotonic() + deadline_left_s\n",
+               "        self._deadline_mono = time.monotonic() + deadline_left_s - time.time()\n")),
+        "skewed-worker-clocks-meet-the-deadline",
+        "the run of the worker 300 s ahead completed: its own clock did not expire it"),
+    Mutant(
+        "keeper-touches-inside-the-owners-transaction", "the lease bounds an owner stalled inside its transaction, keeper running (R-EXEC-11)",
+        (Patch("qimpl/workflows/lease.py",
+               "        if conn.info.transaction_status != pq.TransactionStatus.IDLE:\n            return\n",
+               ""),),
+        "owner-held-inside-checkpoint-transaction",
+        "a new attempt took over within the lease + 10 s (13 s) of the stall"),
+    Mutant(
+        "lease-never-touched", "the lease keeper's touch keeps a live owner's lease (R-EXEC-11, R-EXEC-13)",
+        (Patch("qimpl/workflows/lease.py",
+               "        conn = self.conn\n        if conn.info.transaction_status",
+               "        return\n        conn = self.conn\n        if conn.info.transaction_status"),),
+        "owner-partitioned-from-temporal",
+        "the owner's lease session lived through its partition from Temporal"),
+    Mutant(
+        "confirmation-ignores-the-generation", "a dispatch confirmation names its generation (R-CREATE-5)",
+        (Patch("qimpl/db/runs.py",
+               "                    WHERE run_id = %s AND generation = %s AND state IN ('accepted', 'queued')\n",
+               "                    WHERE run_id = %s AND generation >= %s AND state IN ('accepted', 'queued')\n"),),
+        "slow-confirmation-names-its-generation",
+        "the late confirmation of generation 1 left generation 2 accepted and unconfirmed"),
     # The network nemesis (R-Q-11): each partition or RPC error guards a mechanism.
     Mutant(
         "reconciler-trusts-one-not-found", "a workflow is judged missing on two sweeps, not one answer (R-OPS-8)",

@@ -14,9 +14,11 @@ would keep the lock forever. The lock session therefore runs with
   longer than the lease (it fails with ``LockNotAvailable``, an OperationalError, which
   the activity treats as lost ownership and retries).
 
-The owner touches the session (``SELECT 1``) every ``lease_s / 4`` from a background
-task, alongside the Temporal heartbeat (inside a transaction too: the touch runs between
-the owner's statements). A process that stops running stops touching it, and PostgreSQL
+The owner touches the session (a read of the run's state) every ``lease_s / 4`` from a
+background task, alongside the Temporal heartbeat — never inside the owner's open
+transaction: there only the owner's own statements keep the session alive, so an owner
+stalled inside a transaction (its process stopped, its event loop blocked, or only its
+coroutine suspended while the keeper runs) is ended by ``idle_in_transaction_session_timeout``. A process that stops running stops touching it, and PostgreSQL
 itself ends the session, and frees the lock, at most ``lease_s`` after the owner's
 last statement *ended*, whether the session was left idle or idle in a transaction, with
 no help from the holder. Not covered by those timeouts: a backend still *running* a

@@ -10,10 +10,13 @@ from typing import Any
 
 import httpx
 
+from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
+from qualify.processes import ManagedProcess, faketime_env
 from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted
 from qualify.scenarios.reconciler import _wait
+from qualify.schedule import SKEW_S
 
 #: When each resume is sent relative to its run's deadline (seconds, database clock); a
 #: resume reaches its UPDATE some 50 ms after it is sent.
@@ -84,3 +87,67 @@ def resume_at_the_deadline(ctx: ScenarioContext) -> None:
                           " AND old_state = 'awaiting_input' AND new_state = 'accepted'", run_id)[0][0]
         ctx.expect(f"{run_id[:8]}: the answer ({status}) agrees with the record",
                    resumed == (1 if status == 202 else 0), f"{resumed} resume transitions", "R-RESUME-1")
+
+
+#: Their deadlines (s): the long run's ends mid-run, the short run's is far away.
+SKEWED_SHORT_DEADLINE_S = 6
+SKEWED_LONG_DEADLINE_S = 120
+
+
+@scenario(
+    "skewed-worker-clocks-meet-the-deadline",
+    title=f"A worker whose wall clock is {SKEW_S} s ahead owns a run with a {SKEWED_LONG_DEADLINE_S} s "
+          f"deadline: it completes (its clock never expires it); a worker {SKEW_S} s behind owns a "
+          f"run that outlives its {SKEWED_SHORT_DEADLINE_S} s deadline: it ends expired at the "
+          "deadline by the database's clock, nothing asked or written after it",
+    requirements=("R-EXEC-8", "R-EXEC-12", "R-Q-2"),
+    faults=(f"worker clock skewed +{SKEW_S} s", f"worker clock skewed -{SKEW_S} s"),
+)
+def skewed_worker_clocks_meet_the_deadline(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    ahead = ctx.processes.worker("worker-ahead", **faketime_env(SKEW_S))
+    short = accepted(ctx, api, prompt=make_prompt(steps=3, answer="in time", barrier={"step": 1, "name": "ahead"}),
+                     deadline_seconds=SKEWED_LONG_DEADLINE_S)
+    _skewed_owner(ctx, ahead, "ahead", short, SKEW_S)
+    done = _terminal_or_last(ctx, api, short, timeout_s=30)
+    ctx.expect(f"the run of the worker {SKEW_S} s ahead completed: its own clock did not expire it",
+               done["state"] == "completed", f"{done['state']}/{done.get('error_code')}", "R-EXEC-12")
+    ahead.stop()
+    behind = ctx.processes.worker("worker-behind", **faketime_env(-SKEW_S))
+    long = accepted(ctx, api, prompt=make_prompt(steps=200, answer="never", delay_ms=100,
+                                                 barrier={"step": 1, "name": "behind"}),
+                    deadline_seconds=SKEWED_SHORT_DEADLINE_S)
+    _skewed_owner(ctx, behind, "behind", long, -SKEW_S)
+    ended = _terminal_or_last(ctx, api, long, timeout_s=SKEWED_SHORT_DEADLINE_S + 20)
+    rows = ctx.sql("SELECT extract(epoch FROM t.at - r.deadline_at)::float8 FROM run_transitions t"
+                   " JOIN runs r USING (run_id) WHERE t.run_id = %s AND t.new_state = 'expired'", long)
+    late = float(rows[0][0]) if rows else None
+    ctx.figures["expired_after_the_deadline_s"] = late if late is not None else -1.0
+    ctx.expect(f"the run of the worker {SKEW_S} s behind ended expired within 2 s after its deadline"
+               " (database clock)", ended["state"] == "expired" and late is not None and 0 <= late <= 2.0,
+               f"{ended['state']}/{ended.get('error_code')}, {late} s after deadline_at", "R-EXEC-8")
+
+
+def _terminal_or_last(ctx: ScenarioContext, api: ManagedProcess, run_id: str, *, timeout_s: float) -> dict[str, Any]:
+    """The run once terminal, or its last read when it is not within ``timeout_s``: a run
+    the deadline failed to end is this scenario's finding, judged by its check, not a
+    harness error."""
+    try:
+        return ctx.wait_terminal(api, run_id, timeout_s=timeout_s)
+    except HarnessError:
+        return ctx.read_run(api, run_id)
+
+
+def _skewed_owner(ctx: ScenarioContext, worker: ManagedProcess, barrier: str, run_id: str, skew_s: int) -> None:
+    """Wait for ``worker`` to hold ``run_id`` at ``barrier``, record the skew it runs with
+    (its own wall clock against the harness's), release it."""
+    try:
+        held = ctx.wait_barrier(barrier)
+    except HarnessError as exc:  # its clock kept it from even asking: judged by the checks after
+        ctx.expect(f"the worker {skew_s:+d} s off took its run and asked its first step", False, str(exc),
+                   "R-EXEC-12")
+        return
+    seen_t = time.time()
+    ctx.nemesis.clock_skew(worker, expected_s=skew_s, worker_t=float(held.get("wall_t", held["t"])),
+                           seen_t=seen_t, dsn=ctx.deployment.dsn, run_id=run_id)
+    ctx.release_barrier(barrier)

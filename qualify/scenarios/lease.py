@@ -90,6 +90,66 @@ def owner_paused_inside_checkpoint_transaction(ctx: ScenarioContext) -> None:
                f"(step, attempt) {ckpts}; paused attempt {attempt}", "R-EXEC-3", "R-EXEC-7")
 
 
+def _stalled_inside_checkpoint_transaction(ctx: ScenarioContext, action: str) -> None:
+    """The owner stalls without a signal between the UPDATE and the commit of its second
+    checkpoint (``freeze``: its event loop blocked; ``hold``: only its coroutine, the lease
+    keeper runs): a new attempt takes over within the lease bound, and once the stall ends
+    the old owner writes nothing more (its session is gone: the commit fails)."""
+    api = ctx.processes.api(**PAUSED)
+    stalled = ctx.processes.worker("worker-stalled", QIMPL_CRASH_POINTS=f"{CKPT_TXN}:{action}@2", **PAUSED)
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer=f"stalled ({action})"))
+    evidence = ctx.wait_crash_point(CKPT_TXN, stalled)
+    ctx.nemesis.stalled_in_transaction(stalled, evidence, ctx.deployment.dsn, run_id)
+    attempt = int(evidence["context"]["attempt"])
+    ctx.processes.worker("worker-2", **PAUSED)
+    bound = PAUSED_LEASE_S + 10
+    deadline = time.monotonic() + bound + 5
+    while (t := _first_write_by_later_attempt(ctx, run_id, attempt)) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    took = None if t is None else round(t - float(evidence["t"]), 3)
+    ctx.figures[f"takeover_after_{action}_in_transaction_s"] = took if took is not None else -1.0
+    ctx.expect(f"a new attempt took over within the lease + 10 s ({bound:.0f} s) of the stall",
+               took is not None and took <= bound,
+               f"after {took} s (lease {PAUSED_LEASE_S} s, stalled attempt {attempt})", "R-EXEC-11")
+    ctx.release_crash_point(CKPT_TXN)  # the stall ends: the old owner's commit meets a dead session
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    ckpts = ctx.sql("SELECT step, attempt FROM run_checkpoints WHERE run_id = %s ORDER BY step", run_id)
+    ctx.expect("run completed, one checkpoint per step, step 2 on by a later attempt",
+               run["state"] == "completed" and [r[0] for r in ckpts] == list(range(1, STEPS + 1))
+               and all(a > attempt for s, a in ckpts if s >= 2),
+               f"{run['state']}; (step, attempt) {ckpts}; stalled attempt {attempt}", "R-EXEC-3", "R-EXEC-7")
+    late = ctx.sql("SELECT row_version FROM run_transitions WHERE run_id = %s AND owner_attempt = %s"
+                   " AND at > to_timestamp(%s)", run_id, attempt, float(evidence["t"]))
+    ctx.expect("the stalled owner wrote nothing after its stall", not late, f"writes {late}", "R-EXEC-7")
+
+
+@scenario(
+    "owner-frozen-inside-checkpoint-transaction",
+    title="The owner's event loop blocks (no signal: the process and its threads run, the lease "
+          "keeper cannot) inside its second checkpoint's transaction: PostgreSQL ends the silent "
+          "session within the lease, a new attempt takes over; unblocked, the old owner writes nothing",
+    requirements=("R-EXEC-11", "R-EXEC-3", "R-EXEC-7", "R-Q-4"),
+    faults=(f"event loop blocked at {CKPT_TXN} (step 2)",),
+    crash_points=(CKPT_TXN,),
+)
+def owner_frozen_inside_checkpoint_transaction(ctx: ScenarioContext) -> None:
+    _stalled_inside_checkpoint_transaction(ctx, "freeze")
+
+
+@scenario(
+    "owner-held-inside-checkpoint-transaction",
+    title="Only the owner's coroutine stalls inside its second checkpoint's transaction (its event "
+          "loop free, the lease keeper running): the keeper never touches the session inside the "
+          "owner's transaction, so PostgreSQL still ends it within the lease and a new attempt takes "
+          "over; resumed, the old owner writes nothing",
+    requirements=("R-EXEC-11", "R-EXEC-3", "R-EXEC-7", "R-Q-4"),
+    faults=(f"owner coroutine held at {CKPT_TXN} (step 2)",),
+    crash_points=(CKPT_TXN,),
+)
+def owner_held_inside_checkpoint_transaction(ctx: ScenarioContext) -> None:
+    _stalled_inside_checkpoint_transaction(ctx, "hold")
+
+
 @scenario(
     "owner-paused-inside-claim-transaction",
     title="SIGSTOP the owner inside its claim transaction with AGENT_CONCURRENCY_LIMIT=1 "
