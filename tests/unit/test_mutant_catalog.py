@@ -3,6 +3,7 @@ the code as it is, and every mutant names a registered scenario."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -33,3 +34,35 @@ def test_a_stale_mutant_is_refused(tmp_path: Path) -> None:
 def test_names_are_unique_and_the_ci_subset_is_in_the_catalog() -> None:
     names = [m.name for m in CATALOG]
     assert len(names) == len(set(names)) and set(CI_SUBSET) <= set(names)
+
+
+_VERSIONS = Path(__file__).resolve().parents[2] / "qimpl" / "db" / "migrations" / "versions"
+_DEFINES = re.compile(r"CREATE (?:OR REPLACE )?(?:FUNCTION|TRIGGER) (?:public\.)?(\w+)")
+
+
+def _defined_at(text: str, at: int) -> str | None:
+    """The function or trigger whose definition the position ``at`` of a migration is in."""
+    names = [m.group(1) for m in _DEFINES.finditer(text, 0, at)]
+    return names[-1] if names else None
+
+
+@pytest.mark.req("R-Q-9")
+@pytest.mark.parametrize("mutant", [m for m in CATALOG if any("db/migrations" in p.path for p in m.patches)],
+                         ids=lambda m: m.name)
+def test_a_migration_patch_hits_the_definition_in_effect(mutant: Mutant) -> None:
+    """A patch to a migration must break the definition the head schema runs: no later
+    revision may define the patched function or trigger again, or the patch applies and
+    changes nothing (three mutants of the catalog did, once the guard was rewritten whole)."""
+    for patch in mutant.patches:
+        if "db/migrations" not in patch.path:
+            continue
+        path = Path(patch.path).name
+        text = (_VERSIONS / path).read_text()
+        name = _defined_at(text, text.index(patch.old))
+        later_revisions = [v for v in sorted(_VERSIONS.glob("*.py")) if v.name > path]
+        if name is None:  # SQL composed from pieces in Python: the patched text must not recur later
+            later = [v.name for v in later_revisions if patch.old in v.read_text()]
+        else:
+            later = [v.name for v in later_revisions if re.search(
+                rf"CREATE (?:OR REPLACE )?(?:FUNCTION|TRIGGER) (?:public\.)?{name}\b", v.read_text())]
+        assert not later, f"{mutant.name}: {name or 'the text'} patched in {path} is defined again in {later}"
