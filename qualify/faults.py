@@ -307,6 +307,20 @@ class Nemesis:
             "lasted_s": round(time.time() - t0, 3), "upstream": f"{proxy.upstream[0]}:{proxy.upstream[1]}",
             **started, **context})
 
+    def slow(self, proxies: list[Any], ms: float) -> None:
+        """Add ``ms`` milliseconds to every chunk through each of ``proxies``; ``slowed``
+        records the fault."""
+        for proxy in proxies:
+            proxy.delay(ms)
+
+    def slowed(self, proxies: list[Any], ms: float, **context: Any) -> dict[str, Any]:
+        """Record (and end) the latency: landed when chunks of the process were delayed."""
+        delayed = {p.name: p.stats.delayed_chunks for p in proxies}
+        for proxy in proxies:
+            proxy.delay(0)
+        return self._record("latency", ",".join(delayed), sum(delayed.values()) > 0,
+                            {"delay_ms": ms, "delayed_chunks": delayed, **context})
+
     def reset_connections(self, proxy: Any, **context: Any) -> dict[str, Any]:
         """RST every connection open through ``proxy``; landed when there was one."""
         n = proxy.reset()

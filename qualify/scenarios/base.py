@@ -22,7 +22,7 @@ import httpx
 
 from qualify import interrupt
 from qualify.checkers import Check
-from qualify.errors import HarnessError
+from qualify.errors import HarnessError, InvariantViolation
 from qualify.faults import Nemesis
 from qualify.history import HistoryRecorder
 from qualify.processes import Deployment, ManagedProcess, Processes
@@ -282,17 +282,32 @@ class ScenarioContext:
         return doc
 
     def workflow_result(self, workflow_id: str, *, timeout_s: float = 30.0) -> Any:
-        """The result Temporal recorded for ``workflow_id`` (waits for it to close)."""
+        """The result Temporal recorded for ``workflow_id`` (waits for it to close).
+
+        What Temporal *answers* about the workflow is a finding, not a harness fault: no such
+        workflow, or one that failed, is an ``InvariantViolation`` (the scenario fails with a
+        ``scenario invariant`` check naming it); only Temporal unreachable stays a
+        ``HarnessError`` (crashed)."""
         import asyncio
 
-        from temporalio.client import Client
+        from temporalio.client import Client, WorkflowFailureError
+        from temporalio.service import RPCError, RPCStatusCode
 
         async def fetch() -> Any:
             client = await Client.connect(self.deployment.temporal_address,
                                           namespace=self.deployment.namespace)
             return await asyncio.wait_for(client.get_workflow_handle(workflow_id).result(), timeout_s)
 
-        return asyncio.run(fetch())
+        try:
+            return asyncio.run(fetch())
+        except WorkflowFailureError as exc:
+            raise InvariantViolation(f"workflow {workflow_id} failed: {exc.cause or exc}") from None
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                raise InvariantViolation(f"workflow {workflow_id}: Temporal has no such workflow") from None
+            raise HarnessError(f"workflow {workflow_id} could not be read: {exc}") from exc
+        except TimeoutError:
+            raise InvariantViolation(f"workflow {workflow_id} did not close within {timeout_s} s") from None
 
 
 _SECRET = re.compile(r"""(["']?stream_key["']?\s*[:=]\s*["']?)[A-Za-z0-9_\-]{8,}""")

@@ -253,3 +253,41 @@ def api_partitioned_from_postgres_mid_create(ctx: ScenarioContext) -> None:
                and finals.get("mid-create", {}).get("run_id") == receipt_run,
                f"{runs} runs; {({k: (f.get('run_id'), f['state']) for k, f in finals.items()})}; receipt {receipt_run}",
                "R-CREATE-2", "R-CREATE-5", judged=len(finals))
+
+
+@scenario(
+    "owner-behind-a-slow-network-then-reset",
+    title="The owner's worker reaches PostgreSQL and Temporal through 60 ms of latency each way: "
+          "it keeps its lease through a step longer than the lease and checkpoints every step "
+          "itself; then every one of its PostgreSQL connections is reset mid-run: its lease is "
+          "gone, a later attempt takes the run over and completes it, one checkpoint per step",
+    requirements=("R-Q-11", "R-EXEC-2", "R-EXEC-11", "R-EXEC-4"),
+    faults=("60 ms latency to PostgreSQL and Temporal", "reset of worker-1's PostgreSQL connections"),
+)
+def owner_behind_a_slow_network_then_reset(ctx: ScenarioContext) -> None:
+    pg, via_pg = ctx.postgres_proxy("worker-1<->postgres")
+    tp, via_tp = ctx.temporal_proxy("worker-1<->temporal")
+    api = ctx.processes.api()
+    ctx.processes.worker("worker-1", **via_pg, **via_tp)
+    ctx.nemesis.slow([pg, tp], 60)
+    lease = ctx.deployment.heartbeat_timeout_s  # the lease defaults to the heartbeat timeout
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=6, answer="slow then cut", delay_ms=int(lease * 1500),
+                                                   barrier={"step": 4, "name": "reset"}))
+    held = ctx.wait_barrier("reset", timeout_s=60)
+    slow = ctx.sql("SELECT step, attempt FROM run_checkpoints WHERE run_id = %s ORDER BY step", run_id)
+    delayed = pg.stats.delayed_chunks + tp.stats.delayed_chunks
+    ctx.nemesis.slowed([pg, tp], 60, run_id=run_id)
+    ctx.expect("behind 60 ms of latency the owner kept its lease through steps longer than the lease:"
+               " steps 1-3 checkpointed by its first attempt",
+               [s for s, _ in slow] == [1, 2, 3] and {a for _, a in slow} == {int(held["attempt"])} == {1},
+               f"(step, attempt) {slow}; at the barrier attempt {held['attempt']}; {delayed} chunks delayed",
+               "R-EXEC-2", "R-EXEC-11")
+    ctx.nemesis.reset_connections(pg, run_id=run_id)
+    ctx.processes.worker("worker-2")
+    ctx.release_barrier("reset")
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    ckpts = ctx.sql("SELECT step, attempt FROM run_checkpoints WHERE run_id = %s ORDER BY step", run_id)
+    ctx.expect("after the reset a later attempt finished the run, one checkpoint per step",
+               run["state"] == "completed" and [s for s, _ in ckpts] == list(range(1, 7))
+               and all(a > 1 for s, a in ckpts if s >= 4),
+               f"{run['state']}; (step, attempt) {ckpts}", "R-EXEC-4", "R-Q-11")
