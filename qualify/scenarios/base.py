@@ -264,6 +264,10 @@ class ScenarioContext:
         (self.control / f"crash.{point}.release").touch()
 
     # -- direct reads of the database (as an operator would) ------------------------------
+    def db_now(self) -> float:
+        """The database's clock now (epoch s): the clock every bound is judged on."""
+        return float(self.sql("SELECT extract(epoch FROM clock_timestamp())::float8")[0][0])
+
     def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
         import psycopg
 

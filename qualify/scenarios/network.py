@@ -23,10 +23,6 @@ __all__: list[str] = []
 STEPS = 4
 
 
-def _db_now(ctx: ScenarioContext) -> float:
-    return float(ctx.sql("SELECT extract(epoch FROM clock_timestamp())::float8")[0][0])
-
-
 def _owner_sessions(ctx: ScenarioContext, run_id: str) -> set[int]:
     return {int(r[0]) for r in ctx.sql("SELECT pid FROM pg_stat_activity WHERE application_name = %s",
                                        f"qimpl-owner:{run_id}")}
@@ -61,7 +57,7 @@ def owner_partitioned_from_postgres(ctx: ScenarioContext) -> None:
     survivor = ctx.processes.worker("worker-2", **SLOW)
     before = _owner_sessions(ctx, run_id)
     ctx.nemesis.partition(proxy, "both", run_id=run_id, attempt=held["attempt"])
-    cut_at = _db_now(ctx)
+    cut_at = ctx.db_now()
     ctx.release_barrier("cut")  # the owner goes on: its checkpoint is held in the partition
     rows = _until(lambda: ctx.sql(
         "SELECT attempt, extract(epoch FROM created_at)::float8 FROM run_checkpoints"

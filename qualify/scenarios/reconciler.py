@@ -359,10 +359,6 @@ def _warnings(port: int, kind: str) -> float:
                and s.labels.get("kind") == kind and s.labels.get("tenant") == TENANT)
 
 
-def _db_now(ctx: ScenarioContext) -> float:
-    return float(ctx.sql("SELECT extract(epoch FROM clock_timestamp())::float8")[0][0])
-
-
 def _sweeps_between(ctx: ScenarioContext, since: float, until: float | None = None) -> list[tuple[Any, ...]]:
     """Sweeps (as ``_sweeps``) that started at or after ``since`` and finished by ``until``
     (epoch seconds by the database's clock)."""
@@ -526,13 +522,13 @@ def reconciler_grace_after_resume(ctx: ScenarioContext) -> None:
             requested = float(ctx.sql("SELECT extract(epoch FROM dispatch_requested_at)::float8 FROM runs"
                                       " WHERE run_id = %s", run_id)[0][0])
             # Hold about 2 s (at least 3 sweeps), and release well before the grace ends.
-            _eventually(lambda: (held_s := _db_now(ctx) - requested) >= grace_s - 0.6
+            _eventually(lambda: (held_s := ctx.db_now() - requested) >= grace_s - 0.6
                         or (held_s >= 2.0 and len(_sweeps_between(ctx, requested)) >= 3),
                         timeout_s=grace_s)
             state = ctx.sql("SELECT state, generation, dispatch_confirmed_at FROM runs WHERE run_id = %s",
                             run_id)
         finally:
-            released = _db_now(ctx)
+            released = ctx.db_now()
             ctx.release_crash_point(AFTER_DISPATCH)
         answer = resuming.result(timeout=60)
     during = _sweeps_between(ctx, requested, released)
@@ -586,7 +582,7 @@ def slot_wait_not_redispatched(ctx: ScenarioContext) -> None:
     decided = _decide(cut_off, approving, pending["approval_id"], True, pending["action_version"])
     ctx.history.record("client", op="decide", phase="ok" if decided.status_code == 200 else "fail",
                        run_id=approving, status=decided.status_code)
-    approved_at = _db_now(ctx)
+    approved_at = ctx.db_now()
     ctx.expect("the approval is accepted: B queued in generation 2 (its dispatch failed)",
                decided.status_code == 200 and decided.json().get("state") == "queued"
                and decided.json().get("generation") == 2, decided.text[:200], "R-APPROVAL-1")
@@ -645,7 +641,7 @@ def reconciler_holds_no_lock_over_temporal(ctx: ScenarioContext) -> None:
                    and receipt.get("state") == "accepted", f"{resp.status_code} {resp.text[:200]}",
                    "R-CREATE-5")
         run_id = str(receipt.get("run_id"))
-        since = _db_now(ctx)
+        since = ctx.db_now()
         # Sample for at least 4 s and until a sweep has tried (and failed) to dispatch it. A
         # session counts when it sat idle inside a transaction for more than 0.1 s: longer
         # than the gap between two statements of one transaction, far shorter than a call

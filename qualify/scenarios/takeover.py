@@ -58,10 +58,6 @@ def watcher_failures(procs: list[ManagedProcess]) -> list[dict[str, Any]]:
     return out
 
 
-def _db_now(ctx: ScenarioContext) -> float:
-    return float(ctx.sql("SELECT extract(epoch FROM clock_timestamp())::float8")[0][0])
-
-
 def _checkpoint_at(ctx: ScenarioContext, run_id: str, step: int, *, timeout_s: float) -> float | None:
     """The database's time of checkpoint ``step`` of ``run_id``; None if not within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
@@ -103,7 +99,7 @@ def takeover_after_sigkill(ctx: ScenarioContext) -> None:
     held = ctx.wait_barrier("strike")
     owner = _owner_of(held, workers)
     ctx.nemesis.sigkill(owner, barrier="strike", run_id=run_id, attempt=held["attempt"])
-    killed_at = _db_now(ctx)
+    killed_at = ctx.db_now()
     at = _checkpoint_at(ctx, run_id, 2, timeout_s=WITHIN_S)
     took = None if at is None else round(at - killed_at, 3)
     ctx.figures["takeover_after_sigkill_s"] = took if took is not None else -1.0
@@ -203,7 +199,7 @@ def watcher_never_ends_a_live_owner(ctx: ScenarioContext) -> None:
     held = ctx.wait_barrier("strike")
     owner = _owner_of(held, workers)
     ctx.nemesis.sigkill(owner, barrier="strike", run_id=victim_run)
-    killed_at = _db_now(ctx)
+    killed_at = ctx.db_now()
     # Live owners on the survivors while the watcher (and Temporal's own timeout) take the
     # killed run over.
     others = [accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer=f"live {i}", delay_ms=400))
@@ -259,7 +255,7 @@ def operator_resets_a_running_activity(ctx: ScenarioContext) -> None:
         raise HarnessError("no takeover after the kill")
     owner_attempt = int(ctx.sql("SELECT owner_attempt FROM runs WHERE run_id = %s", run_id)[0][0])
     reset = ctx.nemesis.reset_activity(ctx.deployment.temporal_address, workflow_id(run_id, 1))
-    reset_at = _db_now(ctx)
+    reset_at = ctx.db_now()
     # The takeover after the reset: the first write after it from another lease session
     # than the one that owned the run when it landed.
     deadline = time.monotonic() + 30
