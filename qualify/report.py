@@ -71,6 +71,8 @@ def scenario_doc(r: ScenarioResult, *, report_dir: Path, stack_kind: str) -> dic
         doc["schedule"] = json.loads(r.scenario.schedule)
     if r.reproduction:
         doc["reproduction"] = r.reproduction
+    if r.tables:
+        doc["tables"] = r.tables
     return doc
 
 
@@ -160,6 +162,11 @@ def render_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"- [{mark}] {c['name']} ({_judged(c)}){': ' + c['detail'] if c['detail'] else ''}")
         if s["figures"]:
             lines.append(f"- figures: {json.dumps(s['figures'])}")
+        for name, table in s.get("tables", {}).items():
+            lines += ["", f"{name}:", "", "| " + " | ".join(_cell(c) for c in table["columns"]) + " |",
+                      "|" + "---|" * len(table["columns"])]
+            lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in table["rows"]]
+            lines.append("")
         if s["error"]:
             lines += ["", "```", s["error"], "```"]
         lines += ["", f"history: `{s['history']}`; logs: " + ", ".join(f"`{p}`" for p in s["logs"])

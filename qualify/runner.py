@@ -59,6 +59,8 @@ class ScenarioResult:
     #: How the scenario's API and worker processes started: ``exec``, ``fork`` (from the
     #: preloaded fork server, ``qualify.forkserver``) or ``fork+exec``.
     spawn: str = "exec"
+    #: Tables the scenario attached for the report (``ScenarioContext.table``).
+    tables: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
 
 
 #: What a qimpl process must never print: a trace (R-EXEC-6, R-READ-3) or a crash on exit.
@@ -188,7 +190,7 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
                     exercised=bool(accepted_runs(events)) or bool(scenario.no_runs_because))
     return ScenarioResult(
         scenario=scenario, seed=seed, verdict=verdict, duration_s=round(duration, 3), checks=checks,
-        faults=nemesis.recorded, crash_points=struck, figures=ctx.figures, out_dir=out_dir,
+        faults=nemesis.recorded, crash_points=struck, figures=ctx.figures, tables=ctx.tables, out_dir=out_dir,
         error=error, events=len(events),
         crash_point_evidence=[{"point": e["point"], "action": e["action"], "pid": e["pid"]}
                               for e in events if e["type"] == "crash_point"],

@@ -13,9 +13,23 @@ from qimpl.api.models import ErrorBody
 from qimpl.api.validation import VALIDATION_CODES
 
 __all__ = [
-    "ANSWER_ERRORS", "APPROVAL_ERRORS", "CANCEL_ERRORS", "CREATE_ERRORS", "CREATE_HEADERS", "CREATE_LINKS",
-    "EVENTS_ERRORS", "EVENTS_HEADERS", "LEGACY_ERRORS", "READ_ERRORS", "READ_LINKS", "RESUME_ERRORS",
-    "RESUME_HEADERS", "STREAM_KEY_MAX", "IdempotencyKey", "errors",
+    "ANSWER_ERRORS",
+    "APPROVAL_ERRORS",
+    "CANCEL_ERRORS",
+    "CLIENT_ONLY",
+    "CREATE_ERRORS",
+    "CREATE_HEADERS",
+    "CREATE_LINKS",
+    "EVENTS_ERRORS",
+    "EVENTS_HEADERS",
+    "LEGACY_ERRORS",
+    "READ_ERRORS",
+    "READ_LINKS",
+    "RESUME_ERRORS",
+    "RESUME_HEADERS",
+    "STREAM_KEY_MAX",
+    "IdempotencyKey",
+    "errors",
 ]
 
 _KEY_PATTERN, _KEY_MAX = r"^[\x21-\x7e]+$", 255
@@ -58,13 +72,15 @@ def errors(**by_status: str) -> dict[int | str, dict[str, Any]]:
 _VALIDATION = ", ".join(VALIDATION_CODES)
 _AUTH = "unauthenticated"
 _NOT_FOUND = "run_not_found"
+#: An operator key on a client route (R-OPS-7: operators act through the operator routes).
+CLIENT_ONLY = "client_credential_required (an operator key on a client route)"
 CREATE_ERRORS = errors(
     s400="idempotency_key_required", s401=_AUTH,
-    s403="workspace_access_denied (no live grant for the body's workspace_id, R-AUTH-2)",
+    s403=f"workspace_access_denied (no live grant for the body's workspace_id, R-AUTH-2), {CLIENT_ONLY}",
     s409="idempotency_key_in_flight",
     s422=f"{_VALIDATION}, idempotency_key_reused",
     s503="durable_dispatch_unknown (the body carries the receipt; retryable: false)")
-READ_ERRORS = errors(s401=_AUTH, s404=_NOT_FOUND, s422=_VALIDATION)
+READ_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s404=_NOT_FOUND, s422=_VALIDATION)
 
 
 def _link(operation_id: str, **parameters: str) -> dict[str, Any]:
@@ -92,17 +108,17 @@ READ_LINKS: dict[int | str, dict[str, Any]] = {200: {"description": "Successful 
                        agent_id="$request.path.agent_id", run_id="$request.path.run_id"),
 }}}
 _BUSY = "run_busy (the run's row stayed locked past the lock timeout; retryable: true)"
-CANCEL_ERRORS = errors(s401=_AUTH, s404=_NOT_FOUND, s422=_VALIDATION, s503=_BUSY)
+CANCEL_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s404=_NOT_FOUND, s422=_VALIDATION, s503=_BUSY)
 RESUME_ERRORS = errors(
     s400="idempotency_key_required", s401=_AUTH,
-    s403="workspace_access_revoked (the grant for the run's workspace was revoked, R-AUTH-2)",
+    s403=f"workspace_access_revoked (the grant for the run's workspace was revoked, R-AUTH-2), {CLIENT_ONLY}",
     s404=_NOT_FOUND,
     s409="run_active, run_terminal (also when the deadline passed: the run is expired), "
          "run_not_resumable, run_resume_conflict, run_reconciliation_required (a tool call's "
          "outcome is unknown, R-RESUME-3), tool_results_pending (R-TOOL-4)",
     s422=f"{_VALIDATION}, idempotency_key_reused",
     s503=f"durable_dispatch_unknown (the body carries the receipt), {_BUSY}")
-ANSWER_ERRORS = errors(s401=_AUTH, s422=_VALIDATION, s502="answer_failed")
+ANSWER_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s422=_VALIDATION, s502="answer_failed")
 EVENTS_ERRORS: dict[int | str, dict[str, Any]] = {
     **errors(s400="last_event_id_unknown (the live run sent no event with that id)",
              s429="too_many_streams (QIMPL_EVENT_STREAMS_PER_RUN open streams of this run already)",
@@ -112,10 +128,10 @@ EVENTS_ERRORS: dict[int | str, dict[str, Any]] = {
     204: {"description": "the run ended and `Last-Event-ID` is its terminal event (or later): "
                          "nothing more will come; clients stop reconnecting"}}
 APPROVAL_ERRORS = errors(
-    s401=_AUTH, s404=f"{_NOT_FOUND}, approval_not_found",
+    s401=_AUTH, s403=CLIENT_ONLY, s404=f"{_NOT_FOUND}, approval_not_found",
     s409="action_version_mismatch, approval_conflict, approval_not_pending, run_terminal "
          "(also when the deadline passed: the run is expired)",
     s422=_VALIDATION, s503=_BUSY)
-LEGACY_ERRORS = errors(s401=_AUTH, s404=_NOT_FOUND, s422=_VALIDATION,
+LEGACY_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s404=_NOT_FOUND, s422=_VALIDATION,
                        s409="durable_lifecycle_conflict (lifecycle_version 2 runs)",
                        s501="legacy_control_unavailable (lifecycle_version 1 runs)")

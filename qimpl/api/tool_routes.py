@@ -28,6 +28,7 @@ from qimpl.api.models import (
     ToolResult,
     ToolResultAnswer,
 )
+from qimpl.api.openapi import CLIENT_ONLY
 from qimpl.api.validation import VALIDATION_CODES
 from qimpl.db import journal as journal_db
 from qimpl.db import runs as repo
@@ -47,6 +48,7 @@ _SETTLE_CONFLICTS = ("tool_call_not_found, tool_call_settled (a different result
                      "recorded), tool_call_kind_mismatch, run_not_parked")
 RESULT_ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "codes: unauthenticated"},
+    403: {"model": ErrorBody, "description": "codes: " + CLIENT_ONLY},
     404: {"model": ErrorBody, "description": "codes: run_not_found"},
     409: {"model": ErrorBody, "description": "codes: " + _SETTLE_CONFLICTS},
     422: {"model": ErrorBody, "description": f"codes: {_VALIDATION}, tool_result_invalid "

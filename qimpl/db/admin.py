@@ -11,7 +11,8 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["create_api_key", "grant_workspace", "harden_database", "key_hash", "revoke_workspace"]
+__all__ = ["create_api_key", "grant_workspace", "harden_database", "key_hash", "revoke_api_key",
+           "revoke_workspace"]
 
 Conn = psycopg.Connection[Any]
 
@@ -41,6 +42,16 @@ def create_api_key(conn: Conn, *, key: str, tenant_id: str, principal_id: str,
                             (digest,)).fetchone()
         if held is not None and tuple(held) != (tenant_id, principal_id, role):
             raise ValueError("this key already exists for another principal, tenant or role")
+
+
+def revoke_api_key(conn: Conn, *, key: str) -> int:
+    """Revoke an API key (its principal keeps its runs and its other keys); returns how
+    many live keys it revoked (0 or 1). From the next request the key is 401
+    ``unauthenticated`` on every route (R-AUTH-1): keys are looked up per request, never
+    cached."""
+    cur = conn.execute("UPDATE api_keys SET revoked_at = clock_timestamp()"
+                       " WHERE key_hash = %s AND revoked_at IS NULL", (key_hash(key),))
+    return cur.rowcount
 
 
 def grant_workspace(conn: Conn, *, tenant_id: str, principal_id: str, workspace_id: str,

@@ -81,6 +81,8 @@ class ScenarioContext:
     rng: random.Random
     checks: list[Check] = field(default_factory=list)
     figures: dict[str, float] = field(default_factory=dict)
+    #: Tables the report shows under the scenario: name -> ``{"columns": [...], "rows": [[...]]}``.
+    tables: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     #: The stack, for faults that strike PostgreSQL or Temporal themselves.
     stack: Any = None
     #: The side-effect sink (``qualify.processes.SinkProcess``), for faults that strike it.
@@ -124,6 +126,11 @@ class ScenarioContext:
         empty collection covers no requirement, R-Q-12)."""
         self.checks.append(Check(name, bool(ok), redact(detail), tuple(requirements), judged=judged))
         return bool(ok)
+
+    def table(self, name: str, columns: list[str], rows: list[list[Any]]) -> None:
+        """Attach a table to the scenario's report (for example the API contract matrix):
+        ``columns`` are the headings, each row one cell per column (strings or numbers)."""
+        self.tables[name] = {"columns": list(columns), "rows": [[redact(str(c)) for c in r] for r in rows]}
 
     # -- client operations (invoke, then ok / fail / info) -----------------------
     def create_run(self, api: ManagedProcess, *, prompt: str, agent_id: str = "agent-1",

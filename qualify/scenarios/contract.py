@@ -60,6 +60,9 @@ def same_key_twenty_requests(ctx: ScenarioContext) -> None:
     ctx.history.record("client", op="create x20", phase="ok", statuses=dict(codes))
     ctx.expect("no 5xx among 20 concurrent requests", not any(c >= 500 for c in codes),
                str(dict(codes)), "R-CREATE-2")
+    originals = sum(1 for r in answers if r.status_code == 202 and r.headers.get("idempotent-replayed") != "true")
+    ctx.expect("exactly one original 202 (no Idempotent-Replayed); the other 202s are replays",
+               originals == 1, f"{originals} originals among {codes[202]} 202s", "R-CREATE-2", judged=20)
     run_ids = {r.json()["run_id"] for r in answers if r.status_code == 202}
     ctx.expect("every 202 names the same run", len(run_ids) == 1, str(run_ids), "R-CREATE-2")
     others = {r.json().get("code") for r in answers if r.status_code != 202}

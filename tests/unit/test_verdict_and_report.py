@@ -89,3 +89,20 @@ def test_summary_junit_and_markdown(tmp_path: Path) -> None:
     assert "Verdict: FAIL" in html and "qualify repro b --seed 5" in html
     assert "R-APPROVAL-1" in html  # the matrix spans every spec ID, exercised or not
     assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")  # self-contained
+
+
+def test_a_scenarios_tables_reach_the_markdown_and_the_html(tmp_path: Path) -> None:
+    r = _result(tmp_path, "m", Verdict.PASS, [Check("x", True)])
+    r.tables = {"contract matrix": {"columns": ["route", "owner"], "rows": [["GET /x|y", "200 ok"]]}}
+    doc = scenario_doc(r, report_dir=tmp_path, stack_kind="embedded")
+    assert doc["tables"] == r.tables
+    summary = build_summary(scenarios=[doc], seed=5, duration_s=1.0, stack={"kind": "embedded", "boot_s": 0.5},
+                            provenance={"git_sha": "abc"}, report_dir=tmp_path, crash_catalog=[])
+    md = render_markdown(summary)
+    assert "| route | owner |" in md and "| GET /x y | 200 ok |" in md  # a pipe cannot break the row
+    write_report(tmp_path, summary)
+    html = (tmp_path / "report.html").read_text()
+    assert "contract matrix" in html and "<th>owner</th>" in html and "GET /x|y" in html
+    bare = scenario_doc(_result(tmp_path, "n", Verdict.PASS, [Check("x", True)]), report_dir=tmp_path,
+                        stack_kind="embedded")
+    assert "tables" not in bare

@@ -133,6 +133,13 @@ async def resume_run(
                 expired = True
             else:
                 if resumed is None:
+                    # Lost the compare-and-set. To a request with this same key, which won
+                    # it: answer as the key does (a replay, 409 in flight, 422 another body),
+                    # never as a rival resume (R-CREATE-2 holds for every keyed route).
+                    record = await repo.lookup_idempotency(conn, **scope)
+                    if record is not None:
+                        replay = await replayable(conn, record, fingerprint, svc.settings)
+                if resumed is None and replay is None:
                     now = await repo.get_run(conn, str(run_id))
                     if now is not None and RunState(now["state"]) in TERMINAL:
                         raise ApiError(409, "run_terminal", f"the run is {now['state']}",

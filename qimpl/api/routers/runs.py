@@ -65,21 +65,37 @@ async def create_legacy(svc: Services, agent_id: str, body: CreateRunRequest, pr
                         key: str | None) -> Response:
     """R-CREATE-6: the legacy inline path, executed in this process (no restart promise)."""
     run_id = str(uuid.uuid4())
+    digest = fingerprint(agent_id, body)
     await require_grant(svc, principal, body.workspace_id, "workspace_access_denied")
     async with svc.tenant(principal.tenant_id) as conn:
         row = await repo.insert_run_or_none(
             conn, run_id=run_id, tenant_id=principal.tenant_id, principal_id=principal.principal_id,
             agent_id=agent_id, prompt=body.prompt, request=body.model_dump(),
             stream_key=secrets.token_urlsafe(24), deadline_s=body.deadline_seconds, workflow_id=None,
-            route=CREATE_ROUTE, idempotency_key=key, fingerprint=fingerprint(agent_id, body),
+            route=CREATE_ROUTE, idempotency_key=key, fingerprint=digest,
             lifecycle_version=1, workspace_id=body.workspace_id)
         if row is None:
-            raise ApiError(409, "idempotency_key_in_flight", "this key is already in use")
+            # The key was used before (R-CREATE-2 scopes keys per route, not per path
+            # taken): another body is 422 whichever path the first one took; the same
+            # body replays the first receipt and starts nothing.
+            record = await repo.lookup_idempotency(conn, tenant_id=principal.tenant_id,
+                                                   principal_id=principal.principal_id,
+                                                   route=CREATE_ROUTE, key=str(key))
+            if record is None or record["fingerprint"] != digest:
+                raise ApiError(422, "idempotency_key_reused",
+                               "this Idempotency-Key was used with a different request")
+            first = await repo.get_run(conn, str(record["run_id"]))
+            if first is None:
+                raise ApiError(404, "run_not_found", "no such run")
+            return JSONResponse(_legacy_receipt(agent_id, first), 202, headers={"Idempotent-Replayed": "true"})
     svc.spawn(svc.run_legacy(run_id, principal.tenant_id))
-    receipt = Receipt(agent_id=agent_id, run_id=run_id, stream_key=row["stream_key"],
-                      state=RunState.QUEUED, lifecycle_version=1, durability="legacy",
-                      deadline_at=row["deadline_at"])
-    return JSONResponse(receipt.model_dump(mode="json"), 202)
+    return JSONResponse(_legacy_receipt(agent_id, {**row, "state": RunState.QUEUED}), 202)
+
+
+def _legacy_receipt(agent_id: str, row: dict[str, Any]) -> dict[str, Any]:
+    return Receipt(agent_id=agent_id, run_id=str(row["run_id"]), stream_key=row["stream_key"],
+                   state=row["state"], lifecycle_version=1, durability="legacy",
+                   deadline_at=row["deadline_at"]).model_dump(mode="json")
 
 
 @router.post(
