@@ -420,6 +420,30 @@ CATALOG: tuple[Mutant, ...] = (
                "handle = asyncio.get_running_loop().call_later(3600, cut)"),),
         "api-partitioned-from-postgres-mid-create",
         "a request to the cut-off API got 503 database_unavailable, retryable"),
+    Mutant(
+        "peer-principal-reads-the-run", "runs are scoped to their principal (R-AUTH-1)",
+        (Patch("qimpl/api/deps.py",
+               'if row is None or row["principal_id"] != principal.principal_id or row["agent_id"] != agent_id:',
+               'if row is None or row["agent_id"] != agent_id:'),),
+        "api-contract-matrix", "GET /v1/agents/{agent_id}/runs/{run_id}: every credential kind gets its one answer"),
+    Mutant(
+        "revoked-key-authenticates", "a revoked API key is no credential (R-AUTH-1)",
+        (Patch("qimpl/db/migrations/versions/20261201_100000_hardening.py",
+               'k.key_hash = p_key_hash AND k.revoked_at IS NULL"),', 'k.key_hash = p_key_hash"),'),),
+        "api-contract-matrix", "POST /v1/agents/{agent_id}/runs: every credential kind gets its one answer"),
+    Mutant(
+        "legacy-create-ignores-the-key-owner", "one key, one request, whichever path it took (R-CREATE-2)",
+        (Patch("qimpl/api/routers/runs.py",
+               'if record is None or record["fingerprint"] != digest:\n                raise ApiError(422,',
+               'if record is None or record["fingerprint"] != digest:\n                raise ApiError(409,'),),
+        "idempotency-per-field", "same key, durable_temporal changed: 422 idempotency_key_reused"),
+    Mutant(
+        "same-key-resume-answered-as-a-rival", "a keyed resume that lost the race answers as its key (R-CREATE-2)",
+        (Patch("qimpl/api/routers/controls.py",
+               "                    if record is not None:\n                        replay = await replayable(",
+               "                    if False:\n                        replay = await replayable("),),
+        "idempotency-per-field",
+        "the other nineteen are replays of its receipt or 409 idempotency_key_in_flight"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).

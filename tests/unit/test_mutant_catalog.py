@@ -37,13 +37,25 @@ def test_names_are_unique_and_the_ci_subset_is_in_the_catalog() -> None:
 
 
 _VERSIONS = Path(__file__).resolve().parents[2] / "qimpl" / "db" / "migrations" / "versions"
-_DEFINES = re.compile(r"CREATE (?:OR REPLACE )?(?:FUNCTION|TRIGGER) (?:public\.)?(\w+)")
+#: A definition in SQL text (a function, a trigger, a table's policy), or one a migration
+#: composes in Python from a ``("name(signature)", returns, body)`` tuple (the hardening
+#: revision's definers).
+_DEFINES = re.compile(r"CREATE (?:OR REPLACE )?(?:FUNCTION|TRIGGER) (?:public\.)?(\w+)"
+                      r"|CREATE POLICY (\w+ ON) (?:public\.)?(\w+)|\(\"(\w+)\(")
 
 
-def _defined_at(text: str, at: int) -> str | None:
-    """The function or trigger whose definition the position ``at`` of a migration is in."""
-    names = [m.group(1) for m in _DEFINES.finditer(text, 0, at)]
-    return names[-1] if names else None
+def _defined_at(text: str, at: int) -> tuple[str, str] | None:
+    """The definition the position ``at`` of a migration is in: its name, and a pattern
+    that finds it defined again in a later revision."""
+    found = list(_DEFINES.finditer(text, 0, at))
+    if not found:
+        return None
+    m = found[-1]
+    if m.group(2):
+        name = f"{m.group(2)} {m.group(3)}"
+        return name, rf"CREATE POLICY {m.group(2)} (?:public\.)?{m.group(3)}\b"
+    name = m.group(1) or m.group(4)
+    return name, rf"CREATE (?:OR REPLACE )?(?:FUNCTION|TRIGGER) (?:public\.)?{name}\b|\(\"{name}\("
 
 
 @pytest.mark.req("R-Q-9")
@@ -58,11 +70,11 @@ def test_a_migration_patch_hits_the_definition_in_effect(mutant: Mutant) -> None
             continue
         path = Path(patch.path).name
         text = (_VERSIONS / path).read_text()
-        name = _defined_at(text, text.index(patch.old))
+        defined = _defined_at(text, text.index(patch.old))
         later_revisions = [v for v in sorted(_VERSIONS.glob("*.py")) if v.name > path]
-        if name is None:  # SQL composed from pieces in Python: the patched text must not recur later
-            later = [v.name for v in later_revisions if patch.old in v.read_text()]
+        if defined is None:  # SQL composed from pieces in Python: the patched text must not recur later
+            name, later = None, [v.name for v in later_revisions if patch.old in v.read_text()]
         else:
-            later = [v.name for v in later_revisions if re.search(
-                rf"CREATE (?:OR REPLACE )?(?:FUNCTION|TRIGGER) (?:public\.)?{name}\b", v.read_text())]
+            name, again = defined
+            later = [v.name for v in later_revisions if re.search(again, v.read_text())]
         assert not later, f"{mutant.name}: {name or 'the text'} patched in {path} is defined again in {later}"
