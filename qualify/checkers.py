@@ -308,18 +308,22 @@ def _journal(history: Sequence[Event]) -> dict[str, dict[int, str | None]]:
 def stream_events_consistent(history: Sequence[Event]) -> Check:
     """Events delivered to stream clients (R-EVENT-2/3), per run and client: ids strictly increasing
     (no duplicate across reconnects), each one an event the journal recorded, of the
-    journal's kind, and — for a stream read to its end — every journal event delivered and
-    the last event ``terminal`` with the run's final state. A pruned run's journal is gone
+    journal's kind, and — for a stream read to its end — every journal event delivered (every
+    one after the ``Last-Event-ID`` the client first opened with, ``stream_open``) and the
+    last event ``terminal`` with the run's final state. A pruned run's journal is gone
     (R-EVENT-5): only the order of what was delivered is checked."""
     name = "stream events complete, ordered and ending in the run's terminal state"
     finals = {str(e["run_id"]): e["state"] for e in _of(history, "run")}
     journal = _journal(history)
     pruned = {str(e["run_id"]) for e in _of(history, "event_prune")}
     bad = []
+    begins: dict[tuple[str, str], int] = {}
+    for e in _of(history, "stream_open"):  # the client's first open: where its stream begins
+        begins.setdefault((str(e["run_id"]), str(e.get("client", ""))), int(e.get("after") or 0))
     by_client: dict[tuple[str, str], list[Event]] = defaultdict(list)
     for e in _of(history, "stream_event"):  # each client's own sequence (several may follow a run)
         by_client[(str(e["run_id"]), str(e.get("client", "")))].append(e)
-    for (run, _client), evs in sorted(by_client.items()):
+    for (run, client), evs in sorted(by_client.items()):
         ids = [int(e["event_id"]) for e in sorted(evs, key=lambda e: e["t"])]
         if any(b <= a for a, b in itertools.pairwise(ids)):
             bad.append(f"{run}: ids not strictly increasing {ids}")
@@ -334,8 +338,9 @@ def stream_events_consistent(history: Sequence[Event]) -> Check:
             bad.append(f"{run}: events delivered as another kind than the journal's {wrong}")
         last = max(evs, key=lambda e: int(e["event_id"]))
         if last["event"] == "terminal":
-            if ids != sorted(recorded):
-                bad.append(f"{run}: stream incomplete: got {ids}, journal {sorted(recorded)}")
+            owed = sorted(i for i in recorded if i > begins.get((run, client), 0))
+            if ids != owed:
+                bad.append(f"{run}: stream incomplete: got {ids}, journal {owed}")
             if last["state"] != finals.get(run):
                 bad.append(f"{run}: terminal event {last['state']} but run is {finals.get(run)}")
     return Check(name, not bad, _summary(bad) or f"{len(by_client)} stream clients", ("R-EVENT-2", "R-EVENT-3"),

@@ -444,6 +444,16 @@ CATALOG: tuple[Mutant, ...] = (
                "                    if False:\n                        replay = await replayable("),),
         "idempotency-per-field",
         "the other nineteen are replays of its receipt or 409 idempotency_key_in_flight"),
+    Mutant(
+        "stream-resumes-at-the-last-event", "Last-Event-ID resumes after that event (R-EVENT-2)",
+        (Patch("qimpl/api/events.py", "WHERE run_id = %s AND seq > %s", "WHERE run_id = %s AND seq >= %s"),),
+        "stream-every-last-event-id",
+        "every Last-Event-ID from 0 to the terminal id: every later event exactly once, in order, "
+        "then the terminal event (204 after it)"),
+    Mutant(
+        "stream-ends-before-its-terminal-event", "a stream ends with its terminal event (R-EVENT-3)",
+        (Patch("qimpl/api/routers/events.py", "int(last_event_id) >= int(newest))", "int(last_event_id) >= int(newest) - 1)"),),
+        "stream-every-last-event-id", "terminal - 1: only the terminal event, matching the run record"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).

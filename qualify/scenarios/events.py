@@ -34,6 +34,10 @@ def read_stream(ctx: ScenarioContext, api: ManagedProcess, run_id: str, key: str
     ends or ``stop_after`` events; returns them as ``{id, event, data}``, or a refusal as
     ``[{status, body}]``."""
     headers = {"X-Stream-Key": key, **({"Last-Event-ID": last_event_id} if last_event_id else {})}
+    # Where this client's stream begins: a client that opens with Last-Event-ID L owes
+    # only the events after L (the stream checker reads it).
+    ctx.history.record("stream_open", run_id=run_id, client=client, process=api.name,
+                       after=int(last_event_id) if last_event_id and last_event_id.isdigit() else 0)
     got: list[dict[str, Any]] = []
     with httpx.stream("GET", f"{api.base_url}{PATH.format(run_id=run_id)}", headers=headers,
                       timeout=60) as resp:

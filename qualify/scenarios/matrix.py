@@ -376,3 +376,49 @@ def idempotency_per_field(ctx: ScenarioContext) -> None:
     ctx.expect("one new generation", run["generation"] == 2, f"g{run['generation']} {run['state']}", "R-RESUME-1")
     left = _terminal_everywhere(ctx)
     ctx.expect("every run ended", not left, str(left))
+
+
+@scenario(
+    "stream-every-last-event-id",
+    title="A finished run's stream reconnected with every Last-Event-ID from 0 to its terminal "
+          "event, alternating two API instances: each time every later event exactly once, in "
+          "journal order, ending with the terminal event; terminal - 1 gives only the terminal "
+          "event; the terminal id gives 204",
+    requirements=("R-EVENT-2", "R-EVENT-3"),
+)
+def stream_every_last_event_id(ctx: ScenarioContext) -> None:
+    from qualify.scenarios.events import read_stream
+
+    apis = [ctx.processes.api("api-1"), ctx.processes.api("api-2")]
+    ctx.processes.worker()
+    resp = ctx.create_run(apis[0], prompt=make_prompt(steps=3, answer="every id", deltas=2))
+    assert resp is not None
+    run_id, key = resp.json()["run_id"], resp.json()["stream_key"]
+    run = ctx.wait_terminal(apis[0], run_id)
+    journal = [str(i) for (i,) in ctx.sql("SELECT seq FROM run_events WHERE run_id = %s ORDER BY seq", run_id)]
+    whole = read_stream(ctx, apis[0], run_id, key, client="whole")
+    ids = [e.get("id") for e in whole]
+    ctx.expect("the whole stream is the run's journal, in order, ending with its terminal event",
+               ids == journal and bool(whole) and whole[-1].get("event") == "terminal",
+               f"{len(ids)} events, journal {len(journal)}; last {whole[-1].get('event') if whole else None}",
+               "R-EVENT-2", "R-EVENT-3", judged=len(journal))
+    terminal = int(journal[-1]) if journal else 0
+    wrong: list[str] = []
+    for n, last in enumerate(range(0, terminal + 1)):
+        got = read_stream(ctx, apis[n % 2], run_id, key, last_event_id=str(last), client=f"after-{last}")
+        want = [i for i in journal if int(i) > last]
+        if last == terminal:
+            if got != [{"status": 204, "body": ""}]:
+                wrong.append(f"after {last} (terminal): {str(got)[:80]}")
+            continue
+        if [e.get("id") for e in got] != want or got[-1].get("event") != "terminal":
+            wrong.append(f"after {last}: got {[e.get('id') or e.get('status') for e in got]}, want {want}")
+    ctx.expect("every Last-Event-ID from 0 to the terminal id: every later event exactly once, in order, "
+               "then the terminal event (204 after it)", not wrong, "; ".join(wrong[:5]) or
+               f"{terminal + 1} reconnections (0..{terminal}) on {len(apis)} API instances", "R-EVENT-2", "R-EVENT-3",
+               judged=terminal + 1)
+    before_last = read_stream(ctx, apis[1], run_id, key, last_event_id=str(terminal - 1), client="penultimate")
+    ctx.expect("terminal - 1: only the terminal event, matching the run record",
+               len(before_last) == 1 and before_last[0].get("event") == "terminal"
+               and json.loads(before_last[0]["data"]).get("state") == run["state"],
+               str(before_last)[:160], "R-EVENT-3")

@@ -133,6 +133,23 @@ def test_stream_checker() -> None:
     assert ck.stream_events_consistent(merge(good(), wrong_end)).ok is False
 
 
+
+@pytest.mark.req("R-EVENT-2")
+def test_a_stream_opened_after_an_id_owes_only_the_events_after_it() -> None:
+    full = [se(i, "state", "x", 10 + i) for i in range(1, 8)] + [se(8, "terminal", "completed", 20)]
+    opened = {"type": "stream_open", "run_id": R, "client": "", "after": 4, "t": 10.0}
+    assert ck.stream_events_consistent(merge(good(), [opened, *full[4:]])).ok is True
+    missing_one = [e for e in full[4:] if e["event_id"] != 6]
+    assert ck.stream_events_consistent(merge(good(), [opened, *missing_one])).ok is False
+    # Without its stream_open the same tail is an incomplete stream.
+    assert ck.stream_events_consistent(merge(good(), full[4:])).ok is False
+    # Where a client begins is its first open: a later reconnect does not excuse a gap.
+    later = {**opened, "after": 6, "t": 15.5}
+    early = {**opened, "after": 2}
+    gap = [e for e in full[2:] if e["event_id"] != 5]
+    assert ck.stream_events_consistent(merge(good(), [early, later, *gap])).ok is False
+
+
 def ev(seq: int, kind: str, v: int, state: str = "running") -> dict[str, Any]:
     return {"type": "run_event", "run_id": R, "seq": seq, "kind": kind, "row_version": v,
             "state": state, "generation": 1, "t": 10.0 + seq}
