@@ -40,6 +40,7 @@ __all__ = [
     "slot_holders",
     "slot_limit_respected",
     "stream_events_consistent",
+    "workflow_input_matches_its_run",
     "writes_committed_whole",
 ]
 
@@ -703,6 +704,37 @@ def one_workflow_per_generation(history: Sequence[Event]) -> Check:
                  judged=len(per_id))
 
 
+def workflow_input_matches_its_run(history: Sequence[Event]) -> Check:
+    """Every generation's workflow was started with its own run, generation and the run's
+    ``deadline_at`` as Temporal recorded the input (R-EXEC-8, R-RESUME-1): a resume or an
+    approval keeps the deadline, and a reused or stale input (another run's, an older
+    generation's) is caught where the worker would act on it. Judges the version-2
+    workflows of the listing whose input was read (``input``) and whose run is in the
+    history; vacuous without them."""
+    from datetime import datetime
+
+    name = "each workflow started with its own run, generation and deadline_at"
+    deadlines = {str(e["run_id"]): float(e["deadline_t"]) for e in _of(history, "run") if e.get("deadline_t")}
+    bad, judged = [], 0
+    for wf in _of(history, "workflow"):
+        m = _WORKFLOW_ID.match(str(wf["workflow_id"]))
+        given = wf.get("input")
+        if m is None or not isinstance(given, dict) or m["run"] not in deadlines:
+            continue
+        judged += 1
+        try:
+            deadline = datetime.fromisoformat(str(given.get("deadline_at"))).timestamp()
+        except ValueError:
+            deadline = float("nan")
+        if given.get("run_id") != m["run"] or int(given.get("generation") or 0) != int(m["gen"]):
+            bad.append(f"{wf['workflow_id']}: input names run {given.get('run_id')} g{given.get('generation')}")
+        if not abs(deadline - deadlines[m["run"]]) <= 0.001:
+            bad.append(f"{wf['workflow_id']}: input deadline_at {given.get('deadline_at')}, the run's is "
+                       f"{deadlines[m['run']]:.3f} (epoch s)")
+    return Check(name, not bad, _summary(bad) or f"{judged} workflows", ("R-EXEC-8", "R-RESUME-1"),
+                 judged=judged)
+
+
 def _approval_tools() -> frozenset[str]:
     """The harness's tools that need an approval, read from their own flags (finalising or
     requires_approval), never from the implementation's rule under test."""
@@ -896,6 +928,7 @@ GENERIC_CHECKERS: tuple[Callable[[Sequence[Event]], Check], ...] = (
     journal_matches_run_record,
     deadline_from_acceptance,
     one_workflow_per_generation,
+    workflow_input_matches_its_run,
     provider_calls_recorded,
     no_crash_loop,
 )

@@ -146,6 +146,22 @@ def file_events(control_dir: Path) -> list[Event]:
     return out
 
 
+async def _started_with(client: Any, workflow_id: str, run_id: str) -> dict[str, Any]:
+    """``{"input": ...}``: the first argument the execution was started with, as Temporal
+    recorded it (its history's first event), decoded to JSON values; ``{}`` when it had
+    none or could not be decoded (the checker then judges nothing of it)."""
+    async for event in client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history_events(page_size=1):
+        payloads = event.workflow_execution_started_event_attributes.input.payloads
+        if not payloads:
+            return {}
+        try:
+            (value, *_) = await client.data_converter.decode(payloads)
+        except Exception:  # noqa: BLE001 - not a harness crash: nothing to judge
+            return {}
+        return {"input": value} if isinstance(value, dict) else {}
+    return {}
+
+
 def workflow_events(address: str, namespace: str, task_queue: str, *, since: float | None = None,
                     timeout_s: float = 10.0) -> list[Event]:
     """Every Temporal workflow execution of the namespace started since ``since`` (epoch
@@ -169,7 +185,9 @@ def workflow_events(address: str, namespace: str, task_queue: str, *, since: flo
         async for wf in client.list_workflows(query):
             out.append({"type": "workflow", "workflow_id": wf.id, "run_id_temporal": wf.run_id,
                         "status": wf.status.name if wf.status else None, "task_queue": wf.task_queue,
-                        "ours": wf.task_queue == task_queue, "t": wf.start_time.timestamp()})
+                        "ours": wf.task_queue == task_queue, "t": wf.start_time.timestamp(),
+                        "workflow_type": wf.workflow_type,
+                        **await _started_with(client, wf.id, wf.run_id)})
         return out
 
     try:

@@ -445,6 +445,12 @@ CATALOG: tuple[Mutant, ...] = (
         "idempotency-per-field",
         "the other nineteen are replays of its receipt or 409 idempotency_key_in_flight"),
     Mutant(
+        "resumed-generation-gets-a-fresh-deadline", "a resume keeps deadline_at (R-RESUME-1, R-EXEC-8)",
+        (Patch("qimpl/dispatch.py", 'deadline_at=row["deadline_at"].isoformat(),',
+               'deadline_at=(row["deadline_at"] if int(row["generation"]) == 1 else row["deadline_at"]'
+               ' + (row["deadline_at"] - row["accepted_at"])).isoformat(),'),),
+        "concurrent-resumes", "each workflow started with its own run, generation and deadline_at"),
+    Mutant(
         "stream-resumes-at-the-last-event", "Last-Event-ID resumes after that event (R-EVENT-2)",
         (Patch("qimpl/api/events.py", "WHERE run_id = %s AND seq > %s", "WHERE run_id = %s AND seq >= %s"),),
         "stream-every-last-event-id",

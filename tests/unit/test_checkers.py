@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -396,3 +397,24 @@ def test_catches_a_workflow_of_a_run_on_another_task_queue() -> None:
     assert ck.one_workflow_per_generation([run, wf, moved]).ok is True
     stranger = {**wf, "workflow_id": "someone-else", "task_queue": "other"}
     assert ck.one_workflow_per_generation([run, stranger]).judged == 0  # not the scenario's: not judged
+
+
+@pytest.mark.req("R-EXEC-8", "R-RESUME-1")
+def test_a_workflow_started_with_another_deadline_or_generation_is_caught() -> None:
+    run = "0b0e5a52-7a0c-4a7e-9d0b-8f1c2a3b4c5d"
+    deadline = "2026-12-02T10:00:00+00:00"
+    t = datetime.fromisoformat(deadline).timestamp()
+
+    def wf(gen: int, **given: Any) -> dict[str, Any]:
+        return {"type": "workflow", "workflow_id": f"agent-run-{run}-g{gen}", "t": 1.0,
+                "input": {"run_id": run, "generation": gen, "deadline_at": deadline, **given}}
+
+    history = [{"type": "run", "run_id": run, "deadline_t": t, "t": 2.0, "state": "completed", "generation": 2}]
+    ok = ck.workflow_input_matches_its_run([*history, wf(1), wf(2)])
+    assert ok.ok is True and ok.judged == 2
+    later = ck.workflow_input_matches_its_run([*history, wf(1), wf(2, deadline_at="2026-12-02T11:00:00+00:00")])
+    assert later.ok is False and "g2" in later.detail and "deadline_at" in later.detail
+    stale = ck.workflow_input_matches_its_run([*history, wf(2, generation=1)])
+    assert stale.ok is False
+    unread = {"type": "workflow", "workflow_id": f"agent-run-{run}-g1", "t": 1.0}
+    assert ck.workflow_input_matches_its_run([*history, unread]).judged == 0
