@@ -880,11 +880,18 @@ SLOT_STATES = frozenset({"running", "awaiting_approval"})
 
 def slot_holders(history: Sequence[Event]) -> int:
     """The most runs of one tenant ever holding a slot (``running`` or
-    ``awaiting_approval``) at once, replaying transitions in the database's commit order."""
+    ``awaiting_approval``) at once, replaying transitions in the database's commit order:
+    by commit time (``commit_t``, PostgreSQL's ``track_commit_timestamp``), then by insert
+    order (``id``). A transition's id is taken when its row is inserted, not when it
+    commits, so two runs' writes can commit in the other order than their ids; without
+    commit times (a stack that does not track them) the ids are the order used."""
     tenant_of = {str(e["run_id"]): e.get("tenant_id", "") for e in _of(history, "run")}
     holding: dict[str, set[str]] = defaultdict(set)
     most = 0
-    for e in sorted(_of(history, "transition"), key=lambda e: e.get("id", 0)):
+    transitions = _of(history, "transition")
+    timed = all(e.get("commit_t") is not None for e in transitions)
+    ordered = sorted(transitions, key=lambda e: (float(e["commit_t"]) if timed else 0.0, int(e.get("id", 0))))
+    for e in ordered:
         run = str(e["run_id"])
         held = holding[tenant_of.get(run, "")]
         if e["new_state"] in SLOT_STATES:

@@ -69,6 +69,11 @@ def database_events(dsn: str) -> list[Event]:
         # Each row's writing transaction (absent before migration 20261203_090000_write_xacts).
         xact = stamped is not None and bool(stamped["present"])
         who += ", xact_id::text" if xact else ""
+        commits = conn.execute("SELECT current_setting('track_commit_timestamp') = 'on' AS on").fetchone()
+        if xact and commits and commits["on"]:
+            # When each write committed (PostgreSQL's commit timestamps): the order writes
+            # of different runs became visible, which the insert order (id) is not.
+            who += ", extract(epoch FROM pg_xact_commit_timestamp(xact_id::xid))::float8 AS commit_t"
         for row in conn.execute(
             "SELECT id, run_id::text, row_version, old_state, new_state, generation, owner_attempt,"
             f" checkpoint_step{who}, extract(epoch FROM at)::float8 AS t FROM run_transitions ORDER BY id"

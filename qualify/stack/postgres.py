@@ -237,7 +237,10 @@ class PostgresServer(Restartable):
                  "-c", "fsync=off", "-c", "full_page_writes=off", "-c", "synchronous_commit=on",
                  "-c", "dynamic_shared_memory_type=mmap", "-c", "max_connections=200",
                  "-c", "shared_buffers=64MB", "-c", "log_min_messages=warning",
-                 "-c", "client_connection_check_interval=100ms"],
+                 "-c", "client_connection_check_interval=100ms",
+                 # Commit times of the recorded writes: the slot checker replays
+                 # transitions in commit order (qualify.checkers.slot_holders).
+                 "-c", "track_commit_timestamp=on"],
                 log_path=self.logs_dir / "postgres.log", user=self.user,
                 death_signal=signal.SIGQUIT,
             )

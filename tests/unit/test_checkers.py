@@ -256,6 +256,23 @@ def test_slot_holders_counts_overlap_in_commit_order() -> None:
     assert ck.slot_limit_respected(2)(bad).ok is False
 
 
+
+@pytest.mark.req("R-EXEC-9")
+def test_slot_holders_replay_commit_times_not_insert_ids() -> None:
+    def t(i: int, run: str, new: str, commit: float | None) -> dict[str, Any]:
+        return {"type": "transition", "run_id": run, "new_state": new, "id": i, "t": float(i), "commit_t": commit}
+
+    runs = [{"type": "run", "run_id": r, "tenant_id": "t1", "t": 0.0} for r in "ab"]
+    # a leaves its slot in the transaction that took id 2, b claims in id 3; b committed first:
+    # for a moment both held a slot, which the ids alone would hide.
+    history = [*runs, t(1, "a", "running", 1.0), t(2, "a", "completed", 3.5), t(3, "b", "running", 3.0)]
+    assert ck.slot_holders(history) == 2
+    assert ck.slot_holders([{k: v for k, v in e.items() if k != "commit_t"} for e in history]) == 1
+    # One write without a commit time (tracking was off for it): the ids are the order.
+    partial = [*history[:-1], t(3, "b", "running", None)]
+    assert ck.slot_holders(partial) == 1
+
+
 @pytest.mark.req("R-EXEC-8")
 def test_catches_progress_after_the_deadline() -> None:
     def with_deadline(t: float) -> list[dict[str, Any]]:
