@@ -320,6 +320,39 @@ class ScenarioContext:
         except TimeoutError:
             raise InvariantViolation(f"workflow {workflow_id} did not close within {timeout_s} s") from None
 
+    def workflow_outcome(self, workflow_id: str, *, timeout_s: float = 20.0) -> tuple[str, Any]:
+        """``(status, result)`` of ``workflow_id`` once it closed: ``("completed", result)``,
+        or its closed status in lower case (``"failed"``, ``"terminated"``…) with None; or
+        ``("running", None)`` when it was still open after ``timeout_s`` seconds.
+
+        As ``workflow_result``: no such workflow is an ``InvariantViolation`` (a failed
+        ``scenario invariant`` check), only Temporal unreachable a ``HarnessError``."""
+        import asyncio
+
+        from temporalio.client import Client, WorkflowExecutionStatus
+        from temporalio.service import RPCError, RPCStatusCode
+
+        async def poll() -> tuple[str, Any]:
+            client = await Client.connect(self.deployment.temporal_address,
+                                          namespace=self.deployment.namespace)
+            handle = client.get_workflow_handle(workflow_id)
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                desc = await handle.describe()
+                if desc.status == WorkflowExecutionStatus.COMPLETED:
+                    return "completed", await handle.result()
+                if desc.status != WorkflowExecutionStatus.RUNNING:
+                    return str(desc.status.name if desc.status else "unknown").lower(), None
+                await asyncio.sleep(0.1)
+            return "running", None
+
+        try:
+            return asyncio.run(poll())
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                raise InvariantViolation(f"workflow {workflow_id}: Temporal has no such workflow") from None
+            raise HarnessError(f"workflow {workflow_id} could not be read: {exc}") from exc
+
 
 _SECRET = re.compile(r"""(["']?stream_key["']?\s*[:=]\s*["']?)[A-Za-z0-9_\-]{8,}""")
 

@@ -3,10 +3,7 @@ and an answer too large for Temporal to carry (the activity returns a small stat
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections import Counter
-from typing import Any
 
 from qimpl.lifecycle import workflow_id
 from qualify.fakes.synthetic import make_prompt
@@ -79,27 +76,6 @@ def provider_timeout_is_not_the_deadline(ctx: ScenarioContext) -> None:
                f"calls per step {dict(sorted(asked.items()))}", "R-EXEC-4")
 
 
-def _workflow_outcome(ctx: ScenarioContext, wf_id: str, timeout_s: float) -> tuple[str, Any]:
-    """(status, result) of ``wf_id`` once closed, or ("running", None) after ``timeout_s``."""
-    from temporalio.client import Client, WorkflowExecutionStatus
-
-    async def poll() -> tuple[str, Any]:
-        client = await Client.connect(ctx.deployment.temporal_address,
-                                      namespace=ctx.deployment.namespace)
-        handle = client.get_workflow_handle(wf_id)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            desc = await handle.describe()
-            if desc.status == WorkflowExecutionStatus.COMPLETED:
-                return "completed", await handle.result()
-            if desc.status != WorkflowExecutionStatus.RUNNING:
-                return str(desc.status.name if desc.status else "unknown").lower(), None
-            await asyncio.sleep(0.1)
-        return "running", None
-
-    return asyncio.run(poll())
-
-
 @scenario(
     "large-answer",
     title="A 3 MB answer (above Temporal's payload limit): the run completes with it, and "
@@ -115,7 +91,7 @@ def large_answer(ctx: ScenarioContext) -> None:
     answer = (run["result_json"] or {}).get("answer") or ""
     ctx.expect("run completed with the whole answer", run["state"] == "completed" and len(answer) == size,
                f"{run['state']}, answer {len(answer)} bytes", "R-READ-2")
-    status, result = _workflow_outcome(ctx, workflow_id(run_id, 1), timeout_s=20)
+    status, result = ctx.workflow_outcome(workflow_id(run_id, 1), timeout_s=20)
     ctx.expect("the workflow completed with a small status",
                status == "completed" and isinstance(result, dict) and result.get("state") == "completed"
                and len(repr(result)) < 1000,

@@ -23,3 +23,5 @@ def test_a_workflow_temporal_does_not_have_fails_a_check(stack: Any, tmp_path: P
                           nemesis=None, rng=None)  # type: ignore[arg-type]
     with pytest.raises(InvariantViolation, match="no such workflow"):
         ctx.workflow_result("agent-run-never-started-g1", timeout_s=5)
+    with pytest.raises(InvariantViolation, match="no such workflow"):
+        ctx.workflow_outcome("agent-run-never-started-g1", timeout_s=5)
