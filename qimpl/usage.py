@@ -34,7 +34,8 @@ def run_usage(committed: Mapping[str, Any], observed: Mapping[str, Any] | None, 
               durable: bool) -> dict[str, Any]:
     """The ``usage`` of a run read (R-READ-1, R-Q34-2): ``committed`` (``runs.usage``) with,
     for a durable run, ``provider_calls``, ``input_tokens`` and ``output_tokens`` taken from
-    ``observed`` (the aggregate of its provider-call record, ``qimpl.db.usage``), plus
+    ``observed`` (the aggregate of its provider-call record, ``qimpl.db.usage``; a token
+    total is None, unknown, once a succeeded call did not report it), plus
     ``provider_calls_no_outcome`` (calls whose outcome no owner recorded: in progress, or
     their owner stopped during them: it died, lost its lease, or the run was cancelled), ``tool_calls`` (0 when none was sent) and the wall times in seconds: ``wall_time_s`` from ``accepted_at``
     and ``wall_s`` (kept from earlier versions) from ``started_at``, each to the run's end
@@ -43,8 +44,10 @@ def run_usage(committed: Mapping[str, Any], observed: Mapping[str, Any] | None, 
     if observed is None:
         return usage
     if durable:
-        for key in OBSERVED_KEYS:
-            usage[key] = int(observed.get(key) or 0)
+        usage["provider_calls"] = int(observed.get("provider_calls") or 0)
+        for key in ("input_tokens", "output_tokens"):
+            # Unknown (a succeeded call did not report it) is None, never 0 (issue 25, item 9).
+            usage[key] = None if observed.get(key) is None else int(observed[key])
         usage["provider_calls_no_outcome"] = int(observed.get("provider_calls_no_outcome") or 0)
         usage.setdefault("tool_calls", 0)
     for key in ("wall_time_s", "wall_s"):

@@ -815,6 +815,7 @@ def provider_calls_recorded(history: Sequence[Event]) -> Check:
             late = float(min(r["t"] for r in recorded)) - asked[0]["t"]
             bad.append(f"{where} recorded {late:.3f} s after it was asked")
     per_run = Counter(str(e["run_id"]) for e in _of(history, "provider_call_record"))
+    by_run = _by_run(_of(history, "provider_call_record"))
     reads = 0
     for e in _of(history, "client"):
         usage = e.get("usage")
@@ -826,10 +827,24 @@ def provider_calls_recorded(history: Sequence[Event]) -> Check:
         if usage.get("provider_calls") != want:
             bad.append(f"{e['run_id']}: read reports provider_calls {usage.get('provider_calls')},"
                        f" {want} recorded")
+        for count in ("input_tokens", "output_tokens"):
+            total = token_total(by_run.get(str(e["run_id"]), []), count)
+            if count in usage and usage[count] != total:
+                bad.append(f"{e['run_id']}: read reports {count} {usage[count]}, the record's total is {total}"
+                           " (None: a call that answered did not report it)")
     asked_n, recorded_n = sum(map(len, calls.values())), sum(map(len, records.values()))
     seen = f"{asked_n} calls asked" if observed else "no provider's own record of its calls"
     return Check(name, not bad, _summary(bad) or f"{seen}, {recorded_n} recorded, {reads} terminal reads",
                  reqs, judged=asked_n + recorded_n + reads)
+
+
+def token_total(records: Sequence[Event], key: str) -> int | None:
+    """A run's ``input_tokens`` or ``output_tokens`` by its provider-call record: None
+    (unknown) once a call that answered (``succeeded``) did not report it, else the sum of
+    what was reported (0 without calls). Unknown is never 0 (issue 25, item 9)."""
+    if any(r.get("status") == "succeeded" and r.get(key) is None for r in records):
+        return None
+    return sum(int(r.get(key) or 0) for r in records)
 
 
 #: How often the harness lets one step be asked of the provider: the documented default of

@@ -11,12 +11,21 @@ import os
 import secrets
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape as esc
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from qualify import interrupt
 from qualify.errors import HarnessError, UsageError
@@ -37,9 +46,57 @@ _PAUSE = threading.Event()
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "corpus.jsonl"
 
 
+class _Tally:
+    """How far a session is: ``k/N``, elapsed and an ETA (the mean time per finished
+    scenario times those left), printed at the start of each result line; on a terminal
+    also a rich progress bar under the lines (CI logs, not a terminal, get the lines only)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.done = 0
+        self.t0 = time.monotonic()
+        self.bar: Progress | None = None
+        self.task: Any = None
+
+    def plan(self, total: int) -> None:
+        self.total, self.done, self.t0 = total, 0, time.monotonic()
+        if console.is_terminal and total > 1:
+            self.bar = Progress(TextColumn("qualify"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                console=console, transient=True)
+            self.task = self.bar.add_task("scenarios", total=total)
+            self.bar.start()
+
+    def finished(self) -> str:
+        """Count one finished scenario; its ``[k/N mm:ss ETA mm:ss]`` prefix."""
+        self.done += 1
+        if self.bar is not None:
+            self.bar.advance(self.task)
+        elapsed = time.monotonic() - self.t0
+        if not self.total:
+            return ""
+        left = elapsed / self.done * max(self.total - self.done, 0)
+        return f"[{self.done}/{self.total} {_clock(elapsed)} ETA {_clock(left)}] "
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}:{secs:02d}"
+
+
+_TALLY = _Tally()
+
+
 def _progress(kind: str, data: Any) -> None:
     if kind == "seed":
         console.print(f"seed {data}")
+    elif kind == "plan":
+        _TALLY.plan(int(data["total"]))
     elif kind == "stack":
         console.print(f"stack {data.kind}: PostgreSQL {data.postgres_version}, "
                       f"Temporal {data.temporal_version}, booted in {data.boot_s:.2f} s")
@@ -51,13 +108,12 @@ def _progress(kind: str, data: Any) -> None:
         console.print(f"  {esc(data.id)} [yellow]refused[/]: it restarts PostgreSQL or Temporal, "
                       "which this stack did not start")
     elif kind == "scenario_start":
-        console.print(f"  {data.id} …", end="")
+        pass  # the line is printed whole when the scenario ends (a live bar would tear a half line)
     elif kind == "scenario_end":
-        if data.get("prefix"):
-            console.print(f"  {esc(data['id'])} …", end="")
         v = data["status"]
         rate = f", reproduced {data['reproduction']}" if data.get("reproduction") else ""
-        console.print(f" [{_STYLE.get(v, 'white')}]{v}[/] ({data['duration_s']:.1f} s{rate})")
+        console.print(f"  {_TALLY.finished()}{esc(data['id'])} … [{_STYLE.get(v, 'white')}]{v}[/]"
+                      f" ({data['duration_s']:.1f} s{rate})")
         for c in data["checks"]:
             if c["ok"] is not True:
                 console.print(f"    [red]✗[/] {esc(c['name'])}: {esc(c['detail'])}")
@@ -78,6 +134,7 @@ def _progress(kind: str, data: Any) -> None:
 
 
 def _finish(summary: dict[str, Any], report_dir: Path, code: int) -> int:
+    _TALLY.stop()
     v = summary["verdict"]
     console.print(f"verdict [{_STYLE.get(v, 'white')}]{v.upper()}[/] in {summary['duration_s']:.1f} s "
                   f"({len(summary['scenarios'])} scenarios, {summary.get('scenarios_per_hour', 0)} an hour)")
@@ -155,6 +212,8 @@ def _guarded(body: Any) -> int:
     except HarnessError as exc:
         console.print(f"[magenta]harness error:[/] {esc(str(exc))}")
         return 2
+    finally:
+        _TALLY.stop()
 
 
 def _determinism(seed: int | None, stack: str, reports_dir: Path) -> int:

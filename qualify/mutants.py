@@ -198,9 +198,9 @@ CATALOG: tuple[Mutant, ...] = (
 
     Mutant(
         "usage-event-not-journaled", "usage events in the event journal (R-EVENT-1, R-Q34-2)",
-        (Patch("qimpl/db/migrations/versions/20261202_110000_usage_events.py",
-               "FOR EACH ROW WHEN (OLD.status = 'started' AND NEW.status <> 'started')",
-               "FOR EACH ROW WHEN (false)"),),
+        (Patch("qimpl/db/migrations/versions/20261207_100000_unknown_tokens.py",
+               "    SELECT r.row_version INTO v FROM public.runs r WHERE r.run_id = NEW.run_id;",
+               "    RETURN NULL;"),),
         "happy-path", "one usage event per settled provider call"),
 
     Mutant(
@@ -312,7 +312,7 @@ CATALOG: tuple[Mutant, ...] = (
         "expiry-mid-run", "the deadline metric counts the run its own workflow expired"),
     Mutant(
         "claims-journaled-as-checkpoints", "a takeover claim is a claim event, not a checkpoint (R-EVENT-1)",
-        (Patch("qimpl/db/migrations/versions/20261206_090000_claim_events.py",
+        (Patch("qimpl/db/migrations/versions/20261207_110000_failure_codes.py",
                "                    kind := 'claim';\n", "                    kind := 'checkpoint';\n"),),
         "takeover-after-sigkill", "event journal consistent with the run record"),
     Mutant(
@@ -428,9 +428,51 @@ CATALOG: tuple[Mutant, ...] = (
         "api-contract-matrix", "GET /v1/agents/{agent_id}/runs/{run_id}: every credential kind gets its one answer"),
     Mutant(
         "revoked-key-authenticates", "a revoked API key is no credential (R-AUTH-1)",
-        (Patch("qimpl/db/migrations/versions/20261201_100000_hardening.py",
-               'k.key_hash = p_key_hash AND k.revoked_at IS NULL"),', 'k.key_hash = p_key_hash"),'),),
+        (Patch("qimpl/db/migrations/versions/20261207_090000_key_admin.py",
+               'live = "k.revoked_at IS NULL" + (', 'live = "TRUE" + ('),),
         "api-contract-matrix", "POST /v1/agents/{agent_id}/runs: every credential kind gets its one answer"),
+    Mutant(
+        "age-filter-inverted", "the operator's accepted-age filter keeps the runs that old (R-READ-5)",
+        (Patch("qimpl/db/listing.py", "r.accepted_at <= clock_timestamp() - make_interval",
+               "r.accepted_at <= clock_timestamp() + make_interval"),),
+        "runs-listed", "operator filter accepted at least 1 s ago: exactly the database's runs"),
+    Mutant(
+        "pages-merged-out-of-order", "an operator's pages merge the tenants in accepted order (R-READ-5)",
+        (Patch("qimpl/api/paging.py", "reverse=newest_first)", "reverse=not newest_first)"),),
+        "runs-listed", "the operator's pages are its tenant's runs, oldest accepted first, each once"),
+    Mutant(
+        "reconciliation-filter-blind-to-intents", "a run parked on an unknown outcome is listed as "
+        "awaiting reconciliation (R-READ-5)",
+        (Patch("qimpl/db/listing.py", "t.run_id = r.run_id AND t.status = 'intent'",
+               "t.run_id = r.run_id AND t.status = 'requested'"),),
+        "tool-kill-after-intent-commit",
+        "the operator finds the run by listing runs awaiting reconciliation (and only it)"),
+    Mutant(
+        "expired-key-authenticates", "a rotated key stops working when its grace ends (R-AUTH-1)",
+        (Patch("qimpl/db/migrations/versions/20261207_090000_key_admin.py",
+               '" AND (k.expires_at IS NULL OR k.expires_at > pg_catalog.clock_timestamp())" if expiry else ""',
+               '"" if expiry else ""'),),
+        "api-contract-matrix", "POST /v1/agents/{agent_id}/runs: every credential kind gets its one answer"),
+    Mutant(
+        "unknown-tokens-read-as-zero", "tokens a provider did not report are unknown, not 0 (R-Q34-2)",
+        (Patch("qimpl/usage.py", "usage[key] = None if observed.get(key) is None else int(observed[key])",
+               "usage[key] = int(observed.get(key) or 0)"),),
+        "happy-path", "observed usage counts every provider call"),
+    Mutant(
+        "failure-code-not-recorded", "the run names its last counted failure's code (R-EXEC-6)",
+        (Patch("qimpl/workflows/owner.py", "last_failure_code = %(failure_code)s", "last_failure_code = NULL"),),
+        "retry-exhaustion", "the run record names its last counted failure's safe code"),
+    Mutant(
+        "terminal-event-without-the-record", "the terminal event equals the run record (R-EVENT-2)",
+        (Patch("qimpl/api/events.py", "data.update({k: record[k] for k in RECORD_FIELDS if k in record})",
+               "data.update({})"),),
+        "retry-exhaustion", "the terminal event equals the run record (state, result, error, usage)"),
+    Mutant(
+        "client-listing-shows-the-tenants-runs", "a client lists its own runs only (R-READ-5, R-AUTH-1)",
+        (Patch("qimpl/api/routers/listing.py",
+               "principal_id=principal.principal_id, agent_id=agent_id)", "agent_id=agent_id)"),),
+        "api-contract-matrix",
+        "GET /v1/agents/{agent_id}/runs lists the target run to ['owner'] and never to ['other-tenant', 'peer']"),
     Mutant(
         "legacy-create-ignores-the-key-owner", "one key, one request, whichever path it took (R-CREATE-2)",
         (Patch("qimpl/api/routers/runs.py",
@@ -442,8 +484,8 @@ CATALOG: tuple[Mutant, ...] = (
         (Patch("qimpl/api/routers/controls.py",
                "                    if record is not None:\n                        replay = await replayable(",
                "                    if False:\n                        replay = await replayable("),),
-        "idempotency-per-field",
-        "the other nineteen are replays of its receipt or 409 idempotency_key_in_flight"),
+        "same-key-resume-loses-the-race",
+        "the held request, which lost the compare-and-set, answers as its key: a replay of that receipt"),
     Mutant(
         "resumed-generation-gets-a-fresh-deadline", "a resume keeps deadline_at (R-RESUME-1, R-EXEC-8)",
         (Patch("qimpl/dispatch.py", 'deadline_at=row["deadline_at"].isoformat(),',

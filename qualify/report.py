@@ -173,29 +173,23 @@ def render_markdown(summary: dict[str, Any]) -> str:
                   + "; timeline: report.html"]
         if s["status"] != "pass":
             lines.append(f"repro: `{s['repro']}`")
-    from qualify.coverage import gate
-    from qualify.spec_ids import REQUIREMENTS
-
-    judged = summary.get("requirement_gate") or gate(summary["scenarios"], REQUIREMENTS)
-    by_checks = judged["covered"]
+    judged, rows = requirement_rows(summary)
     lines += ["", "## Requirement coverage", "",
-              f"{len(by_checks)} of the spec's {len(REQUIREMENTS)} requirements have a passing check "
+              f"{len(judged['covered'])} of the spec's {len(rows)} requirements have a passing check "
               f"that covers them (it cites them and judged at least one item; a check that restates "
               f"a database guard covers nothing, R-Q-12); {len(judged['waived'])} are waived (reason given); "
               f"{len(judged['uncovered'])} have neither"
               + (" — a full run fails on these (R-Q-8)." if judged["uncovered"] else "."), "",
               "| requirement | passing checks | scenarios citing it (passed / failed) |", "|---|---|---|"]
-    for req in REQUIREMENTS:
-        entry = summary["requirements"].get(req, {"passed": [], "failed": []})
-        cited = f"{', '.join(entry['passed']) or '-'} / {', '.join(entry['failed']) or '-'}"
-        if req in by_checks:
-            checks = by_checks[req]
-            shown = f"{len(checks)} (e.g. {_cell(checks[0])})"
-        elif req in judged["waived"]:
-            shown = f"waived: {_cell(judged['waived'][req])}"
+    for r in rows:
+        cited = f"{', '.join(r['passed']) or '-'} / {', '.join(r['failed']) or '-'}"
+        if r["status"] == "covered":
+            shown = f"{len(r['checks'])} (e.g. {_cell(r['checks'][0])})"
+        elif r["status"] == "waived":
+            shown = f"waived: {_cell(r['why'])}"
         else:
             shown = "**none**"
-        lines.append(f"| {req} | {shown} | {cited} |")
+        lines.append(f"| {r['req']} | {shown} | {cited} |")
     if judged.get("stale_waivers"):
         lines += ["", "Stale waivers (now covered; remove them): " + ", ".join(judged["stale_waivers"])]
     if summary.get("refused"):
@@ -210,6 +204,26 @@ def render_markdown(summary: dict[str, Any]) -> str:
             cells = [", ".join(by_action.get(a, [])) or "-" for a in actions]
             lines.append(f"| {point} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def requirement_rows(summary: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The requirement gate of a summary (R-Q-8, R-Q-12) and one row per spec requirement
+    (pure): ``{req, status: covered|waived|uncovered, checks: [scenario: check, ...], why,
+    passed: [scenario ids], failed: [scenario ids]}``. The gate is the summary's own
+    (``requirement_gate``) or, for an older summary, recomputed."""
+    from qualify.coverage import gate
+    from qualify.spec_ids import REQUIREMENTS
+
+    judged = summary.get("requirement_gate") or gate(summary["scenarios"], REQUIREMENTS)
+    rows = []
+    for req in REQUIREMENTS:
+        entry = summary.get("requirements", {}).get(req, {"passed": [], "failed": []})
+        status = ("covered" if req in judged["covered"] else
+                  "waived" if req in judged["waived"] else "uncovered")
+        rows.append({"req": req, "status": status, "checks": list(judged["covered"].get(req, [])),
+                     "why": judged["waived"].get(req, ""), "passed": list(entry.get("passed", [])),
+                     "failed": list(entry.get("failed", []))})
+    return judged, rows
 
 
 def _judged(check: dict[str, Any]) -> str:
@@ -245,9 +259,10 @@ def render_html(summary: dict[str, Any], histories: dict[str, list[dict[str, Any
     env = Environment(loader=PackageLoader("qualify", "templates"), autoescape=select_autoescape())
     actions, matrix = crash_matrix(summary)
     timelines = {sc["id"]: svg_timeline(histories.get(sc["id"], [])) for sc in summary["scenarios"]}
+    judged, rows = requirement_rows(summary)
     return env.get_template("report.html.j2").render(
         s=summary, requirements=REQUIREMENTS, actions=actions, crash_matrix=matrix,
-        timelines=timelines, max_events=MAX_EVENTS)
+        timelines=timelines, max_events=MAX_EVENTS, gate=judged, req_rows=rows)
 
 
 def _histories(report_dir: Path, summary: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:

@@ -267,6 +267,7 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
     stack = None if opts.parallel > 1 else make_stack(
         opts.stack_kind, pg_dsn=opts.pg_dsn, temporal_address=opts.temporal_address)
     on_event("seed", seed)
+    on_event("plan", {"total": len(scenarios)})
     prov = provenance()
     report_dir = new_report_dir(opts.reports_root, prov["git_sha"])
     on_event("report_dir", report_dir)

@@ -5,6 +5,7 @@
 journal's ``qimpl.api.tool_routes``). Routes (R-CREATE-1..7, R-READ-1):
 
 - ``POST /v1/agents/{agent_id}/runs``            create a run (durable, or legacy inline), 202 + receipt
+- ``GET  /v1/agents/{agent_id}/runs``            the caller's runs; ``GET /v1/operator/runs`` an operator's (R-READ-5)
 - ``GET  /v1/agents/{agent_id}/runs/{run_id}``   read a run
 - ``POST /v1/agents/{agent_id}/runs/{run_id}/cancel``  cancel (R-CANCEL-1)
 - ``POST /v1/agents/{agent_id}/runs/{run_id}/resume``  resume (R-RESUME-1..3)
@@ -14,6 +15,7 @@ journal's ``qimpl.api.tool_routes``). Routes (R-CREATE-1..7, R-READ-1):
 - tool results and the operator's reconciliation: ``qimpl.api.tool_routes`` (R-TOOL-3/4)
 - ``GET  /metrics``                               Prometheus metrics (R-OPS-6, R-OPS-7)
 - ``GET  /healthz``                               liveness (no database or Temporal call)
+- ``GET  /docs``                                  Swagger UI, its assets served from the package (offline)
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import swagger_ui_bundle
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 from psycopg_pool import PoolTimeout
 
 from qimpl.api import tool_routes
 from qimpl.api.deps import Services
 from qimpl.api.errors import install_error_handlers
 from qimpl.api.limits import RequestLimits
-from qimpl.api.routers import controls, events, legacy, operations, runs
+from qimpl.api.routers import controls, events, legacy, listing, operations, runs
 from qimpl.db.roles import refuse_unsafe_role
 from qimpl.logs import setup_logging
 from qimpl.settings import ApiSettings, exit_config, load_or_exit, plugin_error
@@ -83,11 +87,15 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         await services.events.stop()
         await services.pool.close()
 
-    app = FastAPI(title="qimpl durable agent runs", version="0.1.0", lifespan=lifespan)
+    # /docs is served by the operations router from packaged assets (no CDN); no /redoc.
+    app = FastAPI(title="qimpl durable agent runs", version="0.1.0", lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
+    app.mount(operations.DOCS_ASSETS, StaticFiles(directory=swagger_ui_bundle.swagger_ui_path),
+              name="docs-assets")
     install_error_handlers(app)
     app.add_middleware(RequestLimits, max_body_bytes=settings.max_body_bytes)
     # The order is the OpenAPI document's (and matching's): unchanged from the closures.
     for router in (tool_routes.router, legacy.router, operations.router, runs.router,
-                   events.router, controls.router):
+                   events.router, controls.router, listing.router):
         app.include_router(router)
     return app

@@ -22,6 +22,9 @@ class Principal:
     principal_id: str
     #: ``client`` (the run routes) or ``operator`` (the operator surfaces, R-OPS-7).
     role: str = "client"
+    #: An operator's tenants: its own first, then those it is assigned to
+    #: (``api_keys assign``); empty for a client.
+    tenants: tuple[str, ...] = ()
 
 
 class Authenticator(ABC):
@@ -55,18 +58,18 @@ class DbKeyAuthenticator(Authenticator):
         digest = hashlib.sha256(api_key.encode()).hexdigest()
         async with self.connection() as conn:
             cur = await conn.execute(
-                "SELECT tenant_id, principal_id FROM qimpl_authenticate_operator(%s)", (digest,))
+                "SELECT a.tenant_id, a.principal_id,"
+                " ARRAY(SELECT t FROM qimpl_operator_tenants(%s) t)"
+                " FROM qimpl_authenticate_operator(%s) a", (digest, digest))
             row = await cur.fetchone()
-        return Principal(row[0], row[1], "operator") if row else None
+        return Principal(row[0], row[1], "operator", tuple(row[2]) or (row[0],)) if row else None
 
 
 class StaticKeyAuthenticator(Authenticator):
     def __init__(self, keys: Mapping[str, Mapping[str, str]]) -> None:
         # Keep only digests in memory; compare in constant time.
         self._keys = {
-            hashlib.sha256(k.encode()).digest(): (Principal(v["tenant"], v["principal"],
-                                                            v.get("role", "client")),
-                                                  v.get("role", "client"))
+            hashlib.sha256(k.encode()).digest(): (_static_principal(v), v.get("role", "client"))
             for k, v in keys.items()
         }
 
@@ -84,3 +87,10 @@ class StaticKeyAuthenticator(Authenticator):
             if hmac.compare_digest(known, digest):
                 return found
         return None
+
+
+def _static_principal(entry: Mapping[str, str]) -> Principal:
+    """A static key's principal (an operator's only tenant is its own)."""
+    role = entry.get("role", "client")
+    return Principal(entry["tenant"], entry["principal"], role,
+                     (entry["tenant"],) if role == "operator" else ())

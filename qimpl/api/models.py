@@ -19,9 +19,13 @@ __all__ = [
     "ErrorBody",
     "Invocation",
     "InvocationList",
+    "OperatorRunPage",
+    "OperatorRunSummary",
     "Receipt",
     "Resolution",
     "ResumeRequest",
+    "RunPage",
+    "RunSummary",
     "RunView",
     "ToolResult",
     "ToolResultAnswer",
@@ -35,7 +39,7 @@ _NO_NUL = r"^[^\x00]*$"
 class CreateRunRequest(BaseModel):
     """R-CREATE-1."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS, pattern=_NO_NUL)
     mode: Literal["ask"] = "ask"
@@ -51,7 +55,7 @@ class ResumeRequest(BaseModel):
     """R-RESUME-1/2: input for an ``awaiting_input`` run; empty to retry an ``accepted``
     run's dispatch."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     additional_prompt: str | None = Field(default=None, min_length=1, max_length=MAX_PROMPT_CHARS,
                                           pattern=_NO_NUL)
@@ -60,7 +64,7 @@ class ResumeRequest(BaseModel):
 class ApprovalDecision(BaseModel):
     """R-APPROVAL-1: the decision, bound to the exact ``action_version`` it was taken on."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     approved: bool = Field(strict=True)
     action_version: str = Field(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")
@@ -76,7 +80,7 @@ class ApprovalAnswer(BaseModel):
 class AnswerIn(BaseModel):
     """R-CREATE-7."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS, pattern=_NO_NUL)
 
@@ -114,12 +118,19 @@ class RunView(BaseModel):
     result_json: dict[str, Any] | None
     error_code: str | None
     error_message: str | None
+    #: The safe code of the run's last counted failure (a provider error such as
+    #: ``provider_error:provider_unreachable``, or ``unstored_result:…``), whatever its end:
+    #: why a run ended ``agent_attempts_exhausted``; null when none was counted (R-EXEC-6).
+    last_failure_code: str | None = None
     usage: dict[str, Any] = Field(description=(
         "observed usage (R-Q34-2): provider_calls (every call asked, by every attempt), "
-        "provider_calls_no_outcome, input_tokens, output_tokens, tool_calls, wall_time_s "
+        "provider_calls_no_outcome, input_tokens, output_tokens (null, unknown, once a call "
+        "that answered did not report it; never a 0 for unknown), tool_calls, wall_time_s "
         "(accepted_at to the end or now, seconds), wall_s (started_at to the end or now)"))
     #: The run's tool journal (R-Q34-3): each call's ``call_id, tool, kind, step, sent,
-    #: settled, outcome`` (``unknown`` for an intent with no outcome) and ``settled_by``.
+    #: settled, outcome`` (``unknown`` for an intent with no outcome) and ``settled_by``: the
+    #: role that settled it (``worker``, ``client`` or ``operator``) — a client is shown the
+    #: role, never an operator's identity; the operator route shows ``operator:<principal>``.
     tool_invocations: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -127,7 +138,7 @@ class ToolResult(BaseModel):
     """R-TOOL-4: the client's result of a developer-hosted call, validated against the
     call's ``result_schema``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     result: dict[str, Any]
 
@@ -143,7 +154,7 @@ class Resolution(BaseModel):
     """R-TOOL-3: what an operator found in the owning system for an unknown outcome.
     ``succeeded`` needs the ``result`` the provider will be fed."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     outcome: Literal["succeeded", "not_executed", "compensated"]
     result: dict[str, Any] | None = None
@@ -190,3 +201,52 @@ class CancelAnswer(BaseModel):
 
     cancelled: bool
     state: str
+
+
+class RunSummary(BaseModel):
+    """One run of a client's listing (R-READ-5): what finds it, not its content (read the
+    run for ``result_json`` and ``usage``)."""
+
+    run_id: str
+    agent_id: str
+    state: str
+    row_version: int
+    generation: int
+    accepted_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+    deadline_at: datetime
+    error_code: str | None
+    #: The safe code of the run's last counted failure, null when none (see ``RunView``).
+    last_failure_code: str | None = None
+
+
+class RunPage(BaseModel):
+    """A page of a client's runs, newest first. ``next_cursor``: pass it as ``cursor`` for
+    the next page; null on the last page."""
+
+    runs: list[RunSummary]
+    next_cursor: str | None
+
+
+class OperatorRunSummary(RunSummary):
+    """One run of an operator's listing (R-READ-5): also its tenant and principal, its age
+    and time to its deadline (seconds, on the database's clock at the query, negative once
+    overdue), whether its dispatch was confirmed, and whether it waits for an operator's
+    reconciliation of a tool call whose outcome is unknown (R-TOOL-3)."""
+
+    tenant_id: str
+    principal_id: str
+    age_s: float
+    deadline_in_s: float
+    dispatch_confirmed: bool
+    awaiting_reconciliation: bool
+
+
+class OperatorRunPage(BaseModel):
+    """A page of an operator's runs across its tenants, oldest accepted first (the stuck
+    ones lead). ``tenants``: the tenants the page read."""
+
+    tenants: list[str]
+    runs: list[OperatorRunSummary]
+    next_cursor: str | None

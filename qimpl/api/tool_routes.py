@@ -2,7 +2,8 @@
 
 - ``POST /v1/agents/{agent_id}/runs/{run_id}/tool-results/{call_id}``  a developer-hosted
   call's result, from the run's principal;
-- ``GET  /v1/operator/runs/{run_id}/tool-invocations``  the run's journal, for an operator;
+- ``GET  /v1/operator/runs/{run_id}/tool-invocations``  the run's journal, for an operator
+  of its tenant (the key's own or an assigned one);
 - ``POST /v1/operator/runs/{run_id}/tool-invocations/{call_id}/resolution``  what an
   operator found in the owning system for a call whose outcome is unknown.
 
@@ -117,8 +118,23 @@ async def submit_tool_result(
     return ToolResultAnswer(call_id=call_id, status="succeeded", pending=left)
 
 
-async def _operator_run(conn: Any, run_id: uuid.UUID, principal: Principal) -> dict[str, Any]:
-    row = await repo.get_run(conn, str(run_id), tenant_id=principal.tenant_id)
+async def _operator_tenant(request: Request, run_id: uuid.UUID, principal: Principal) -> str:
+    """The tenant of ``run_id`` when it is one of the operator's (its key's own or an
+    assigned one, R-READ-5); 404 ``run_not_found`` otherwise, as for a run that does not
+    exist (no existence leak across tenants)."""
+    tenants = principal.tenants or (principal.tenant_id,)
+    if len(tenants) == 1:
+        return tenants[0]
+    async with services_of(request).connection() as conn:
+        cur = await conn.execute("SELECT qimpl_tenant_of_run(%s)", (str(run_id),))
+        found = await cur.fetchone()
+    if found is None or found[0] not in tenants:
+        raise ApiError(404, "run_not_found", "no such run")
+    return str(found[0])
+
+
+async def _operator_run(conn: Any, run_id: uuid.UUID, tenant_id: str) -> dict[str, Any]:
+    row = await repo.get_run(conn, str(run_id), tenant_id=tenant_id)
     if row is None:
         raise ApiError(404, "run_not_found", "no such run")
     return row
@@ -139,8 +155,9 @@ async def list_invocations(
     """The run's tool calls for an operator of its tenant (R-TOOL-3, R-OPS-7): by default
     only the unsettled ones — ``intent`` (unknown: inspect the owning system by
     ``call_id``, the call's idempotency key there) and ``requested``."""
-    async with services_of(request).tenant(principal.tenant_id) as conn:
-        row = await _operator_run(conn, run_id, principal)
+    tenant = await _operator_tenant(request, run_id, principal)
+    async with services_of(request).tenant(tenant) as conn:
+        row = await _operator_run(conn, run_id, tenant)
         rows = await journal_db.invocations(conn, str(run_id))
     if unsettled_only:
         rows = [r for r in rows if r["status"] in UNSETTLED]
@@ -169,8 +186,9 @@ async def resolve_invocation(
         raise ApiError(422, "resolution_result_unexpected",
                        f"a call recorded {body.outcome} has no result to feed the provider")
     result = body.result if body.result is not None else {}
-    async with services_of(request).tenant(principal.tenant_id) as conn:
-        await _operator_run(conn, run_id, principal)
+    tenant = await _operator_tenant(request, run_id, principal)
+    async with services_of(request).tenant(tenant) as conn:
+        await _operator_run(conn, run_id, tenant)
         outcome, settled = await journal_db.settle(
             conn, str(run_id), call_id, status=body.outcome, result=result,
             settled_by=f"operator:{principal.principal_id}", note=body.note,

@@ -61,8 +61,8 @@ DECLARE
     totals record;
 BEGIN
     SELECT r.row_version INTO v FROM public.runs r WHERE r.run_id = NEW.run_id;
-    SELECT count(*) AS calls, coalesce(sum(p.input_tokens), 0) AS input_tokens,
-           coalesce(sum(p.output_tokens), 0) AS output_tokens
+    SELECT count(*) AS calls, CASE WHEN bool_or(p.status = 'succeeded' AND p.input_tokens IS NULL) THEN NULL ELSE coalesce(sum(p.input_tokens), 0) END AS input_tokens,
+           CASE WHEN bool_or(p.status = 'succeeded' AND p.output_tokens IS NULL) THEN NULL ELSE coalesce(sum(p.output_tokens), 0) END AS output_tokens
       INTO totals FROM public.provider_calls p WHERE p.run_id = NEW.run_id;
     INSERT INTO public.run_events (run_id, tenant_id, kind, row_version, data)
     VALUES (NEW.run_id, NEW.tenant_id, 'usage', v, jsonb_build_object(
@@ -96,6 +96,34 @@ END;
 $$;
 
 ALTER FUNCTION public.provider_calls_xact() OWNER TO postgres;
+
+CREATE FUNCTION public.qimpl_api_key_actor() RETURNS text
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+    SELECT coalesce(nullif(pg_catalog.current_setting('qimpl.actor', true), ''), session_user::text)
+$$;
+
+ALTER FUNCTION public.qimpl_api_key_actor() OWNER TO postgres;
+
+CREATE FUNCTION public.qimpl_api_key_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+BEGIN
+    IF OLD.revoked_at IS NOT NULL AND NEW.revoked_at IS DISTINCT FROM OLD.revoked_at THEN
+        RAISE EXCEPTION 'api key %: a disabled key stays disabled', OLD.key_id USING ERRCODE = 'QG016';
+    END IF;
+    IF (NEW.key_hash, NEW.tenant_id, NEW.principal_id, NEW.role)
+       IS DISTINCT FROM (OLD.key_hash, OLD.tenant_id, OLD.principal_id, OLD.role) THEN
+        RAISE EXCEPTION 'api key %: its hash, tenant, principal and role never change', OLD.key_id
+            USING ERRCODE = 'QG016';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+ALTER FUNCTION public.qimpl_api_key_guard() OWNER TO postgres;
 
 CREATE FUNCTION public.qimpl_append_output(p_run uuid, p_generation integer, p_attempt integer, p_row_version bigint, p_step integer, p_delta text) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
@@ -131,12 +159,72 @@ $$;
 
 ALTER FUNCTION public.qimpl_append_output(p_run uuid, p_generation integer, p_attempt integer, p_row_version bigint, p_step integer, p_delta text) OWNER TO postgres;
 
+CREATE FUNCTION public.qimpl_audit_api_keys() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO public.api_key_audit (key_id, tenant_id, principal_id, action, actor, detail)
+        VALUES (NEW.key_id, NEW.tenant_id, NEW.principal_id, 'created', public.qimpl_api_key_actor(),
+                jsonb_build_object('role', NEW.role, 'expires_at', NEW.expires_at));
+        RETURN NEW;
+    END IF;
+    IF OLD.revoked_at IS NULL AND NEW.revoked_at IS NOT NULL THEN
+        INSERT INTO public.api_key_audit (key_id, tenant_id, principal_id, action, actor, detail)
+        VALUES (NEW.key_id, NEW.tenant_id, NEW.principal_id, 'disabled', public.qimpl_api_key_actor(),
+                jsonb_build_object('revoked_at', NEW.revoked_at));
+    END IF;
+    IF NEW.expires_at IS DISTINCT FROM OLD.expires_at THEN
+        INSERT INTO public.api_key_audit (key_id, tenant_id, principal_id, action, actor, detail)
+        VALUES (NEW.key_id, NEW.tenant_id, NEW.principal_id, 'expiry_set', public.qimpl_api_key_actor(),
+                jsonb_build_object('expires_at', NEW.expires_at, 'previous', OLD.expires_at));
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+ALTER FUNCTION public.qimpl_audit_api_keys() OWNER TO postgres;
+
+CREATE FUNCTION public.qimpl_audit_append_only() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'api_key_audit is append-only' USING ERRCODE = 'QG017';
+END;
+$$;
+
+ALTER FUNCTION public.qimpl_audit_append_only() OWNER TO postgres;
+
+CREATE FUNCTION public.qimpl_audit_operator_tenants() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+DECLARE
+    k public.api_keys;
+    o public.operator_tenants;
+BEGIN
+    o := CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    SELECT * INTO k FROM public.api_keys WHERE key_hash = o.key_hash;
+    IF FOUND THEN
+        INSERT INTO public.api_key_audit (key_id, tenant_id, principal_id, action, actor, detail)
+        VALUES (k.key_id, k.tenant_id, k.principal_id,
+                CASE WHEN TG_OP = 'DELETE' THEN 'tenant_unassigned' ELSE 'tenant_assigned' END,
+                public.qimpl_api_key_actor(), jsonb_build_object('tenant_id', o.tenant_id));
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+ALTER FUNCTION public.qimpl_audit_operator_tenants() OWNER TO postgres;
+
 CREATE FUNCTION public.qimpl_authenticate(p_key_hash text) RETURNS TABLE(tenant_id text, principal_id text)
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'public', 'pg_temp'
     AS $$
     SELECT k.tenant_id, k.principal_id FROM public.api_keys k
-    WHERE k.key_hash = p_key_hash AND k.revoked_at IS NULL
+    WHERE k.key_hash = p_key_hash AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > pg_catalog.clock_timestamp())
 $$;
 
 ALTER FUNCTION public.qimpl_authenticate(p_key_hash text) OWNER TO postgres;
@@ -146,7 +234,7 @@ CREATE FUNCTION public.qimpl_authenticate_operator(p_key_hash text) RETURNS TABL
     SET search_path TO 'pg_catalog', 'public', 'pg_temp'
     AS $$
     SELECT k.tenant_id, k.principal_id FROM public.api_keys k
-    WHERE k.key_hash = p_key_hash AND k.revoked_at IS NULL AND k.role = 'operator'
+    WHERE k.key_hash = p_key_hash AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > pg_catalog.clock_timestamp()) AND k.role = 'operator'
 $$;
 
 ALTER FUNCTION public.qimpl_authenticate_operator(p_key_hash text) OWNER TO postgres;
@@ -174,6 +262,23 @@ CREATE FUNCTION public.qimpl_lease_orphans(p_limit integer) RETURNS TABLE(run_id
 $$;
 
 ALTER FUNCTION public.qimpl_lease_orphans(p_limit integer) OWNER TO qimpl_lookup;
+
+CREATE FUNCTION public.qimpl_operator_tenants(p_key_hash text) RETURNS SETOF text
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+    SELECT t.tenant_id FROM (
+        SELECT k.tenant_id, 0 AS rank FROM public.api_keys k WHERE k.key_hash = p_key_hash
+        UNION ALL
+        SELECT o.tenant_id, 1 FROM public.operator_tenants o
+        JOIN public.api_keys k ON k.key_hash = o.key_hash
+        WHERE o.key_hash = p_key_hash AND o.tenant_id <> k.tenant_id
+    ) t
+    WHERE EXISTS (SELECT 1 FROM public.qimpl_authenticate_operator(p_key_hash))
+    ORDER BY t.rank, t.tenant_id
+$$;
+
+ALTER FUNCTION public.qimpl_operator_tenants(p_key_hash text) OWNER TO postgres;
 
 CREATE FUNCTION public.qimpl_prune_event_streams(p_retention_s double precision, p_reconciler text, p_limit integer) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
@@ -274,7 +379,8 @@ BEGIN
                                                        'previous_attempt', previous);
                 ELSE
                     kind := 'failure';
-                    data := data || jsonb_build_object('attempt', t.owner_attempt);
+                    data := data || jsonb_build_object('attempt', t.owner_attempt,
+                                                       'code', (SELECT r.last_failure_code FROM public.runs r WHERE r.run_id = t.run_id));
                 END IF;
             END IF;
         END IF;
@@ -577,6 +683,31 @@ CREATE TABLE public.alembic_version (
 
 ALTER TABLE public.alembic_version OWNER TO postgres;
 
+CREATE TABLE public.api_key_audit (
+    id bigint NOT NULL,
+    key_id text NOT NULL,
+    tenant_id text NOT NULL,
+    principal_id text NOT NULL,
+    action text NOT NULL,
+    actor text NOT NULL,
+    detail jsonb DEFAULT '{}'::jsonb NOT NULL,
+    at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT api_key_audit_action_check CHECK ((action = ANY (ARRAY['created'::text, 'disabled'::text, 'expiry_set'::text, 'tenant_assigned'::text, 'tenant_unassigned'::text])))
+);
+
+ALTER TABLE public.api_key_audit OWNER TO postgres;
+
+CREATE SEQUENCE public.api_key_audit_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE public.api_key_audit_id_seq OWNER TO postgres;
+
+ALTER SEQUENCE public.api_key_audit_id_seq OWNED BY public.api_key_audit.id;
+
 CREATE TABLE public.api_keys (
     key_hash text NOT NULL,
     tenant_id text NOT NULL,
@@ -584,6 +715,8 @@ CREATE TABLE public.api_keys (
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     revoked_at timestamp with time zone,
     role text DEFAULT 'client'::text NOT NULL,
+    key_id text GENERATED ALWAYS AS (('key_'::text || "left"(key_hash, 12))) STORED,
+    expires_at timestamp with time zone,
     CONSTRAINT api_keys_role_check CHECK ((role = ANY (ARRAY['client'::text, 'operator'::text])))
 );
 
@@ -617,6 +750,15 @@ CREATE TABLE public.idempotency_records (
 ALTER TABLE ONLY public.idempotency_records FORCE ROW LEVEL SECURITY;
 
 ALTER TABLE public.idempotency_records OWNER TO postgres;
+
+CREATE TABLE public.operator_tenants (
+    key_hash text NOT NULL,
+    tenant_id text NOT NULL,
+    assigned_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT operator_tenants_tenant_id_check CHECK ((btrim(tenant_id) <> ''::text))
+);
+
+ALTER TABLE public.operator_tenants OWNER TO postgres;
 
 CREATE TABLE public.provider_calls (
     id bigint NOT NULL,
@@ -781,6 +923,7 @@ CREATE TABLE public.runs (
     grant_token text,
     dispatch_requested_at timestamp with time zone,
     owner_task_token bytea,
+    last_failure_code text,
     CONSTRAINT runs_durability_check CHECK (((durability)::text = ANY ((ARRAY['temporal'::character varying, 'legacy'::character varying])::text[]))),
     CONSTRAINT runs_generation_check CHECK ((generation >= 1)),
     CONSTRAINT runs_lifecycle_version_check CHECK ((lifecycle_version = ANY (ARRAY[1, 2]))),
@@ -840,6 +983,8 @@ ALTER TABLE ONLY public.workspace_grants FORCE ROW LEVEL SECURITY;
 
 ALTER TABLE public.workspace_grants OWNER TO postgres;
 
+ALTER TABLE ONLY public.api_key_audit ALTER COLUMN id SET DEFAULT nextval('public.api_key_audit_id_seq'::regclass);
+
 ALTER TABLE ONLY public.provider_calls ALTER COLUMN id SET DEFAULT nextval('public.provider_calls_id_seq'::regclass);
 
 ALTER TABLE ONLY public.reconciler_sweeps ALTER COLUMN id SET DEFAULT nextval('public.reconciler_sweeps_id_seq'::regclass);
@@ -849,6 +994,9 @@ ALTER TABLE ONLY public.run_transitions ALTER COLUMN id SET DEFAULT nextval('pub
 ALTER TABLE ONLY public.alembic_version
     ADD CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num);
 
+ALTER TABLE ONLY public.api_key_audit
+    ADD CONSTRAINT api_key_audit_pkey PRIMARY KEY (id);
+
 ALTER TABLE ONLY public.api_keys
     ADD CONSTRAINT api_keys_pkey PRIMARY KEY (key_hash);
 
@@ -857,6 +1005,9 @@ ALTER TABLE ONLY public.approval_decisions
 
 ALTER TABLE ONLY public.idempotency_records
     ADD CONSTRAINT idempotency_records_pkey PRIMARY KEY (tenant_id, principal_id, route, key);
+
+ALTER TABLE ONLY public.operator_tenants
+    ADD CONSTRAINT operator_tenants_pkey PRIMARY KEY (key_hash, tenant_id);
 
 ALTER TABLE ONLY public.provider_calls
     ADD CONSTRAINT provider_calls_pkey PRIMARY KEY (id);
@@ -888,6 +1039,10 @@ ALTER TABLE ONLY public.tool_invocations
 ALTER TABLE ONLY public.workspace_grants
     ADD CONSTRAINT workspace_grants_pkey PRIMARY KEY (tenant_id, principal_id, workspace_id);
 
+CREATE INDEX api_key_audit_key ON public.api_key_audit USING btree (key_id, id);
+
+CREATE UNIQUE INDEX api_keys_key_id ON public.api_keys USING btree (key_id);
+
 CREATE INDEX idempotency_records_age ON public.idempotency_records USING btree (tenant_id, created_at);
 
 CREATE INDEX provider_calls_run ON public.provider_calls USING btree (run_id);
@@ -903,6 +1058,14 @@ CREATE INDEX runs_tenant_ended ON public.runs USING btree (tenant_id, completed_
 CREATE INDEX runs_tenant_state_accepted ON public.runs USING btree (tenant_id, state, accepted_at);
 
 CREATE INDEX tool_invocations_unsettled ON public.tool_invocations USING btree (run_id) WHERE (status = ANY (ARRAY['intent'::text, 'requested'::text]));
+
+CREATE TRIGGER api_key_audit_append_only BEFORE DELETE OR UPDATE ON public.api_key_audit FOR EACH ROW EXECUTE FUNCTION public.qimpl_audit_append_only();
+
+CREATE TRIGGER api_keys_audit AFTER INSERT OR UPDATE ON public.api_keys FOR EACH ROW EXECUTE FUNCTION public.qimpl_audit_api_keys();
+
+CREATE TRIGGER api_keys_guard BEFORE UPDATE ON public.api_keys FOR EACH ROW EXECUTE FUNCTION public.qimpl_api_key_guard();
+
+CREATE TRIGGER operator_tenants_audit AFTER INSERT OR DELETE ON public.operator_tenants FOR EACH ROW EXECUTE FUNCTION public.qimpl_audit_operator_tenants();
 
 CREATE TRIGGER provider_calls_guard BEFORE INSERT OR DELETE OR UPDATE ON public.provider_calls FOR EACH ROW EXECUTE FUNCTION public.provider_calls_guard();
 
@@ -939,6 +1102,9 @@ ALTER TABLE ONLY public.approval_decisions
 
 ALTER TABLE ONLY public.idempotency_records
     ADD CONSTRAINT idempotency_records_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(run_id);
+
+ALTER TABLE ONLY public.operator_tenants
+    ADD CONSTRAINT operator_tenants_key_hash_fkey FOREIGN KEY (key_hash) REFERENCES public.api_keys(key_hash) ON DELETE CASCADE;
 
 ALTER TABLE ONLY public.provider_calls
     ADD CONSTRAINT provider_calls_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(run_id);
@@ -1022,6 +1188,9 @@ GRANT ALL ON FUNCTION public.qimpl_authenticate_operator(p_key_hash text) TO qim
 
 REVOKE ALL ON FUNCTION public.qimpl_lease_orphans(p_limit integer) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.qimpl_lease_orphans(p_limit integer) TO qimpl_app;
+
+REVOKE ALL ON FUNCTION public.qimpl_operator_tenants(p_key_hash text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.qimpl_operator_tenants(p_key_hash text) TO qimpl_app;
 
 REVOKE ALL ON FUNCTION public.qimpl_prune_event_streams(p_retention_s double precision, p_reconciler text, p_limit integer) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.qimpl_prune_event_streams(p_retention_s double precision, p_reconciler text, p_limit integer) TO qimpl_app;

@@ -9,12 +9,16 @@ from psycopg.rows import dict_row
 
 __all__ = ["OBSERVED_SQL", "observed"]
 
-#: One run's provider calls, tokens and wall times (seconds, the database's clock).
+#: One run's provider calls, tokens and wall times (seconds, the database's clock). A token
+#: total is NULL (unknown) once a succeeded call did not report it, as in the usage events
+#: (migration 20261207_100000_unknown_tokens).
 OBSERVED_SQL = """
 SELECT count(p.id) AS provider_calls,
        count(p.id) FILTER (WHERE p.status = 'started') AS provider_calls_no_outcome,
-       coalesce(sum(p.input_tokens), 0) AS input_tokens,
-       coalesce(sum(p.output_tokens), 0) AS output_tokens,
+       CASE WHEN bool_or(p.status = 'succeeded' AND p.input_tokens IS NULL) THEN NULL
+            ELSE coalesce(sum(p.input_tokens), 0) END AS input_tokens,
+       CASE WHEN bool_or(p.status = 'succeeded' AND p.output_tokens IS NULL) THEN NULL
+            ELSE coalesce(sum(p.output_tokens), 0) END AS output_tokens,
        extract(epoch FROM coalesce(r.completed_at, clock_timestamp()) - r.accepted_at)::float8
            AS wall_time_s,
        extract(epoch FROM coalesce(r.completed_at, clock_timestamp()) - r.started_at)::float8

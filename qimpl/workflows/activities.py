@@ -69,9 +69,13 @@ AFTER_FINAL = declare(
 
 
 def _merge_usage(total: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
-    """Add a step's usage counters to the run's; ValueError unless each is an int >= 0."""
+    """Add a step's usage counters to the run's; ValueError unless each is an int >= 0 or
+    None (a count the provider did not report: unknown, added as nothing; the run's
+    observed usage then shows the total as unknown, issue 25 item 9)."""
     out = dict(total)
     for k, v in step.items():
+        if v is None:
+            continue
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ValueError(f"usage {k!r} is not a count")
         out[k] = int(out.get(k, 0)) + v
@@ -325,7 +329,7 @@ class AgentActivities:
         """Count a failed step durably; after ``max_provider_failures`` end the run
         ``failed`` with a safe code, else fail the attempt so Temporal retries it."""
         try:
-            failures = await owner.count_failure()
+            failures = await owner.count_failure(kind)
             if failures >= inp.max_provider_failures:
                 code = "agent_attempts_exhausted"
                 return repo.outcome(await owner.fail(code, SAFE_MESSAGES[code]))

@@ -401,12 +401,14 @@ class RunOwner:
                           self._params(), what=f"outcome of tool call {call_id} of run {self.run_id}",
                           then=settle)
 
-    async def count_failure(self) -> int:
-        """Count one failed step durably (R-EXEC-6); returns the run's failures so far."""
+    async def count_failure(self, code: str) -> int:
+        """Count one failed step durably (R-EXEC-6) with its safe kind ``code`` (a
+        ``qimpl.errors`` kind, never provider text: the run's ``last_failure_code``, shown
+        on the run record and in its ``failure`` event); returns the run's failures so far."""
         got = await self._write(
-            f"UPDATE runs SET row_version = row_version + 1, provider_failures = provider_failures + 1"
-            f" {_FENCE} RETURNING row_version, provider_failures",
-            self._params(), what=f"failure count of run {self.run_id}")
+            f"UPDATE runs SET row_version = row_version + 1, provider_failures = provider_failures + 1,"
+            f" last_failure_code = %(failure_code)s {_FENCE} RETURNING row_version, provider_failures",
+            self._params(failure_code=code), what=f"failure count of run {self.run_id}")
         return int(got[1])
 
     async def _end(self, state: RunState, *, result: Mapping[str, Any] | None = None,

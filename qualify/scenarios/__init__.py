@@ -12,6 +12,7 @@ from qualify.scenarios import (  # noqa: F401  (registers)
     lease,
     legacy,
     lifecycle,
+    listing,
     matrix,
     network,
     probes,

@@ -45,6 +45,14 @@ def happy_path(ctx: ScenarioContext) -> None:
     ctx.expect("usage: provider calls and tokens per step, and wall time",
                usage.get("provider_calls") == STEPS and usage.get("input_tokens", 0) > 0
                and usage.get("output_tokens", 0) > 0 and usage.get("wall_s", 0) > 0, str(usage), "R-Q34-2")
+    # A provider that does not report a count: unknown in the run's usage, never 0.
+    quiet = ctx.create_run(api, prompt=make_prompt(steps=2, answer="quiet", usage={"output_tokens": None}))
+    if quiet is None or quiet.status_code != 202:
+        raise HarnessError(f"create failed: {quiet and quiet.status_code} {quiet and quiet.text[:200]}")
+    unreported = ctx.wait_terminal(api, quiet.json()["run_id"])["usage"]
+    ctx.expect("tokens the provider did not report are null in usage, the reported ones counted",
+               unreported.get("output_tokens", 0) is None and unreported.get("input_tokens") == 20,
+               str(unreported), "R-Q34-2")
     roles = ctx.sql("SELECT DISTINCT committed_by FROM run_checkpoints")
     ctx.expect("the worker committed its checkpoints under its restricted role",
                roles == [("qimpl_worker",)], str(roles), "R-AUTH-4")

@@ -207,18 +207,50 @@ def _cancellations(ctx: ScenarioContext, run_id: str, attempt: int) -> list[dict
     return [d for d in map(json.loads, lines) if d["run_id"] == run_id and d["attempt"] == attempt]
 
 
+def _failure_events_and_terminal(ctx: ScenarioContext, api: ManagedProcess, run: dict[str, Any],
+                                 stream_key: str, *, failures: int, cause: str) -> None:
+    """The run's stream: one ``failure`` event per counted failure, each with its code; every
+    event stamped with the database's time, in order; the terminal event equal to the run
+    record as the read route answered it (R-EVENT-1, R-EVENT-2, R-EXEC-6)."""
+    from qualify.scenarios.events import read_stream
+
+    events = read_stream(ctx, api, run["run_id"], stream_key)
+    datas = [json.loads(e["data"]) if isinstance(e.get("data"), str) else {} for e in events]
+    codes = [d.get("code") for e, d in zip(events, datas, strict=True) if e.get("event") == "failure"]
+    ctx.expect(f"{failures} failure events, each naming the failure's code", codes == [cause] * failures,
+               str(codes), "R-EXEC-6", "R-EVENT-1", judged=len(events))
+    stamps = [d.get("at") for d in datas]
+    ctx.expect("every event carries the database's time of its write, in order",
+               bool(stamps) and all(stamps) and stamps == sorted(stamps), str(stamps[:3]), "R-EVENT-1",
+               judged=len(events))
+    fields = ("state", "row_version", "result_json", "error_code", "error_message", "last_failure_code", "usage")
+    last = datas[-1] if datas and events[-1].get("event") == "terminal" else {}
+    differ = {k: (last.get(k), run.get(k)) for k in fields if last.get(k) != run.get(k)}
+    ctx.expect("the terminal event equals the run record (state, result, error, usage)", not differ,
+               str(differ) or "equal", "R-EVENT-2", "R-READ-1", judged=len(fields))
+
+
 @scenario(
     "retry-exhaustion",
-    title="The provider fails every attempt: the run ends failed with a safe error code",
-    requirements=("R-EXEC-6",),
+    title="The provider fails every attempt: the run ends failed with a safe error code and "
+          "names its last failure's code; its stream shows each counted failure with its code "
+          "and ends with a terminal event equal to the run record",
+    requirements=("R-EXEC-6", "R-EVENT-1", "R-EVENT-2"),
 )
 def retry_exhaustion(ctx: ScenarioContext) -> None:
     attempts = 3
     api = ctx.processes.api(QIMPL_PROVIDER_MAX_FAILURES=str(attempts))
     ctx.processes.worker()
-    run_id = accepted(ctx, api, prompt=make_prompt(steps=2, fail="always"))
+    created = ctx.create_run(api, prompt=make_prompt(steps=2, fail="always"))
+    if created is None or created.status_code != 202:
+        raise HarnessError(f"create failed: {created and created.status_code}")
+    run_id, stream_key = created.json()["run_id"], created.json()["stream_key"]
     run = ctx.wait_terminal(api, run_id, timeout_s=60)
     ctx.expect("run failed", run["state"] == "failed", run["state"], "R-EXEC-6")
+    cause = "provider_error:SyntheticFailure"   # the synthetic provider's exception, by type only
+    ctx.expect("the run record names its last counted failure's safe code",
+               run.get("last_failure_code") == cause, str(run.get("last_failure_code")), "R-EXEC-6")
+    _failure_events_and_terminal(ctx, api, run, stream_key, failures=attempts, cause=cause)
     ctx.expect("safe error_code", run["error_code"] == "agent_attempts_exhausted",
                str(run["error_code"]), "R-EXEC-6")
     message = run["error_message"] or ""

@@ -34,12 +34,20 @@ KINDS: dict[str, str | None] = {
     "operator": "Bearer ops-key",         # an operator of the run's tenant
     "other-operator": "Bearer ops-other-key",
     "revoked": "Bearer revoked-dev-key",  # the owner's principal, a key revoked since
+    "expired": "Bearer expired-dev-key",  # the owner's principal, a key rotated away, its grace over
 }
 #: A revoked key of the owner's principal, created and revoked by the scenario.
 REVOKED_KEY = "revoked-dev-key"
+#: A key of the owner's principal rotated with a grace period that ended (``api_keys rotate``).
+EXPIRED_KEY = "expired-dev-key"
 #: Routes kept out of the OpenAPI document, served all the same.
 UNLISTED_ROUTES = (("GET", "/metrics"), ("GET", "/healthz"))
 RUN = "/v1/agents/{agent_id}/runs/{run_id}"
+#: The listings (R-READ-5): who may see the target run in each, and who must not.
+LISTINGS = {
+    "/v1/agents/{agent_id}/runs": ({"owner"}, {"peer", "other-tenant"}),
+    "/v1/operator/runs": ({"operator"}, {"other-operator"}),
+}
 
 
 @dataclass(frozen=True)
@@ -94,7 +102,7 @@ def expected(method: str, path: str, kind: str) -> Answer | None:
     table does not know (the scenario fails on it).
 
     Refusals come before anything about the request: no credential, a malformed or a
-    revoked one is 401 on every authenticated route; an operator key on a client route,
+    revoked or an expired one is 401 on every authenticated route; an operator key on a client route,
     or a client key on an operator route, is 403; a client of another principal or tenant
     gets 404 for the run (no existence leak, R-AUTH-1); the run's events take the run's
     stream key only (an API key is not a stream credential, R-AUTH-3)."""
@@ -110,13 +118,13 @@ def expected(method: str, path: str, kind: str) -> Answer | None:
         if kind in ("peer", "other-tenant", "malformed"):
             return NOT_FOUND
         return Answer(401, "stream_key_required")
-    if kind in ("none", "malformed", "revoked"):
+    if kind in ("none", "malformed", "revoked", "expired"):
         return UNAUTHENTICATED
     if path.startswith("/v1/operator/") or path == "/metrics":
         if client:
             return OPERATOR_ONLY
-        if path == "/metrics":
-            return Answer(200)
+        if path in ("/metrics", "/v1/operator/runs"):
+            return Answer(200)   # each operator its own tenants' (the listing's check below)
         if kind == "other-operator":
             return NOT_FOUND
         return Answer(200) if method == "GET" else Answer(409, "tool_call_not_found")
@@ -124,8 +132,8 @@ def expected(method: str, path: str, kind: str) -> Answer | None:
         return CLIENT_ONLY
     if (method, path) == ("POST", "/v1/agents/{agent_id}/runs"):
         return Answer(202)   # each client its own run, whatever the others' keys (R-CREATE-2)
-    if (method, path) == ("POST", "/v1/answer"):
-        return Answer(200)
+    if (method, path) in (("POST", "/v1/answer"), ("GET", "/v1/agents/{agent_id}/runs")):
+        return Answer(200)       # a listing: each client its own runs
     if path.startswith(RUN):
         if kind != "owner":
             return NOT_FOUND
@@ -178,9 +186,9 @@ def _terminal_everywhere(ctx: ScenarioContext, timeout_s: float = 60.0) -> list[
     "api-contract-matrix",
     title="Every route of the API (its OpenAPI document and the unlisted /metrics, /healthz) "
           "x every credential kind (none, malformed, owner, peer principal, other tenant, "
-          "operator, other tenant's operator, revoked key): each cell its one answer; the "
+          "operator, other tenant's operator, revoked key, expired key): each cell its one answer; the "
           "refusals wrote nothing; one key across three principals makes three runs",
-    requirements=("R-AUTH-1", "R-AUTH-3", "R-CREATE-2", "R-OPS-7", "R-LEGACY-1"),
+    requirements=("R-AUTH-1", "R-AUTH-3", "R-CREATE-2", "R-OPS-7", "R-LEGACY-1", "R-READ-5"),
 )
 def api_contract_matrix(ctx: ScenarioContext) -> None:
     import psycopg
@@ -190,6 +198,15 @@ def api_contract_matrix(ctx: ScenarioContext) -> None:
     with psycopg.connect(ctx.deployment.dsn, autocommit=True) as conn:  # as an operator would
         admin.create_api_key(conn, key=REVOKED_KEY, tenant_id="t-dev", principal_id="p-dev")
         revoked = admin.revoke_api_key(conn, key=REVOKED_KEY)
+        # A key rotated with a 0.2 s grace: wait on the database's clock until it is past.
+        admin.create_api_key(conn, key=EXPIRED_KEY, tenant_id="t-dev", principal_id="p-dev")
+        admin.rotate_api_key(conn, key_id=admin.key_id(EXPIRED_KEY), new_key=f"{EXPIRED_KEY}-successor",
+                             actor="qualify", grace_s=0.2)
+        for _ in range(100):
+            if conn.execute("SELECT expires_at < clock_timestamp() FROM api_keys WHERE key_id = %s",
+                            (admin.key_id(EXPIRED_KEY),)).fetchone() == (True,):
+                break
+            threading.Event().wait(0.05)
     ctx.expect("the revoked key was live, then revoked", revoked == 1, f"{revoked} revoked")
     api = ctx.processes.api()
     ctx.processes.worker()
@@ -214,6 +231,7 @@ def api_contract_matrix(ctx: ScenarioContext) -> None:
                f"{len(routes)} routes; without expected answers: {unknown}", "R-AUTH-1", judged=len(routes))
 
     created: dict[str, str] = {}
+    listed: dict[tuple[str, str], set[str]] = {}
 
     def cell(method: str, path: str, kind: str) -> tuple[Answer, str]:
         headers = {"Idempotency-Key": f"matrix-{kind}"}
@@ -231,6 +249,8 @@ def api_contract_matrix(ctx: ScenarioContext) -> None:
         else:
             resp = httpx.request(method, f"{url}{_fill(path, run_id)}", headers=headers, json=body, timeout=30)
             got = Answer(resp.status_code, _code(resp) if resp.status_code >= 300 else None)
+            if method == "GET" and path in LISTINGS and resp.status_code == 200:
+                listed[(path, kind)] = {r["run_id"] for r in resp.json()["runs"]}
             if path == "/v1/agents/{agent_id}/runs" and resp.status_code == 202:
                 created[kind] = resp.json()["run_id"]
                 ctx.history.record("client", op="create", phase="ok", run_id=created[kind], status=202)
@@ -269,6 +289,12 @@ def api_contract_matrix(ctx: ScenarioContext) -> None:
     ctx.table("contract matrix (route x credential kind: the answer got, ok or what was wanted)",
               ["route", *KINDS], [[f"{m} {p}", *(results[(m, p)].get(k, "-") for k in KINDS)]
                                   for m, p in routes])
+    for path, (see, blind) in LISTINGS.items():
+        shown = {kind: run_id in listed.get((path, kind), set()) for kind in see | blind}
+        ctx.expect(f"GET {path} lists the target run to {sorted(see)} and never to {sorted(blind)}",
+                   all(shown[k] for k in see) and not any(shown[k] for k in blind)
+                   and all((path, k) in listed for k in see | blind),
+                   str(shown), "R-READ-5", "R-AUTH-1", judged=sum(p == path for p, _ in listed))
     ctx.expect("one Idempotency-Key from three clients made three runs (keys are per principal)",
                len(set(created.values())) == 3 == len(created), str(created), "R-CREATE-2", judged=len(created))
     left = _terminal_everywhere(ctx)
@@ -376,6 +402,53 @@ def idempotency_per_field(ctx: ScenarioContext) -> None:
     ctx.expect("one new generation", run["generation"] == 2, f"g{run['generation']} {run['state']}", "R-RESUME-1")
     left = _terminal_everywhere(ctx)
     ctx.expect("every run ended", not left, str(left))
+
+
+RESUME_CAS = "api.resume.before_cas"
+
+
+@scenario(
+    "same-key-resume-loses-the-race",
+    title="Two resumes with one Idempotency-Key: the first is held after its key lookup, before "
+          "its compare-and-set; the second wins; the first, released, loses the compare-and-set "
+          "and answers as its key does (a replay of the winner's receipt), never as a rival resume",
+    requirements=("R-CREATE-2", "R-RESUME-1", "R-Q-4"),
+    crash_points=(RESUME_CAS,),
+)
+def same_key_resume_loses_the_race(ctx: ScenarioContext) -> None:
+    # The hold is not a nemesis fault (the API lives on); its evidence is a struck crash point.
+    api = ctx.processes.api(QIMPL_CRASH_POINTS=f"{RESUME_CAS}:hold")
+    ctx.processes.worker()
+    owner = str(KINDS["owner"])
+    parked = _create(api.base_url, owner, "race-run",
+                     {"prompt": make_prompt(steps=2, park={"step": 1, "kind": "input"}), "durable_temporal": True})
+    run_id = parked.json()["run_id"]
+    ctx.history.record("client", op="create", phase="ok", run_id=run_id, status=202)
+    ctx.wait_state(api, run_id, "awaiting_input")
+
+    def resume() -> httpx.Response:
+        return httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", timeout=60,
+                          json={"additional_prompt": "go"},
+                          headers={"Authorization": owner, "Idempotency-Key": "raced-key"})
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        first = pool.submit(resume)
+        evidence = ctx.wait_crash_point(RESUME_CAS, api)
+        second = resume()   # the first is held: this one looks the key up, finds nothing, and wins
+        ctx.release_crash_point(RESUME_CAS)
+        lost = first.result(timeout=60)
+    ctx.expect("the first request was held at the compare-and-set, for this run",
+               evidence.get("action") == "hold" and evidence.get("context", {}).get("run_id") == run_id,
+               json.dumps(evidence)[:200], "R-Q-4")
+    ctx.expect("the second request won: 202, an original receipt",
+               second.status_code == 202 and second.headers.get("idempotent-replayed") != "true",
+               f"{second.status_code} {second.text[:160]}", "R-RESUME-1")
+    ctx.expect("the held request, which lost the compare-and-set, answers as its key: a replay of that receipt",
+               lost.status_code == 202 and lost.headers.get("idempotent-replayed") == "true"
+               and second.status_code == 202 and lost.json().get("run_id") == second.json().get("run_id"),
+               f"{lost.status_code} {lost.text[:160]}", "R-CREATE-2")
+    run = ctx.wait_terminal(api, run_id)
+    ctx.expect("one new generation", run["generation"] == 2, f"g{run['generation']} {run['state']}", "R-RESUME-1")
 
 
 @scenario(

@@ -92,10 +92,22 @@ def _parked_unknown(ctx: ScenarioContext, api: ManagedProcess, run_id: str) -> d
     return run
 
 
+def _awaiting_reconciliation(api: ManagedProcess) -> list[str]:
+    """Run ids the operator's listing shows as awaiting reconciliation (R-READ-5)."""
+    resp = httpx.get(f"{api.base_url}/v1/operator/runs", params={"awaiting_reconciliation": "true"},
+                     headers=_auth(OPERATOR_KEY), timeout=30)
+    if resp.status_code != 200:
+        raise HarnessError(f"GET /v1/operator/runs: {resp.status_code} {resp.text[:200]}")
+    return [r["run_id"] for r in resp.json()["runs"] if r["awaiting_reconciliation"]]
+
+
 def _reconcile_and_finish(ctx: ScenarioContext, api: ManagedProcess, run_id: str, *,
                           answer_has: str) -> dict[str, Any]:
     """A parked run: a normal resume is 409; an operator records ``succeeded`` with the
     sink's receipt; an empty resume completes the run from the journal."""
+    waiting = _awaiting_reconciliation(api)
+    ctx.expect("the operator finds the run by listing runs awaiting reconciliation (and only it)",
+               waiting == [run_id], f"listed {waiting}", "R-READ-5", "R-TOOL-3")
     refused = resume(ctx, api, run_id, {"additional_prompt": "go on"})
     ctx.expect("a normal resume answers 409 run_reconciliation_required",
                refused.status_code == 409 and refused.json().get("code") == "run_reconciliation_required",
@@ -114,6 +126,9 @@ def _reconcile_and_finish(ctx: ScenarioContext, api: ManagedProcess, run_id: str
     done = resolve(api, run_id, call_id, "succeeded", {"receipt": call_id})
     ctx.expect("the operator records succeeded with the receipt", done.status_code == 200
                and done.json().get("settled_by") == "operator:p-ops", done.text[:200], "R-TOOL-3")
+    left = _awaiting_reconciliation(api)
+    ctx.expect("once reconciled it is no longer listed as awaiting reconciliation", run_id not in left,
+               f"listed {left}", "R-READ-5")
     again = resume(ctx, api, run_id)
     ctx.expect("after reconciliation an empty resume is accepted", again.status_code == 202,
                again.text[:160], "R-TOOL-3")

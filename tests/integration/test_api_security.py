@@ -5,22 +5,17 @@ receipt while new work is still authorised (R-CREATE-2, R-AUTH-2)."""
 
 from __future__ import annotations
 
-import asyncio
 import re
-import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
 
-from qimpl.api.app import create_app
-from qimpl.api.deps import Services
 from qimpl.db import admin
 from qimpl.metrics import RUN_STATS_SQL
-from qimpl.settings import ApiSettings
 from qualify.stack._embedded import API_ROLE, with_user
+from tests.integration.api_in_process import with_api
 
 Client = httpx.AsyncClient
 
@@ -28,28 +23,6 @@ Client = httpx.AsyncClient
 @pytest.fixture
 def db(stack: Any) -> str:
     return str(stack.create_database())
-
-
-def _with_api(db: str, stack: Any, test: Callable[[Client], Awaitable[None]]) -> None:
-    """Run ``test`` against the app in process, connected as the API's restricted role;
-    Temporal is the stack's, on a task queue no worker polls (runs stay queued)."""
-    settings = ApiSettings(database_url=with_user(db, API_ROLE), auth="db",
-                        temporal_address=stack.info.temporal_address,
-                        task_queue=f"sec-{uuid.uuid4().hex[:8]}")
-
-    async def main() -> None:
-        app = create_app(settings)
-        services = Services(settings)
-        await services.pool.open()
-        app.state.services = services
-        try:
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                         base_url="http://api") as client:
-                await test(client)
-        finally:
-            await services.pool.close()
-
-    asyncio.run(main())
 
 
 async def _create(client: Client, key: str, idem: str, prompt: str = "hello") -> httpx.Response:
@@ -76,7 +49,7 @@ def test_metrics_need_an_operator_key_and_show_its_tenant_only(db: str, stack: A
             assert f'qimpl_runs{{state="queued",tenant="{tenant}"}} 1.0' in scrape.text
             assert f'qimpl_oldest_accepted_run_age_seconds{{tenant="{tenant}"}} 0.0' in scrape.text
 
-    _with_api(db, stack, test)
+    with_api(db, stack, test, queue_prefix="sec")
 
 
 @pytest.mark.req("R-OPS-7")
@@ -110,7 +83,7 @@ def test_same_key_after_revoke_replays_the_original_receipt(db: str, stack: Any)
         other_body = await _create(client, "dev-key", "K", prompt="another")
         assert (other_body.status_code, other_body.json()["code"]) == (422, "idempotency_key_reused")
 
-    _with_api(db, stack, test)
+    with_api(db, stack, test, queue_prefix="sec")
     with psycopg.connect(db, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM runs").fetchone() == (1,)
 
@@ -145,7 +118,7 @@ def test_a_database_failure_after_acceptance_returns_the_receipt(
         again = await _create(client, "dev-key", f"db-{failing}")
         assert again.status_code == 202 and again.json()["run_id"] == run_id, again.text
 
-    _with_api(db, stack, test)
+    with_api(db, stack, test, queue_prefix="sec")
 
 
 @pytest.mark.req("R-OPS-7", "R-AUTH-1")
@@ -160,7 +133,7 @@ def test_an_operator_key_is_not_a_client_key(db: str, stack: Any) -> None:
         assert (answered.status_code, answered.json()["code"]) == (403, "client_credential_required")
         assert (await _create(client, "dev-key", "dev-create")).status_code == 202
 
-    _with_api(db, stack, test)
+    with_api(db, stack, test, queue_prefix="sec")
 
 
 @pytest.mark.req("R-AUTH-1")

@@ -11,6 +11,7 @@ from qimpl.api.app import create_app
 from qimpl.settings import ApiSettings
 from qualify.scenarios.matrix import (
     KINDS,
+    LISTINGS,
     RUN,
     UNLISTED_ROUTES,
     Answer,
@@ -50,7 +51,7 @@ def test_refusals_come_before_the_route() -> None:
     for method, path in _routes():
         if path in ("/healthz", RUN + "/events"):
             continue
-        for kind in ("none", "malformed", "revoked"):
+        for kind in ("none", "malformed", "revoked", "expired"):
             assert expected(method, path, kind) == Answer(401, "unauthenticated"), (method, path, kind)
 
 
@@ -68,7 +69,17 @@ def test_operator_routes_refuse_clients_and_other_tenants() -> None:
     assert ops
     for method, path in ops:
         assert expected(method, path, "owner") == Answer(403, "operator_credential_required")
-        assert expected(method, path, "other-operator") == Answer(404, "run_not_found")
+        if path == "/v1/operator/runs":  # a listing: its own tenants' runs (checked by what it lists)
+            assert expected(method, path, "other-operator") == Answer(200)
+        else:
+            assert expected(method, path, "other-operator") == Answer(404, "run_not_found")
+
+
+def test_each_listing_names_who_sees_the_run_and_who_must_not() -> None:
+    listed = {p for m, p in _routes() if m == "GET" and p in LISTINGS}
+    assert listed == set(LISTINGS)
+    for see, blind in LISTINGS.values():
+        assert see and blind and not see & blind
 
 
 def test_an_api_key_is_not_a_stream_credential() -> None:

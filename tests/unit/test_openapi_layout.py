@@ -62,12 +62,28 @@ def _api_routes(routes: list[Any]) -> list[APIRoute]:
 
 
 def test_create_app_only_assembles_routers() -> None:
-    """Every route (the 16 documented ones, ``/metrics`` and ``/healthz``) comes from a
+    """Every route (the 18 documented ones, ``/metrics``, ``/healthz`` and ``/docs``) comes from a
     resource router module; none is defined in ``qimpl.api.app``."""
     routes = _api_routes(create_app(ApiSettings(database_url="postgresql://u@127.0.0.1:1/x")).routes)
-    assert len(routes) == 18, [r.path for r in routes]
+    assert len(routes) == 21, [r.path for r in routes]
     modules = {r.endpoint.__module__ for r in routes}
     assert "qimpl.api.app" not in modules, modules
+
+
+
+def test_docs_work_offline_from_packaged_assets() -> None:
+    """Issue 25, item 13: ``/docs`` loads Swagger UI from the API itself, never a CDN."""
+    from fastapi.testclient import TestClient
+
+    client = TestClient(create_app(ApiSettings(database_url="postgresql://u@127.0.0.1:1/x")))
+    page = client.get("/docs")
+    assert page.status_code == 200
+    assert "cdn." not in page.text and "http" not in page.text.replace("/openapi.json", "")
+    assert "/docs-assets/swagger-ui-bundle.js" in page.text
+    for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
+        got = client.get(f"/docs-assets/{asset}")
+        assert got.status_code == 200 and len(got.content) > 10_000, asset
+    assert client.get("/redoc").status_code == 404
 
 
 if __name__ == "__main__":

@@ -72,7 +72,8 @@ def test_catches_a_read_that_reports_fewer_calls_than_recorded() -> None:
 def test_a_record_without_an_outcome_may_lack_its_call_but_a_settled_one_may_not() -> None:
     h = recorded()
     last = next(e for e in reversed(h) if e["type"] == "provider_call_record")
-    orphan = {**last, "id": 99, "attempt": 12, "t": last["t"] + 1, "status": "started", "ended_t": None}
+    orphan = {**last, "id": 99, "attempt": 12, "t": last["t"] + 1, "status": "started", "ended_t": None,
+              "input_tokens": None, "output_tokens": None}
     reads = [e for e in h if e["type"] == "client"]
     bumped = [{**e, "usage": {**e["usage"], "provider_calls": 11}} for e in reads]
     base = [e for e in h if e["type"] != "client"]
@@ -106,6 +107,46 @@ def test_run_usage_adds_keys_and_counts_the_record_for_durable_runs() -> None:
     legacy = run_usage(committed, {**observed, "wall_s": None}, durable=False)
     assert legacy == {**committed, "wall_time_s": 38.167}
     assert run_usage({}, observed, durable=True)["tool_calls"] == 0
+
+
+@pytest.mark.req("R-Q34-2")
+def test_tokens_no_provider_reported_are_unknown_not_zero() -> None:
+    observed = {"provider_calls": 2, "input_tokens": 20, "output_tokens": None}
+    usage = run_usage({"output_tokens": 0}, observed, durable=True)
+    assert usage["output_tokens"] is None and usage["input_tokens"] == 20
+    calls = [{"status": "succeeded", "input_tokens": 10, "output_tokens": None},
+             {"status": "failed", "input_tokens": None, "output_tokens": None},
+             {"status": "succeeded", "input_tokens": 10, "output_tokens": None}]
+    assert ck.token_total(calls, "input_tokens") == 20   # a failed call reports nothing, adds nothing
+    assert ck.token_total(calls, "output_tokens") is None
+    assert ck.token_total([], "input_tokens") == 0
+
+
+def test_a_count_the_provider_did_not_report_is_stored_as_nothing() -> None:
+    from qimpl.workflows.activities import _merge_usage
+
+    assert _merge_usage({"input_tokens": 10}, {"input_tokens": 5, "output_tokens": None}) == {"input_tokens": 15}
+    with pytest.raises(ValueError):
+        _merge_usage({}, {"input_tokens": -1})
+
+
+@pytest.mark.req("R-Q34-2")
+def test_a_read_reporting_zero_for_unreported_tokens_fails_the_usage_check() -> None:
+    h = recorded()
+    run = next(str(e["run_id"]) for e in h if e["type"] == "provider_call_record")
+    for e in h:
+        if e["type"] == "provider_call_record" and str(e["run_id"]) == run:
+            e["output_tokens"] = None
+    reads = [e for e in h if e["type"] == "client" and e.get("op") == "read" and str(e.get("run_id")) == run
+             and isinstance(e.get("usage"), dict)]
+    assert reads, "the recorded history reads its run"
+    for e in reads:
+        e["usage"] = {**e["usage"], "output_tokens": 0}
+    check = ck.provider_calls_recorded(h)
+    assert check.ok is False and "output_tokens 0" in check.detail, check.detail
+    for e in reads:
+        e["usage"] = {**e["usage"], "output_tokens": None}
+    assert ck.provider_calls_recorded(h).ok is True
 
 
 @pytest.mark.req("R-Q34-2")

@@ -24,6 +24,12 @@ def _code(body: dict) -> str:  # type: ignore[type-arg]
     ({"prompt": "x", "deadline_seconds": "soon"}, "deadline_invalid"),
     ({"prompt": "x", "durable_temporal": "maybe"}, "durable_temporal_invalid"),
     ({"prompt": "x", "surprise": 1}, "unknown_field"),
+    # Strict everywhere (issue 25, item 15): a number in a string is not a number, nor a
+    # word a boolean, nor a float a count.
+    ({"prompt": "x", "deadline_seconds": "60"}, "deadline_invalid"),
+    ({"prompt": "x", "deadline_seconds": 60.0}, "deadline_invalid"),
+    ({"prompt": "x", "durable_temporal": "true"}, "durable_temporal_invalid"),
+    ({"prompt": "x", "durable_temporal": 1}, "durable_temporal_invalid"),
 ])
 def test_each_bad_field_has_its_code(body: dict, code: str) -> None:  # type: ignore[type-arg]
     assert _code(body) == code

@@ -106,3 +106,28 @@ def test_a_scenarios_tables_reach_the_markdown_and_the_html(tmp_path: Path) -> N
     bare = scenario_doc(_result(tmp_path, "n", Verdict.PASS, [Check("x", True)]), report_dir=tmp_path,
                         stack_kind="embedded")
     assert "tables" not in bare
+
+
+@pytest.mark.req("R-Q-6", "R-Q-8")
+def test_the_html_shows_the_gate_and_each_requirement_with_what_covers_it_or_why_not(tmp_path: Path) -> None:
+    """Issue 25, items 1-2: the gate's verdict and counts, each waiver's reason, and each
+    requirement's covering checks by name (no numbered scenario columns to scroll)."""
+    from qualify.coverage import WAIVED
+    from qualify.spec_ids import REQUIREMENTS
+
+    r = _result(tmp_path, "a", Verdict.PASS, [Check("the run completed", True, "", ("R-EXEC-4",), judged=1),
+                                              Check("nothing judged", True, "", ("R-EXEC-1",), judged=0)])
+    doc = scenario_doc(r, report_dir=tmp_path, stack_kind="embedded")
+    summary = build_summary(scenarios=[doc], seed=5, duration_s=1.0, stack={"kind": "embedded", "boot_s": 0.5},
+                            provenance={"git_sha": "abc"}, report_dir=tmp_path, crash_catalog=[])
+    write_report(tmp_path, summary)
+    html = (tmp_path / "report.html").read_text()
+    uncovered = len(REQUIREMENTS) - 1 - len(WAIVED)
+    assert f"1 of {len(REQUIREMENTS)} requirements covered" in html
+    assert f"{len(WAIVED)} waived" in html and f"{uncovered} uncovered" in html
+    assert "gate FAIL" in html
+    assert "a: the run completed" in html                       # R-EXEC-4, by its check
+    _, why = next(iter(WAIVED.items()))
+    assert f"waived: {why}" in html.replace("&#39;", "'").replace("&amp;", "&")
+    assert html.count("no passing check covers it") == uncovered  # R-EXEC-1 among them: judged nothing
+    assert "<th title=" not in html                              # no numbered scenario columns

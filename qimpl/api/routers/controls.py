@@ -31,6 +31,7 @@ from qimpl.api.receipts import (
     replayable,
     require_grant,
 )
+from qimpl.crashpoints import declare
 from qimpl.db import journal as journal_db
 from qimpl.db import runs as repo
 from qimpl.db.runs import UNSETTLED_SQLSTATE
@@ -43,6 +44,9 @@ __all__ = ["router"]
 log = logging.getLogger("qimpl.api")
 
 router = APIRouter()
+
+BEFORE_RESUME_CAS = declare("api.resume.before_cas",
+                            "a resume looked its key up and is about to compare-and-set the run")
 
 #: Why a run in this state cannot be resumed (R-RESUME-2).
 _NOT_RESUMABLE = {
@@ -117,6 +121,9 @@ async def resume_run(
         elif not await _journal_settled(conn, row) and body.additional_prompt is None:
             raise ApiError(409, "run_not_resumable", "a waiting run needs additional_prompt")
         else:
+            # The harness holds a request here to make a same-key rival win the
+            # compare-and-set first (qualify's same-key-resume-loses-the-race).
+            await BEFORE_RESUME_CAS.areach(run_id=str(run_id))
             try:
                 resumed = await repo.resume_or_none(
                     conn, str(run_id), expected_row_version=row["row_version"],

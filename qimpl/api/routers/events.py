@@ -4,15 +4,16 @@ stream itself is ``qimpl.api.events``."""
 from __future__ import annotations
 
 import uuid
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Response
 from sse_starlette.sse import EventSourceResponse
 
 from qimpl.api.deps import AgentId, Svc
 from qimpl.api.errors import ApiError
-from qimpl.api.events import stream_events
+from qimpl.api.events import RECORD_FIELDS, stream_events
 from qimpl.api.openapi import EVENTS_ERRORS, EVENTS_HEADERS, STREAM_KEY_MAX
+from qimpl.api.views import read_view
 from qimpl.db import runs as repo
 from qimpl.lifecycle import TERMINAL
 
@@ -74,7 +75,14 @@ async def run_events(
         # starts): concurrent opens may pass together, never unboundedly (issue 22, item 10).
         raise ApiError(429, "too_many_streams",
                        f"at most {svc.settings.event_streams_per_run} open streams per run; close one")
+    async def record(conn: Any) -> dict[str, Any]:
+        now = await repo.get_run(conn, str(run_id), tenant_id=tenant_id)
+        if now is None:
+            return {}
+        view = (await read_view(conn, now)).model_dump(mode="json")
+        return {k: view[k] for k in RECORD_FIELDS}
+
     return EventSourceResponse(
         stream_events(lambda: svc.tenant(tenant_id), svc.events, str(run_id), int(last_event_id or 0),
-                      fallback_s=svc.settings.event_fallback_poll_s),
+                      fallback_s=svc.settings.event_fallback_poll_s, record=record),
         ping=svc.settings.event_ping_s)

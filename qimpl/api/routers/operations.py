@@ -6,12 +6,13 @@ import asyncio
 import logging
 
 from fastapi import APIRouter, Response
+from fastapi.openapi.docs import get_swagger_ui_html
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from qimpl import metrics
 from qimpl.api.deps import OperatorPrincipal, Svc
 
-__all__ = ["router"]
+__all__ = ["DOCS_ASSETS", "router"]
 
 log = logging.getLogger("qimpl.api")
 
@@ -43,3 +44,17 @@ async def metrics_endpoint(svc: Svc, principal: OperatorPrincipal) -> Response:
 @router.get("/healthz", include_in_schema=False)
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
+
+
+#: Where the API serves Swagger UI's own files (``swagger_ui_bundle``, mounted by the app).
+DOCS_ASSETS = "/docs-assets"
+
+
+@router.get("/docs", include_in_schema=False)
+async def docs() -> Response:
+    """Swagger UI for the OpenAPI document, from assets this process serves itself
+    (``DOCS_ASSETS``): it works on a machine with no route to a CDN."""
+    return get_swagger_ui_html(openapi_url="/openapi.json", title="qimpl durable agent runs — API",
+                               swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+                               swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+                               swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png")

@@ -10,7 +10,6 @@ from typing import Any
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
-from qimpl import journal
 from qimpl.api.auth import Principal
 from qimpl.api.deps import AgentId, CurrentPrincipal, Services, Svc, owned_run
 from qimpl.api.errors import ApiError
@@ -33,32 +32,15 @@ from qimpl.api.receipts import (
     replayable,
     require_grant,
 )
-from qimpl.db import journal as journal_db
+from qimpl.api.views import read_view
 from qimpl.db import runs as repo
-from qimpl.db import usage as usage_db
 from qimpl.lifecycle import RunState, workflow_id
-from qimpl.usage import run_usage
 
 __all__ = ["router"]
 
 log = logging.getLogger("qimpl.api")
 
 router = APIRouter()
-
-
-def _view(row: dict[str, Any], invocations: list[dict[str, Any]],
-          observed: dict[str, Any] | None) -> RunView:
-    return RunView(
-        run_id=str(row["run_id"]), agent_id=row["agent_id"], state=row["state"],
-        durability=row["durability"], lifecycle_version=row["lifecycle_version"],
-        row_version=row["row_version"], generation=row["generation"],
-        deadline_at=row["deadline_at"], accepted_at=row["accepted_at"],
-        started_at=row["started_at"], completed_at=row["completed_at"],
-        result_json=row["result_json"], error_code=row["error_code"],
-        error_message=row["error_message"],
-        usage=run_usage(row["usage"] or {}, observed, durable=int(row["lifecycle_version"]) >= 2),
-        tool_invocations=journal.summary(invocations),
-    )
 
 
 async def create_legacy(svc: Services, agent_id: str, body: CreateRunRequest, principal: Principal,
@@ -168,6 +150,4 @@ async def read_run(
 ) -> RunView:
     """Read a run (R-READ-1); another principal or tenant gets 404 (R-AUTH-1)."""
     async with svc.tenant(principal.tenant_id) as conn:
-        row = await owned_run(conn, agent_id, run_id, principal)
-        return _view(row, await journal_db.invocations(conn, str(run_id)),
-                     await usage_db.observed(conn, str(run_id)))
+        return await read_view(conn, await owned_run(conn, agent_id, run_id, principal))
