@@ -32,6 +32,8 @@ def run_input(row: dict[str, Any], settings: Settings) -> RunInput:
         heartbeat_timeout_s=settings.heartbeat_timeout_s,
         max_provider_failures=settings.provider_max_failures,
         lease_s=settings.lease_s,
+        failure_backoff_s=settings.provider_backoff_s,
+        failure_backoff_max_s=settings.provider_backoff_max_s,
     )
 
 

@@ -60,9 +60,12 @@ class ProviderFailed(QimplError):
 
     code = "provider_failed"
 
-    def __init__(self, code: str) -> None:
+    def __init__(self, code: str, *, retry_after_s: float | None = None) -> None:
         super().__init__(code)
         self.code = code
+        #: Seconds the provider asked to wait before the next call (HTTP ``Retry-After``),
+        #: honoured within the run's deadline (``qimpl.backoff``); None when it said nothing.
+        self.retry_after_s = retry_after_s
 
 
 class ProviderTimedOut(ProviderFailed, TimeoutError):

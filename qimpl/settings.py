@@ -34,6 +34,9 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
+from qimpl.backoff import DEFAULT_BASE_S as DEFAULT_BACKOFF_S
+from qimpl.backoff import DEFAULT_MAX_S as DEFAULT_BACKOFF_MAX_S
+
 __all__ = [
     "EXIT_CONFIG",
     "MIN_DISTINCT_CHARS",
@@ -129,6 +132,14 @@ class Settings(BaseSettings):
         default=5, ge=1,
         description="provider failures (counted in the run) before it ends `failed` (R-EXEC-6); also the most times one step is asked of the provider, however its asks ended (a counted failure, or the attempt's death after the answer: `agent_step_asks_exhausted`, R-EXEC-12)",
         json_schema_extra=_example("5"))
+    provider_backoff_s: float = Field(
+        default=DEFAULT_BACKOFF_S, ge=0,
+        description="seconds a run waits after its first counted provider failure before it asks again, doubling per failure up to `QIMPL_PROVIDER_BACKOFF_MAX_S`; a provider's `Retry-After` is waited for when longer, never past the deadline. With the defaults and 5 failures the last ask is 45 s after the first failure: a shorter model-server outage costs only time (R-EXEC-6)",
+        json_schema_extra=_example("3"))
+    provider_backoff_max_s: float = Field(
+        default=DEFAULT_BACKOFF_MAX_S, ge=0,
+        description="the longest wait between two asks after counted provider failures, seconds",
+        json_schema_extra=_example("30"))
     dispatch_timeout_s: float = Field(
         default=5.0, gt=0,
         description="how long the API waits for Temporal before answering 503 `durable_dispatch_unknown` (R-CREATE-5); a key whose first request is unanswered for this long + 1 s stops answering 409 `idempotency_key_in_flight`",

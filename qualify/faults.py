@@ -286,6 +286,15 @@ class Nemesis:
             "process_status": status, "owner_sessions": [[p, s, w] for p, s, w in sessions], **context})
 
     # -- the network (R-Q-11): proxies between one process and PostgreSQL or Temporal ------
+    def provider_outage(self, *, started_t: float, ended_t: float, failed_calls: int,
+                        **context: Any) -> dict[str, Any]:
+        """Record a model-server outage the synthetic provider played (every call failed
+        ``provider_unreachable`` while its control file existed), from ``started_t`` to
+        ``ended_t`` (epoch s, the database's clock): landed when calls failed during it."""
+        return self._record("provider_outage", "provider", failed_calls > 0, {
+            "started_t": started_t, "ended_t": ended_t, "down_s": round(ended_t - started_t, 3),
+            "failed_calls": failed_calls, **context})
+
     def partition(self, proxy: Any, direction: str = "both", **context: Any) -> dict[str, Any]:
         """Black-hole ``proxy`` (a ``qualify.proxy.TcpProxy``) ``direction`` ways; the fault
         is recorded by ``heal``, which knows whether anything was held (landed)."""

@@ -468,6 +468,15 @@ CATALOG: tuple[Mutant, ...] = (
                "data.update({})"),),
         "retry-exhaustion", "the terminal event equals the run record (state, result, error, usage)"),
     Mutant(
+        "failure-backoff-ignored", "counted failures are spaced by the backoff (R-EXEC-6)",
+        (Patch("qimpl/workflows/activities.py",
+               'type="StepFailure", next_retry_delay=timedelta(seconds=delay))', 'type="StepFailure")'),),
+        "provider-outage-survived", "every run in flight waited out the 30 s outage and completed"),
+    Mutant(
+        "retry-after-ignored", "a provider's Retry-After is honoured (R-EXEC-6)",
+        (Patch("qimpl/backoff.py", "if retry_after_s is not None and retry_after_s > delay:", "if False:"),),
+        "provider-outage-survived", "a 429 with Retry-After 8 s was not asked again sooner (the backoff alone says 3 s)"),
+    Mutant(
         "client-listing-shows-the-tenants-runs", "a client lists its own runs only (R-READ-5, R-AUTH-1)",
         (Patch("qimpl/api/routers/listing.py",
                "principal_id=principal.principal_id, agent_id=agent_id)", "agent_id=agent_id)"),),

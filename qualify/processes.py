@@ -73,6 +73,11 @@ class Deployment:
             QIMPL_PROVIDER_CONFIG=json.dumps({"control_dir": str(self.control_dir)}),
             QIMPL_CONTROL_DIR=str(self.control_dir),
             QIMPL_HEARTBEAT_TIMEOUT_S=str(self.heartbeat_timeout_s),
+            # Counted failures spaced 0.2 s doubling to 1 s, as Temporal's own retry was before
+            # the backoff: the scenarios that count failures stay fast. provider-outage-survived
+            # sets the product's defaults (qimpl.backoff) back.
+            QIMPL_PROVIDER_BACKOFF_S="0.2",
+            QIMPL_PROVIDER_BACKOFF_MAX_S="1",
             PYTHONUNBUFFERED="1",
         )
         if self.sink_url:

@@ -32,6 +32,7 @@ from typing import Any
 import psutil
 import psycopg
 
+from qimpl.backoff import DEFAULT_BASE_S, DEFAULT_MAX_S
 from qualify import interrupt
 from qualify.errors import HarnessError, UsageError
 from qualify.processes import Deployment, ManagedProcess, Processes
@@ -170,7 +171,10 @@ class UpEnvironment:
                 task_queue=TASK_QUEUE, control_dir=self.control_dir, logs_dir=self.logs_dir,
                 heartbeat_timeout_s=2.0,
                 extra_env={**self.provider,
-                           "DURABLE_AGENT_RECONCILE_TENANTS": json.dumps([self.opts.tenant])})
+                           "DURABLE_AGENT_RECONCILE_TENANTS": json.dumps([self.opts.tenant]),
+                           # A service to try by hand: the product's failure backoff.
+                           "QIMPL_PROVIDER_BACKOFF_S": str(DEFAULT_BASE_S),
+                           "QIMPL_PROVIDER_BACKOFF_MAX_S": str(DEFAULT_MAX_S)})
             self.processes = Processes(deployment)
             # The processes boot (seconds of imports) while the rest is prepared: the API
             # needs only the database, the worker Temporal too.

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
 import openai
 
+from qimpl.backoff import parse_retry_after
 from qimpl.errors import ProviderFailed, ProviderTimedOut
 from qimpl.provider import Provider, StepContext, StepResult
 from qimpl.providers.chat import Accumulator, conversation, tool_definitions
@@ -88,7 +90,9 @@ class OpenAIChatProvider(Provider):
         except (TimeoutError, openai.APITimeoutError):
             raise ProviderTimedOut() from None
         except openai.APIStatusError as exc:
-            raise ProviderFailed(f"provider_http_{exc.status_code}") from None
+            # A 429 or 503 may say when to come back: honoured within the deadline (qimpl.backoff).
+            wait = parse_retry_after(exc.response.headers.get("retry-after"), now=time.time())
+            raise ProviderFailed(f"provider_http_{exc.status_code}", retry_after_s=wait) from None
         except openai.APIConnectionError:
             raise ProviderFailed("provider_unreachable") from None
         except openai.APIError:

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -29,6 +30,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from qimpl.approvals import approval_request
+from qimpl.backoff import failure_delay
 from qimpl.crashpoints import declare
 from qimpl.db import journal as journal_db
 from qimpl.db import runs as repo
@@ -126,11 +128,14 @@ async def _settle(owner: RunOwner, call: int, **outcome: Any) -> None:
 
 
 class _StepFailed(Exception):
-    """A counted failure of one step (R-EXEC-6); ``kind`` names its class for the log."""
+    """A counted failure of one step (R-EXEC-6); ``kind`` names its class for the log and
+    the run; ``retry_after_s`` is how long the provider asked to be left alone (None: it
+    did not say)."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, retry_after_s: float | None = None) -> None:
         super().__init__(kind)
         self.kind = kind
+        self.retry_after_s = retry_after_s
 
 
 class AgentActivities:
@@ -220,7 +225,7 @@ class AgentActivities:
         except DeadlinePassed:
             return repo.outcome(await owner.expire())
         except _StepFailed as failure:
-            return await self._count(owner, inp, failure.kind)
+            return await self._count(owner, inp, failure)
 
     async def _steps(self, owner: RunOwner, row: dict[str, Any], inp: RunInput) -> dict[str, Any]:
         checkpoint = await repo.latest_checkpoint(owner.conn, inp.run_id)
@@ -312,9 +317,10 @@ class AgentActivities:
             if deadline.expired():
                 await _settle(owner, call, status="cancelled", code="deadline_exceeded")
                 return None
-            kind = "provider_timeout"
+            kind, retry_after = "provider_timeout", None
         except Exception as exc:  # noqa: BLE001 - any provider error is one counted failure
             kind = _failure_kind(exc)
+            retry_after = exc.retry_after_s if isinstance(exc, ProviderFailed) else None
         else:
             tokens_in, tokens_out = reported_tokens(result.usage)
             await _settle(owner, call, status="succeeded", input_tokens=tokens_in,
@@ -323,20 +329,28 @@ class AgentActivities:
         log.warning("provider failed at step %s of run %s: %s", ctx.step, ctx.run_id, kind,
                     extra={"run_id": ctx.run_id, "step": ctx.step})
         await _settle(owner, call, status="failed", code=kind)
-        raise _StepFailed(kind)
+        raise _StepFailed(kind, retry_after)
 
-    async def _count(self, owner: RunOwner, inp: RunInput, kind: str) -> dict[str, Any]:
+    async def _count(self, owner: RunOwner, inp: RunInput, failure: _StepFailed) -> dict[str, Any]:
         """Count a failed step durably; after ``max_provider_failures`` end the run
-        ``failed`` with a safe code, else fail the attempt so Temporal retries it."""
+        ``failed`` with a safe code, else fail the attempt so Temporal retries it after the
+        failure's backoff (``qimpl.backoff``: doubling from ``failure_backoff_s``, at least
+        the provider's ``Retry-After``, never past the deadline), not at once: a model
+        server that is down for a while is waited out (issue 25, item 8)."""
         try:
-            failures = await owner.count_failure(kind)
+            failures = await owner.count_failure(failure.kind)
             if failures >= inp.max_provider_failures:
                 code = "agent_attempts_exhausted"
                 return repo.outcome(await owner.fail(code, SAFE_MESSAGES[code]))
         except DeadlinePassed:
             return repo.outcome(await owner.expire())
-        raise ApplicationError(f"step failed ({kind}); {failures} of {inp.max_provider_failures}",
-                               type="StepFailure")
+        delay = failure_delay(failures, base_s=inp.failure_backoff_s, max_s=inp.failure_backoff_max_s,
+                              retry_after_s=failure.retry_after_s, deadline_left_s=owner.seconds_left())
+        log.info("run %s asks again in %.1f s (failure %s of %s: %s)", inp.run_id, delay, failures,
+                 inp.max_provider_failures, failure.kind,
+                 extra={"event": "activity.failure_backoff", "run_id": inp.run_id, "delay_s": delay})
+        raise ApplicationError(f"step failed ({failure.kind}); {failures} of {inp.max_provider_failures}",
+                               type="StepFailure", next_retry_delay=timedelta(seconds=delay))
 
     async def _connect(self, tenant_id: str) -> psycopg.AsyncConnection[Any]:
         """A short-lived connection scoped to ``tenant_id`` (row-level security)."""

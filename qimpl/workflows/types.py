@@ -20,6 +20,10 @@ class RunInput:
     #: The ownership lease, seconds; None (inputs dispatched before it existed): the
     #: heartbeat timeout (R-EXEC-11).
     lease_s: float | None = None
+    #: The wait after the first counted provider failure, doubling per failure up to
+    #: ``failure_backoff_max_s`` (seconds; ``qimpl.backoff``, R-EXEC-6).
+    failure_backoff_s: float = 3.0
+    failure_backoff_max_s: float = 30.0
 
     @property
     def lease(self) -> float:

@@ -29,7 +29,12 @@ the approval and journals it) and, once its result is fed back, answers
 After a denial it re-plans and asks again, at most twice, then gives up.
 
 ``fail.error`` ``"timeout"`` raises ``TimeoutError`` (a provider's own HTTP read
-timeout, R-EXEC-12); the default raises ``SyntheticFailure``.
+timeout, R-EXEC-12), ``"unreachable"`` ``ProviderFailed("provider_unreachable")`` (a
+model server that is down), ``"rate_limited"`` ``ProviderFailed("provider_http_429")``
+with ``fail.retry_after_s`` (its ``Retry-After``); the default raises
+``SyntheticFailure``. ``fail.while_file: NAME`` fails every call while
+``<control_dir>/NAME`` exists (an outage the harness starts and ends), whatever the step
+and attempt.
 
 Every call is recorded *before* anything else as one JSON line in
 ``<control_dir>/provider_calls.jsonl`` — the harness's independent count of what was
@@ -54,6 +59,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from qimpl.errors import ProviderFailed
 from qimpl.provider import Provider, StepContext, StepResult
 from qimpl.tools import ToolCall
 from qualify.fakes.clock import true_time
@@ -121,13 +127,21 @@ class Script:
 
     def error(self) -> Exception:
         """The exception a scripted failure raises."""
-        if isinstance(self.fail, Mapping) and self.fail.get("error") == "timeout":
+        kind = self.fail.get("error") if isinstance(self.fail, Mapping) else None
+        if kind == "timeout":
             return TimeoutError("synthetic provider read timeout")
+        if kind == "unreachable":
+            return ProviderFailed("provider_unreachable")
+        if kind == "rate_limited":
+            wait = self.fail.get("retry_after_s")
+            return ProviderFailed("provider_http_429", retry_after_s=float(wait) if wait is not None else None)
         return SyntheticFailure("scripted failure")
 
-    def fails(self, step: int, attempt: int) -> bool:
+    def fails(self, step: int, attempt: int, control: Path | None = None) -> bool:
         if self.fail == "always":
             return True
+        if isinstance(self.fail, Mapping) and self.fail.get("while_file"):
+            return control is not None and (control / str(self.fail["while_file"])).exists()
         if isinstance(self.fail, Mapping):
             steps = self.fail.get("steps")
             attempts = self.fail.get("attempts")
@@ -212,7 +226,7 @@ class SyntheticProvider(Provider):
         except asyncio.CancelledError:
             self._record_cancellation(ctx)
             raise
-        if script.fails(ctx.step, ctx.attempt):
+        if script.fails(ctx.step, ctx.attempt, self.control):
             raise script.error()
         trail = [*ctx.state.get("trail", []), ctx.step]
         usage = {"provider_calls": 1, "input_tokens": 10, "output_tokens": 5, **script.usage}

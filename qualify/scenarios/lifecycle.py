@@ -3,6 +3,7 @@ lock session, retry exhaustion, terminal redelivery, expiry and cancel races."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import time
@@ -261,6 +262,74 @@ def retry_exhaustion(ctx: ScenarioContext) -> None:
     calls = provider_calls(ctx, run_id)
     ctx.expect(f"one provider call per counted failure ({attempts})", len(calls) == attempts,
                str(len(calls)), "R-EXEC-6")
+
+
+OUTAGE_S = 30.0
+
+
+@scenario(
+    "provider-outage-survived",
+    title="The model server is down for 30 s (every call provider_unreachable) under the "
+          "product's default failure backoff: every run in flight waits it out and completes; "
+          "its counted failures are spaced 3, 6, 12, 24 s on the database's clock; a 429 that "
+          "asks Retry-After 8 s is not asked again sooner",
+    requirements=("R-EXEC-6", "R-EXEC-12"),
+    faults=("model server down 30 s",),
+)
+def provider_outage_survived(ctx: ScenarioContext) -> None:
+    from qimpl.backoff import DEFAULT_BASE_S, DEFAULT_MAX_S, failure_delay
+
+    defaults = {"QIMPL_PROVIDER_BACKOFF_S": str(DEFAULT_BASE_S), "QIMPL_PROVIDER_BACKOFF_MAX_S": str(DEFAULT_MAX_S)}
+    api = ctx.processes.api(**defaults)   # the dispatcher hands the backoff to the workflow
+    ctx.processes.worker(**defaults)
+    down = ctx.control / "provider_down"
+    down.touch()
+    started = ctx.db_now()
+    outage = {"while_file": down.name, "error": "unreachable"}
+    runs = [accepted(ctx, api, prompt=make_prompt(steps=2, answer=f"survived-{i}", fail=outage)) for i in range(3)]
+    limited = accepted(ctx, api, prompt=make_prompt(
+        steps=2, answer="limited", fail={"steps": [1], "attempts": [1], "error": "rate_limited", "retry_after_s": 8}))
+    deadline = time.monotonic() + OUTAGE_S + 15
+    while ctx.db_now() - started < OUTAGE_S:
+        if time.monotonic() > deadline:
+            raise HarnessError("the database clock did not advance 30 s")
+        time.sleep(0.2)
+    down.unlink()
+    ended = ctx.db_now()
+    failed = ctx.sql("SELECT count(*) FROM provider_calls WHERE status = 'failed' AND run_id = ANY(%s::uuid[])",
+                     runs)[0][0]
+    ctx.nemesis.provider_outage(started_t=started, ended_t=ended, failed_calls=int(failed))
+    ended_runs = {r: ctx.wait_terminal(api, r, timeout_s=90) for r in [*runs, limited]}
+    states = {r[:8]: (d["state"], d.get("last_failure_code")) for r, d in ended_runs.items()}
+    ctx.expect(f"every run in flight waited out the {OUTAGE_S:.0f} s outage and completed",
+               all(d["state"] == "completed" for d in ended_runs.values()), str(states),
+               "R-EXEC-6", judged=len(ended_runs))
+    ctx.expect("each names the outage as its last counted failure",
+               all(ended_runs[r].get("last_failure_code") == "provider_error:provider_unreachable" for r in runs),
+               str(states), "R-EXEC-6", judged=len(runs))
+    slack = 0.25
+    early: list[str] = []
+    judged = 0
+    for r in runs:
+        calls = ctx.sql("SELECT extract(epoch FROM started_at)::float8, status FROM provider_calls"
+                        " WHERE run_id = %s ORDER BY id", r)
+        failures = 0
+        for (t, status), (t_next, _) in itertools.pairwise(calls):
+            if status != "failed":
+                continue
+            failures += 1
+            judged += 1
+            want = failure_delay(failures, base_s=DEFAULT_BASE_S, max_s=DEFAULT_MAX_S)
+            if t_next - t < want - slack:
+                early.append(f"{r[:8]}: ask after failure {failures} came {t_next - t:.2f} s later, not {want} s")
+    ctx.expect("counted failures are spaced by the backoff (3, 6, 12, 24 s), on the database's clock",
+               not early and judged > 0, "; ".join(early) or f"{judged} waits", "R-EXEC-6", "R-EXEC-12",
+               judged=judged)
+    asks = ctx.sql("SELECT extract(epoch FROM started_at)::float8 FROM provider_calls WHERE run_id = %s"
+                   " ORDER BY id", limited)
+    gap = asks[1][0] - asks[0][0] if len(asks) > 1 else 0.0
+    ctx.expect("a 429 with Retry-After 8 s was not asked again sooner (the backoff alone says 3 s)",
+               gap >= 8 - slack, f"{gap:.2f} s", "R-EXEC-6")
 
 
 @scenario(

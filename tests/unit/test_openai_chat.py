@@ -242,6 +242,17 @@ def test_a_429_is_a_counted_failure_with_its_status(server: HTTPServer) -> None:
     with pytest.raises(ProviderFailed) as failed:
         step(provider(server), ctx())
     assert failed.value.code == "provider_http_429"
+    assert failed.value.retry_after_s is None  # it did not say when to come back
+
+
+@pytest.mark.req("R-PROV-1", "R-EXEC-6")
+def test_a_429s_retry_after_is_kept_for_the_backoff(server: HTTPServer) -> None:
+    server.expect_oneshot_request(PATH, method="POST").respond_with_data(
+        '{"error": {"message": "slow down"}}', status=429, content_type="application/json",
+        headers={"Retry-After": "7"})
+    with pytest.raises(ProviderFailed) as failed:
+        step(provider(server), ctx())
+    assert (failed.value.code, failed.value.retry_after_s) == ("provider_http_429", 7.0)
 
 
 @pytest.mark.req("R-PROV-1", "R-TOOL-2")
