@@ -190,6 +190,17 @@ def render_markdown(summary: dict[str, Any]) -> str:
         else:
             shown = "**none**"
         lines.append(f"| {r['req']} | {shown} | {cited} |")
+    lines += ["", "## Scope of this sign-off", "", f"Qualifies: {QUALIFIES}.", "",
+              f"Does not qualify: {DOES_NOT_QUALIFY}."]
+    kinds = faults_by_kind(summary)
+    if kinds:
+        lines += ["", "## Faults by kind", "", "| fault | struck | scenarios |", "|---|---|---|"]
+        lines += [f"| {k['kind']} | {k['struck']} | {_cell(', '.join(k['scenarios']))} |" for k in kinds]
+    total, slow = time_table(summary)
+    lines += ["", "## Time per scenario", "",
+              f"{total:.1f} s of scenario time in all (wall time {summary.get('duration_s')} s); the longest:", "",
+              "| scenario | s | share |", "|---|---|---|"]
+    lines += [f"| {r['id']} | {r['s']:.1f} | {r['share']:.0%} |" for r in slow]
     if judged.get("stale_waivers"):
         lines += ["", "Stale waivers (now covered; remove them): " + ", ".join(judged["stale_waivers"])]
     if summary.get("refused"):
@@ -204,6 +215,43 @@ def render_markdown(summary: dict[str, Any]) -> str:
             cells = [", ".join(by_action.get(a, [])) or "-" for a in actions]
             lines.append(f"| {point} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+#: What a passing qualification says, and what it does not (the sign-off's scope).
+QUALIFIES = (
+    "the durable-runs contract (the requirement gate below) on the stack recorded in the "
+    "provenance: real API and worker processes, PostgreSQL and Temporal, struck at the named "
+    "crash points and by the faults listed, with the synthetic provider and a fake "
+    "OpenAI-compatible server")
+DOES_NOT_QUALIFY = (
+    "a live model provider's quality or behaviour, production throughput and latency under "
+    "load (see bench/), a hosted rollout (managed PostgreSQL or Temporal, failover, "
+    "multi-region), and whatever the gate lists as waived (each with its reason)")
+
+
+def faults_by_kind(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """``{kind, struck, scenarios}`` per fault kind over the session (pure), most struck
+    first: the kind is a fault's first word (``sigkill``, ``crash_point:kill``, ...)."""
+    kinds: dict[str, dict[str, Any]] = {}
+    for sc in summary["scenarios"]:
+        for fault in sc.get("faults", []):
+            kind = str(fault).split(" ", 1)[0]
+            entry = kinds.setdefault(kind, {"kind": kind, "struck": 0, "scenarios": []})
+            entry["struck"] += 1
+            if sc["id"] not in entry["scenarios"]:
+                entry["scenarios"].append(sc["id"])
+    return sorted(kinds.values(), key=lambda e: (-e["struck"], e["kind"]))
+
+
+def time_table(summary: dict[str, Any], top: int = 15) -> tuple[float, list[dict[str, Any]]]:
+    """``(total scenario seconds, the ``top`` longest scenarios as {id, s, share})``
+    (pure): where a run's time goes (issue 24, item 1)."""
+    total = sum(float(sc.get("duration_s") or 0) for sc in summary["scenarios"])
+    rows = sorted(({"id": sc["id"], "s": float(sc.get("duration_s") or 0)} for sc in summary["scenarios"]),
+                  key=lambda r: -r["s"])[:top]
+    for r in rows:
+        r["share"] = r["s"] / total if total else 0.0
+    return total, rows
 
 
 def requirement_rows(summary: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -260,9 +308,12 @@ def render_html(summary: dict[str, Any], histories: dict[str, list[dict[str, Any
     actions, matrix = crash_matrix(summary)
     timelines = {sc["id"]: svg_timeline(histories.get(sc["id"], [])) for sc in summary["scenarios"]}
     judged, rows = requirement_rows(summary)
+    total_s, slow = time_table(summary)
     return env.get_template("report.html.j2").render(
         s=summary, requirements=REQUIREMENTS, actions=actions, crash_matrix=matrix,
-        timelines=timelines, max_events=MAX_EVENTS, gate=judged, req_rows=rows)
+        timelines=timelines, max_events=MAX_EVENTS, gate=judged, req_rows=rows,
+        qualifies=QUALIFIES, does_not_qualify=DOES_NOT_QUALIFY, fault_kinds=faults_by_kind(summary),
+        scenario_s=total_s, slowest=slow)
 
 
 def _histories(report_dir: Path, summary: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:

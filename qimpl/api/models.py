@@ -43,7 +43,10 @@ class CreateRunRequest(BaseModel):
 
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS, pattern=_NO_NUL)
     mode: Literal["ask"] = "ask"
-    durable_temporal: bool = Field(default=False, strict=True)
+    durable_temporal: bool = Field(default=False, strict=True, description=(
+        "true: a durable run (Temporal; needs an Idempotency-Key). Omitted or false: the "
+        "**legacy** inline path (`durability: legacy` in the receipt), executed in the API "
+        "process and lost if it restarts (R-CREATE-6)"))
     response_mode: Literal["receipt"] = "receipt"
     deadline_seconds: int = Field(default=DEFAULT_DEADLINE_S, ge=MIN_DEADLINE_S, le=MAX_DEADLINE_S)
     #: The workspace whose data sources the run may read; the principal needs a grant (R-AUTH-2).
@@ -92,12 +95,22 @@ class AnswerOut(BaseModel):
 
 
 class Receipt(BaseModel):
+    """What a create or resume answers (R-CREATE-3). ``durability`` is ``temporal`` for a
+    durable run (``durable_temporal: true``) and **``legacy``** for the inline path taken
+    when ``durable_temporal`` is omitted or false (R-CREATE-6): a legacy run executes
+    inside the API process that accepted it and does **not** survive that process's
+    restart. A replayed receipt (the same ``Idempotency-Key`` and body) carries the
+    response header ``Idempotent-Replayed: true``."""
+
     agent_id: str
     run_id: str
     stream_key: str
     state: str
     lifecycle_version: int
-    durability: str
+    durability: Literal["temporal", "legacy"] = Field(description=(
+        "`temporal`: durable (R-CREATE-3). `legacy`: executed inline in the accepting API "
+        "process, lost if it restarts (R-CREATE-6) — the path taken when `durable_temporal` "
+        "is omitted or false"))
     deadline_at: datetime
 
 

@@ -91,7 +91,13 @@ _RUN = {"agent_id": "$request.path.agent_id", "run_id": "$response.body#/run_id"
 #: OpenAPI links from a receipt to what a client does next with the run: read it, follow
 #: its events (with the receipt's stream key), cancel it, resume it. Clients and stateful
 #: contract tests (schemathesis) follow them.
-CREATE_LINKS: dict[int | str, dict[str, Any]] = {202: {"description": "Successful Response", "links": {
+#: The header a replayed receipt carries (R-CREATE-2, R-RESUME-1).
+REPLAYED_HEADER = {"Idempotent-Replayed": {
+    "description": "`true` when this receipt replays an earlier request with the same "
+                   "Idempotency-Key and body (nothing new was started); absent otherwise",
+    "schema": {"type": "string", "enum": ["true"]}}}
+CREATE_LINKS: dict[int | str, dict[str, Any]] = {202: {"description": "Successful Response",
+                                                       "headers": REPLAYED_HEADER, "links": {
     "ReadRun": _link("read_run_v1_agents__agent_id__runs__run_id__get", **_RUN),
     "RunEvents": _link("run_events_v1_agents__agent_id__runs__run_id__events_get", **_RUN,
                        **{"header.X-Stream-Key": "$response.body#/stream_key"}),
@@ -109,7 +115,8 @@ READ_LINKS: dict[int | str, dict[str, Any]] = {200: {"description": "Successful 
 }}}
 _BUSY = "run_busy (the run's row stayed locked past the lock timeout; retryable: true)"
 CANCEL_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s404=_NOT_FOUND, s422=_VALIDATION, s503=_BUSY)
-RESUME_ERRORS = errors(
+RESUME_ERRORS: dict[int | str, dict[str, Any]] = {202: {"description": "Successful Response",
+                                                        "headers": REPLAYED_HEADER}, **errors(
     s400="idempotency_key_required", s401=_AUTH,
     s403=f"workspace_access_revoked (the grant for the run's workspace was revoked, R-AUTH-2), {CLIENT_ONLY}",
     s404=_NOT_FOUND,
@@ -117,7 +124,7 @@ RESUME_ERRORS = errors(
          "run_not_resumable, run_resume_conflict, run_reconciliation_required (a tool call's "
          "outcome is unknown, R-RESUME-3), tool_results_pending (R-TOOL-4)",
     s422=f"{_VALIDATION}, idempotency_key_reused",
-    s503=f"durable_dispatch_unknown (the body carries the receipt), {_BUSY}")
+    s503=f"durable_dispatch_unknown (the body carries the receipt), {_BUSY}")}
 ANSWER_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s422=_VALIDATION, s502="answer_failed")
 EVENTS_ERRORS: dict[int | str, dict[str, Any]] = {
     **errors(s400="last_event_id_unknown (the live run sent no event with that id)",

@@ -86,6 +86,20 @@ def test_docs_work_offline_from_packaged_assets() -> None:
     assert client.get("/redoc").status_code == 404
 
 
+
+def test_replays_and_the_legacy_path_are_documented() -> None:
+    """Issue 25, item 15: ``Idempotent-Replayed`` on the 202 of create and resume, and a
+    receipt's ``durability`` says ``legacy`` is a path of its own."""
+    doc = create_app(ApiSettings(database_url="postgresql://u@127.0.0.1:1/x")).openapi()
+    for path in ("/v1/agents/{agent_id}/runs", "/v1/agents/{agent_id}/runs/{run_id}/resume"):
+        assert "Idempotent-Replayed" in doc["paths"][path]["post"]["responses"]["202"]["headers"], path
+    receipt = doc["components"]["schemas"]["Receipt"]
+    assert receipt["properties"]["durability"]["enum"] == ["temporal", "legacy"]
+    assert "legacy" in receipt["description"] and "restart" in receipt["description"]
+    body = doc["components"]["schemas"]["CreateRunRequest"]["properties"]["durable_temporal"]
+    assert "legacy" in body["description"]
+
+
 if __name__ == "__main__":
     json.dump(contract(create_app(ApiSettings(database_url="postgresql://u@127.0.0.1:1/x")).openapi()), sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")

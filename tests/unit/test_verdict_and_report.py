@@ -131,3 +131,24 @@ def test_the_html_shows_the_gate_and_each_requirement_with_what_covers_it_or_why
     assert f"waived: {why}" in html.replace("&#39;", "'").replace("&amp;", "&")
     assert html.count("no passing check covers it") == uncovered  # R-EXEC-1 among them: judged nothing
     assert "<th title=" not in html                              # no numbered scenario columns
+
+
+@pytest.mark.req("R-Q-6")
+def test_the_sign_off_says_its_scope_faults_by_kind_and_where_the_time_went(tmp_path: Path) -> None:
+    from qualify.report import faults_by_kind, time_table
+
+    fast = _result(tmp_path, "fast", Verdict.PASS, [Check("x", True)])
+    fast.duration_s = 1.0
+    slow = _result(tmp_path, "slow", Verdict.PASS, [Check("x", True)])
+    slow.duration_s = 3.0
+    docs = [scenario_doc(r, report_dir=tmp_path, stack_kind="embedded") for r in (fast, slow)]
+    summary = build_summary(scenarios=docs, seed=5, duration_s=4.5, stack={"kind": "embedded", "boot_s": 0.5},
+                            provenance={"git_sha": "abc"}, report_dir=tmp_path, crash_catalog=[])
+    total, rows = time_table(summary)
+    assert total == 4.0 and [r["id"] for r in rows] == ["slow", "fast"] and rows[0]["share"] == 0.75
+    kinds = faults_by_kind(summary)
+    assert kinds == [{"kind": "sigkill", "struck": 2, "scenarios": ["fast", "slow"]}]
+    write_report(tmp_path, summary)
+    for text in ((tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()):
+        assert "Does not qualify" in text and "live model provider" in text
+        assert "Faults by kind" in text and "Time per scenario" in text and "75%" in text
