@@ -353,6 +353,7 @@ def up(
     tenant: Annotated[str, typer.Option(help="the tenant of the printed key (and the worker's reconciler assignment)")] = "acme",
     principal: Annotated[str, typer.Option(help="the principal of the printed key")] = "alice",
     workspace: Annotated[str, typer.Option(help="the workspace the principal is granted")] = "default",
+    tools: Annotated[bool, typer.Option("--tools", help="start the side-effect sink and give the API and the worker its tools (charge, send_email, merge_pull_request, shell), to try the tool journal by hand")] = False,
 ) -> None:
     """Start PostgreSQL, Temporal, the API and a worker, and print how to call them; Ctrl-C stops everything."""
     interrupt.install()
@@ -363,7 +364,7 @@ def up(
     if not isinstance(config, dict):
         raise typer.BadParameter("--provider-config must be a JSON object")
     opts = UpOptions(data_dir=data_dir, provider=provider, provider_config=config, port=port,
-                     tenant=tenant, principal=principal, workspace=workspace)
+                     tenant=tenant, principal=principal, workspace=workspace, tools=tools)
     raise typer.Exit(_guarded(lambda: _up(opts)))
 
 
@@ -383,7 +384,10 @@ def _up(opts: UpOptions) -> int:
         console.print(f"  provider   {esc(ready.provider)}   (API and worker)")
         console.print(f"  database   psql {ready.owner_dsn}   (schema owner)")
         console.print(f"  temporal   {ready.temporal_address}   (task queue {ready.task_queue})")
-        console.print(f"  logs       {esc(ready.logs_dir)}")
+        console.print(f"  logs       {esc(ready.logs_dir)}   (the API's has one access line per request)")
+        if ready.sink_url:
+            console.print(f"  tools      charge, send_email (needs an approval), merge_pull_request, shell -> "
+                          f"the side-effect sink at {ready.sink_url} (its record: {esc(ready.data_dir)}/control/sink)")
         console.print("create a run:")
         print(f"  {curl_command(ready)}", flush=True)
         print(f"then read it: curl -sS -H 'Authorization: Bearer {ready.api_key}' "

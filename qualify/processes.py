@@ -49,6 +49,9 @@ class Deployment:
     extra_env: dict[str, str] = field(default_factory=dict)
     #: The side-effect sink the harness tools call (``qualify.fakes.sink``); empty: no tools.
     sink_url: str = ""
+    #: The API's access log (uvicorn's, one line per request, in its log file): off in the
+    #: harness (its scenarios make thousands of requests), on for ``qualify up``.
+    access_log: bool = False
 
     @property
     def sink_dir(self) -> Path:
@@ -234,8 +237,9 @@ class Processes:
             env=self.deployment.env("qimpl_api", **(env or {})),
             launcher=self.launcher,
             argv=[sys.executable, "-m", "uvicorn", "--factory", "qimpl.api.app:create_app",
-                  "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-                  "--no-access-log"],
+                  "--host", "127.0.0.1", "--port", str(port),
+                  *(["--log-level", "info"] if self.deployment.access_log
+                    else ["--log-level", "warning", "--no-access-log"])],
         )
         return self._started(proc)
 

@@ -35,7 +35,7 @@ import psycopg
 from qimpl.backoff import DEFAULT_BASE_S, DEFAULT_MAX_S
 from qualify import interrupt
 from qualify.errors import HarnessError, UsageError
-from qualify.processes import Deployment, ManagedProcess, Processes
+from qualify.processes import Deployment, ManagedProcess, Processes, SinkProcess
 from qualify.procs import Child, kill_tree
 from qualify.stack._embedded import API_ROLE, TEMPLATE_DB, WORKER_ROLE, _build_template, _schema_key
 from qualify.stack.postgres import SHM, PostgresServer, _traversable_by_others, embedded_bin_dir
@@ -64,6 +64,9 @@ class UpOptions:
     principal: str = "alice"
     workspace: str = "default"
     agent: str = "demo"
+    #: Start the side-effect sink and give the API and the worker its tools (``charge``,
+    #: ``send_email``, ``merge_pull_request``, ``shell``: ``qualify.fakes.tools``).
+    tools: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +89,8 @@ class Ready:
     logs_dir: str
     persistent: bool
     boot_s: float
+    #: The side-effect sink the tools call (``--tools``); empty without tools.
+    sink_url: str = ""
 
     def as_json(self) -> str:
         doc = asdict(self)
@@ -151,6 +156,8 @@ class UpEnvironment:
         self.control_dir = self.root / "control"
         self.control_dir.mkdir(exist_ok=True)
         self.provider = provider_env(opts.provider, opts.provider_config, self.control_dir)
+        self.sink = (SinkProcess(self.control_dir / "sink", log_path=self.logs_dir / "sink.log")
+                     if opts.tools else None)
         self.postgres = PostgresServer(bin_dir=embedded_bin_dir(), workdir=self.root / "pg",
                                        logs_dir=self.logs_dir)
         self.temporal = TemporalServer(workdir=self.root / "temporal", logs_dir=self.logs_dir)
@@ -161,6 +168,8 @@ class UpEnvironment:
         t0 = time.monotonic()
         try:
             self.temporal.spawn()  # boots while PostgreSQL is prepared
+            if self.sink is not None:
+                self.sink.start()
             if not (self.postgres.datadir / "PG_VERSION").exists():
                 self.postgres.use_golden(self.postgres.prepare_golden(_schema_key(), _build_template))
             interrupt.check()
@@ -174,7 +183,8 @@ class UpEnvironment:
                            "DURABLE_AGENT_RECONCILE_TENANTS": json.dumps([self.opts.tenant]),
                            # A service to try by hand: the product's failure backoff.
                            "QIMPL_PROVIDER_BACKOFF_S": str(DEFAULT_BASE_S),
-                           "QIMPL_PROVIDER_BACKOFF_MAX_S": str(DEFAULT_MAX_S)})
+                           "QIMPL_PROVIDER_BACKOFF_MAX_S": str(DEFAULT_MAX_S)},
+                sink_url=self.sink.url if self.sink is not None else "", access_log=True)
             self.processes = Processes(deployment)
             # The processes boot (seconds of imports) while the rest is prepared: the API
             # needs only the database, the worker Temporal too.
@@ -194,6 +204,7 @@ class UpEnvironment:
             api_dsn=deployment.app_dsn(API_ROLE), worker_dsn=deployment.app_dsn(WORKER_ROLE),
             temporal_address=self.temporal.address, task_queue=TASK_QUEUE, data_dir=str(self.root),
             logs_dir=str(self.logs_dir), persistent=self.persistent,
+            sink_url=self.sink.url if self.sink is not None else "",
             boot_s=round(time.monotonic() - t0, 2))
 
     def _create_database(self) -> bool:
@@ -276,6 +287,8 @@ class UpEnvironment:
                     self.processes.stop_all()
                 except HarnessError as exc:
                     errors.append(str(exc))
+            if self.sink is not None:
+                self.sink.stop()  # after the worker: nothing calls it any more
             self.temporal.stop()
             if self.postgres.proc is not None:
                 # A fast shutdown (SIGINT) checkpoints: a kept data directory restarts

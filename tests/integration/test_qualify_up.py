@@ -164,3 +164,32 @@ def test_qualify_up_refuses_a_bad_provider_with_a_usage_error() -> None:
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 64 and "--provider" in done.stdout + done.stderr
+
+
+@pytest.mark.req("R-TOOL-1", "R-TOOL-2")
+def test_qualify_up_with_tools_runs_a_tool_call_and_logs_each_request() -> None:
+    """Issue 25, item 12: ``--tools`` starts the side-effect sink and gives the worker its
+    tools, so the tool journal can be tried by hand; the API's log has an access line per
+    request."""
+    from qualify.fakes.synthetic import make_prompt
+
+    with qualify_up("--tools") as up:
+        ready = json.loads(up.wait_for("ready ", READY_TIMEOUT_S).removeprefix("ready "))
+        assert ready["sink_url"].startswith("http://127.0.0.1:")
+        auth = {"Authorization": f"Bearer {ready['api_key']}"}
+        prompt = make_prompt(steps=2, answer="charged", tools={"1": [{"tool": "charge", "arguments": {"amount": 5}}]})
+        created = httpx.post(f"{ready['base_url']}/v1/agents/{ready['agent']}/runs", timeout=10,
+                             json={"prompt": prompt, "durable_temporal": True},
+                             headers={**auth, "Idempotency-Key": str(uuid.uuid4())})
+        assert created.status_code == 202, created.text
+        run_url = f"{ready['base_url']}/v1/agents/{ready['agent']}/runs/{created.json()['run_id']}"
+        assert_eventually(lambda: httpx.get(run_url, headers=auth, timeout=5).json()["state"] in
+                          ("completed", "failed"), timeout=timedelta(seconds=60), what="the run ended")
+        run = httpx.get(run_url, headers=auth, timeout=5).json()
+        assert run["state"] == "completed" and "charge:succeeded" in run["result_json"]["answer"], run
+        executions = Path(ready["data_dir"]) / "control" / "sink" / "executions.jsonl"
+        assert executions.exists() and executions.read_text().count(created.json()["run_id"]) == 1
+        api_log = (Path(ready["logs_dir"]) / "api-1.log").read_text()
+        assert "POST /v1/agents/" in api_log and "202" in api_log, api_log[-2000:]
+        children = _stop(up)
+    assert not psutil.wait_procs(children, timeout=10)[1]
