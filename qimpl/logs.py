@@ -19,8 +19,8 @@ from temporalio.runtime import (
 
 from qimpl.metrics import WORKER_HEARTBEAT_INTERVAL_S
 
-__all__ = ["UVICORN_LOGGERS", "JsonFormatter", "setup_logging", "temporal_runtime",
-           "without_traceback"]
+__all__ = ["UVICORN_LOGGERS", "JsonFormatter", "StreamTokenFilter", "redact_stream_tokens",
+           "setup_logging", "temporal_runtime", "without_traceback"]
 
 #: The loggers uvicorn configures with its own plain-text handlers before the app exists.
 UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
@@ -86,6 +86,27 @@ def temporal_runtime() -> Runtime:
         worker_heartbeat_interval=timedelta(seconds=WORKER_HEARTBEAT_INTERVAL_S))
 
 
+#: A stream token in a logged URL (R-EVENT-6): a bearer credential, never written.
+_STREAM_TOKEN = re.compile(r"(stream_token=)[^&\s\"]+")
+
+
+def redact_stream_tokens(text: str) -> str:
+    """``text`` with every ``stream_token=`` value replaced by ``<redacted>`` (pure)."""
+    return _STREAM_TOKEN.sub(r"\1<redacted>", text)
+
+
+class StreamTokenFilter(logging.Filter):
+    """Redacts stream tokens from a record's message and its arguments (uvicorn's access
+    log passes the request path, query string included, as an argument)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and "stream_token=" in record.msg:
+            record.msg = redact_stream_tokens(record.msg)
+        if isinstance(record.args, tuple) and any(isinstance(a, str) and "stream_token=" in a for a in record.args):
+            record.args = tuple(redact_stream_tokens(a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
 def setup_logging(level: int = logging.INFO) -> None:
     """Every log line of the process as one JSON object on stdout (``JsonFormatter``).
     The API calls it when uvicorn builds the app (``create_app`` as a factory), before
@@ -98,6 +119,7 @@ def setup_logging(level: int = logging.INFO) -> None:
     stays so (``--no-access-log`` empties ``uvicorn.access``: still silent). Idempotent."""
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(StreamTokenFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -262,10 +262,30 @@ class ApiSettings(_ProviderSettings, Settings):
                     "and a write without `Authorization` is 401 before its body is read",
         json_schema_extra=_example("1048576"))
 
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="JSON list of browser origins (`https://app.example.com`) allowed to call the API cross-origin (CORS), for example to follow a run's events with `EventSource` and a stream token (R-EVENT-6); empty: no cross-origin access",
+        json_schema_extra=_example('["https://app.example.com"]'))
+
     @field_validator("api_keys", mode="before")
     @classmethod
     def _keys_json(cls, value: Any) -> Any:
         return _json_value(value, dict)
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _origins_json(cls, value: Any) -> Any:
+        return _json_value(value, list)
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins_sound(cls, value: list[str]) -> list[str]:
+        """Each origin is ``scheme://host[:port]`` (no path, no wildcard: an allow-list)."""
+        for origin in value:
+            scheme, sep, rest = origin.partition("://")
+            if scheme not in ("http", "https") or not sep or not rest or "/" in rest or "*" in rest:
+                raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], no path, no wildcard)")
+        return value
 
     @field_validator("api_keys")
     @classmethod

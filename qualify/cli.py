@@ -392,7 +392,8 @@ def _up(opts: UpOptions) -> int:
         print(f"  {curl_command(ready)}", flush=True)
         print(f"then read it: curl -sS -H 'Authorization: Bearer {ready.api_key}' "
               f"{ready.base_url}/v1/agents/{ready.agent}/runs/<run_id>", flush=True)
-        print("an operator key (the tool journal's reconciliation routes, /metrics):\n"
+        print("an operator key (GET /v1/operator/runs to find stuck runs, the tool journal's "
+              "reconciliation routes, /metrics):\n"
               f"  QIMPL_ADMIN_DATABASE_URL={ready.owner_dsn} {sys.executable} -m qimpl.scripts.api_keys create"
               f" --tenant {ready.tenant} --principal ops --role operator", flush=True)
         if ready.persistent:

@@ -29,7 +29,6 @@ WAIVED: Mapping[str, str] = {
     "R-Q-9": "qualify selftest; tests/integration/test_mutations.py runs the catalog's CI subset",
     # Added to the spec on 2026-12-01; each waits on its open issue and leaves this list
     # when the issue lands.
-    "R-EVENT-6": "not built yet: browser EventSource clients (issue 25, item 5)",
     "R-Q-12": "this gate: tests/unit/test_coverage_gate.py (the gate run on a real summary with each "
               "scenario family removed, and every generic checker on an empty history)",
 }

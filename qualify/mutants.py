@@ -477,6 +477,19 @@ CATALOG: tuple[Mutant, ...] = (
         (Patch("qimpl/backoff.py", "if retry_after_s is not None and retry_after_s > delay:", "if False:"),),
         "provider-outage-survived", "a 429 with Retry-After 8 s was not asked again sooner (the backoff alone says 3 s)"),
     Mutant(
+        "stream-token-never-expires", "a stream token stops working at its expiry (R-EVENT-6)",
+        (Patch("qimpl/api/routers/events.py", "    if parsed.expires <= found[1]:", "    if False:"),),
+        "browser-stream-token",
+        "another run's, a forged and an expired token, and none, are refused with their codes"),
+    Mutant(
+        "cors-allows-any-origin", "cross-origin access for the allow-listed origins only (R-EVENT-6)",
+        (Patch("qimpl/api/app.py", "allow_origins=list(settings.cors_origins)", 'allow_origins=["*"]'),),
+        "browser-stream-token", "CORS: the allowed origin's preflight and request are granted; another origin is not"),
+    Mutant(
+        "stream-token-logged", "stream tokens stay out of the access log (R-EVENT-6)",
+        (Patch("qimpl/logs.py", "    handler.addFilter(StreamTokenFilter())\n", ""),),
+        "browser-stream-token", "the access log shows each token request redacted, never a token"),
+    Mutant(
         "client-listing-shows-the-tenants-runs", "a client lists its own runs only (R-READ-5, R-AUTH-1)",
         (Patch("qimpl/api/routers/listing.py",
                "principal_id=principal.principal_id, agent_id=agent_id)", "agent_id=agent_id)"),),

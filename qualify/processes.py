@@ -227,8 +227,8 @@ class Processes:
         """A worker process, started and ready."""
         return self.spawn_worker(name, env=env).wait_ready()
 
-    def spawn_api(self, name: str = "api-1", *, port: int = 0,
-                  env: Mapping[str, str] | None = None) -> ManagedProcess:
+    def spawn_api(self, name: str = "api-1", *, port: int = 0, env: Mapping[str, str] | None = None,
+                  access_log: bool | None = None) -> ManagedProcess:
         """An API process on ``port`` (0: a free port) with ``env`` over the deployment's,
         spawned, not yet ready (``wait_ready``): several processes can then boot at once."""
         port = port or free_port()
@@ -238,7 +238,7 @@ class Processes:
             launcher=self.launcher,
             argv=[sys.executable, "-m", "uvicorn", "--factory", "qimpl.api.app:create_app",
                   "--host", "127.0.0.1", "--port", str(port),
-                  *(["--log-level", "info"] if self.deployment.access_log
+                  *(["--log-level", "info"] if (self.deployment.access_log if access_log is None else access_log)
                     else ["--log-level", "warning", "--no-access-log"])],
         )
         return self._started(proc)

@@ -26,6 +26,7 @@ from contextlib import asynccontextmanager
 
 import swagger_ui_bundle
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 from psycopg_pool import PoolTimeout
 
@@ -94,6 +95,14 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
               name="docs-assets")
     install_error_handlers(app)
     app.add_middleware(RequestLimits, max_body_bytes=settings.max_body_bytes)
+    if settings.cors_origins:
+        # Outermost: a browser's preflight is answered before the limits read anything.
+        # Only the listed origins (an allow-list, never "*"); no cookies are involved.
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
+                           allow_methods=["GET", "POST"], allow_credentials=False, max_age=600,
+                           allow_headers=["Authorization", "Content-Type", "Idempotency-Key",
+                                          "Last-Event-ID", "X-Stream-Key"],
+                           expose_headers=["Idempotent-Replayed", "Retry-After"])
     # The order is the OpenAPI document's (and matching's): unchanged from the closures.
     for router in (tool_routes.router, legacy.router, operations.router, runs.router,
                    events.router, controls.router, listing.router):

@@ -48,7 +48,7 @@ def event_of(row: dict[str, Any], record: Mapping[str, Any] | None = None) -> di
     8601) and, for a terminal event, the run ``record``'s fields."""
     data = dict(row["data"])
     if row.get("at") is not None:
-        data["at"] = row["at"].isoformat()
+        data["at"] = row["at"].isoformat().replace("+00:00", "Z")  # as the run record's times
     if record is not None and row["kind"] == "terminal":
         data.update({k: record[k] for k in RECORD_FIELDS if k in record})
     return {"id": str(row["seq"]), "event": str(row["kind"]),

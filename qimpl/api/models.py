@@ -27,6 +27,8 @@ __all__ = [
     "RunPage",
     "RunSummary",
     "RunView",
+    "StreamToken",
+    "StreamTokenRequest",
     "ToolResult",
     "ToolResultAnswer",
 ]
@@ -263,3 +265,23 @@ class OperatorRunPage(BaseModel):
     tenants: list[str]
     runs: list[OperatorRunSummary]
     next_cursor: str | None
+
+
+class StreamTokenRequest(BaseModel):
+    """R-EVENT-6: how long the stream token lives, seconds."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    ttl_s: int = Field(default=300, ge=1, le=3600)
+
+
+class StreamToken(BaseModel):
+    """A short-lived credential for this run's event stream only, for a browser's
+    ``EventSource`` (which cannot send ``X-Stream-Key``): pass it as the ``stream_token``
+    query parameter (``events_path`` is the path with it). It is signed with the run's
+    stream key and works on every API instance until ``expires_at`` (the database's clock);
+    the access log redacts it."""
+
+    token: str
+    expires_at: datetime
+    events_path: str

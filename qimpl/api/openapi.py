@@ -28,6 +28,7 @@ __all__ = [
     "RESUME_ERRORS",
     "RESUME_HEADERS",
     "STREAM_KEY_MAX",
+    "TOKEN_ERRORS",
     "IdempotencyKey",
     "errors",
 ]
@@ -57,9 +58,12 @@ CREATE_HEADERS = _required_header(
 RESUME_HEADERS = _required_header(
     "Idempotency-Key", "A new key per resume; without it 400 `idempotency_key_required` "
     "(R-RESUME-1). Replaying a key returns the same receipt.", **_IDEMPOTENCY)
-EVENTS_HEADERS = _required_header(
-    "X-Stream-Key", "The run's stream key from its receipt; without it 401 "
-    "`stream_key_required` (R-AUTH-3).", maxLength=STREAM_KEY_MAX)
+EVENTS_HEADERS = {"parameters": [{
+    "name": "X-Stream-Key", "in": "header", "required": False,
+    "description": "The run's stream key from its receipt (R-AUTH-3); a browser's EventSource, "
+                   "which cannot send headers, passes `stream_token` instead (R-EVENT-6). "
+                   "Without either: 401 `stream_key_required`.",
+    "schema": {"type": "string", "maxLength": STREAM_KEY_MAX}}]}
 
 
 def errors(**by_status: str) -> dict[int | str, dict[str, Any]]:
@@ -126,10 +130,12 @@ RESUME_ERRORS: dict[int | str, dict[str, Any]] = {202: {"description": "Successf
     s422=f"{_VALIDATION}, idempotency_key_reused",
     s503=f"durable_dispatch_unknown (the body carries the receipt), {_BUSY}")}
 ANSWER_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s422=_VALIDATION, s502="answer_failed")
+TOKEN_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s404=_NOT_FOUND, s422=_VALIDATION)
 EVENTS_ERRORS: dict[int | str, dict[str, Any]] = {
     **errors(s400="last_event_id_unknown (the live run sent no event with that id)",
              s429="too_many_streams (QIMPL_EVENT_STREAMS_PER_RUN open streams of this run already)",
-             s401="stream_key_required", s404=_NOT_FOUND, s422=_VALIDATION,
+             s401="stream_key_required, stream_token_invalid (not a token of this run), "
+                  "stream_token_expired", s404=_NOT_FOUND, s422=_VALIDATION,
              s410="event_stream_pruned (the run ended longer ago than the event retention and "
                   "its events were pruned, R-EVENT-5; read the run record instead)"),
     204: {"description": "the run ended and `Last-Event-ID` is its terminal event (or later): "

@@ -69,8 +69,9 @@ def list_api_keys(conn: Conn, *, tenant_id: str | None = None, principal_id: str
     """Keys as ``{key_id, tenant_id, principal_id, role, created_at, expires_at,
     revoked_at, state, tenants}`` (``state``: ``live``, ``expiring`` (valid until
     ``expires_at``), ``expired`` or ``disabled``; ``tenants``: an operator key's assigned
-    tenants besides its own), oldest first. Never the key nor its hash. Disabled and
-    expired keys only with ``include_disabled``."""
+    tenants besides its own), oldest first; ``tenant_id`` also finds the operator keys
+    assigned to that tenant. Never the key nor its hash. Disabled and expired keys only
+    with ``include_disabled``."""
     rows = conn.execute(
         "SELECT k.key_id, k.tenant_id, k.principal_id, k.role, k.created_at, k.expires_at, k.revoked_at,"
         " CASE WHEN k.revoked_at IS NOT NULL THEN 'disabled'"
@@ -79,7 +80,9 @@ def list_api_keys(conn: Conn, *, tenant_id: str | None = None, principal_id: str
         " coalesce((SELECT array_agg(o.tenant_id ORDER BY o.tenant_id) FROM operator_tenants o"
         "           WHERE o.key_hash = k.key_hash AND o.tenant_id <> k.tenant_id), '{}') AS tenants"
         " FROM api_keys k"
-        " WHERE (%(t)s::text IS NULL OR k.tenant_id = %(t)s) AND (%(p)s::text IS NULL OR k.principal_id = %(p)s)"
+        " WHERE (%(t)s::text IS NULL OR k.tenant_id = %(t)s OR EXISTS (SELECT 1 FROM operator_tenants a"
+        "        WHERE a.key_hash = k.key_hash AND a.tenant_id = %(t)s))"
+        " AND (%(p)s::text IS NULL OR k.principal_id = %(p)s)"
         " ORDER BY k.created_at, k.key_id",
         {"t": tenant_id, "p": principal_id}).fetchall()
     names = ("key_id", "tenant_id", "principal_id", "role", "created_at", "expires_at", "revoked_at",
@@ -138,6 +141,11 @@ def rotate_api_key(conn: Conn, *, key_id: str, new_key: str, actor: str, grace_s
         else:
             conn.execute("UPDATE api_keys SET expires_at = clock_timestamp() + make_interval(secs => %s)"
                          " WHERE key_hash = %s", (grace_s, old[0]))
+        conn.execute(
+            "INSERT INTO api_key_audit (key_id, tenant_id, principal_id, action, actor, detail)"
+            " VALUES (%s, %s, %s, 'rotated', qimpl_api_key_actor(),"
+            " jsonb_build_object('replaced_by', %s::text, 'grace_s', %s::float8))",
+            (key_id, old[1], old[2], str(inserted[0]), grace_s))
     return str(inserted[0])
 
 

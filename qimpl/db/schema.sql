@@ -164,6 +164,12 @@ CREATE FUNCTION public.qimpl_audit_api_keys() RETURNS trigger
     SET search_path TO 'pg_catalog', 'public', 'pg_temp'
     AS $$
 BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO public.api_key_audit (key_id, tenant_id, principal_id, action, actor, detail)
+        VALUES (OLD.key_id, OLD.tenant_id, OLD.principal_id, 'deleted', public.qimpl_api_key_actor(),
+                jsonb_build_object('role', OLD.role, 'revoked_at', OLD.revoked_at));
+        RETURN OLD;
+    END IF;
     IF TG_OP = 'INSERT' THEN
         INSERT INTO public.api_key_audit (key_id, tenant_id, principal_id, action, actor, detail)
         VALUES (NEW.key_id, NEW.tenant_id, NEW.principal_id, 'created', public.qimpl_api_key_actor(),
@@ -692,7 +698,7 @@ CREATE TABLE public.api_key_audit (
     actor text NOT NULL,
     detail jsonb DEFAULT '{}'::jsonb NOT NULL,
     at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    CONSTRAINT api_key_audit_action_check CHECK ((action = ANY (ARRAY['created'::text, 'disabled'::text, 'expiry_set'::text, 'tenant_assigned'::text, 'tenant_unassigned'::text])))
+    CONSTRAINT api_key_audit_action_check CHECK ((action = ANY (ARRAY['created'::text, 'disabled'::text, 'expiry_set'::text, 'tenant_assigned'::text, 'tenant_unassigned'::text, 'deleted'::text, 'rotated'::text])))
 );
 
 ALTER TABLE public.api_key_audit OWNER TO postgres;
@@ -1061,7 +1067,7 @@ CREATE INDEX tool_invocations_unsettled ON public.tool_invocations USING btree (
 
 CREATE TRIGGER api_key_audit_append_only BEFORE DELETE OR UPDATE ON public.api_key_audit FOR EACH ROW EXECUTE FUNCTION public.qimpl_audit_append_only();
 
-CREATE TRIGGER api_keys_audit AFTER INSERT OR UPDATE ON public.api_keys FOR EACH ROW EXECUTE FUNCTION public.qimpl_audit_api_keys();
+CREATE TRIGGER api_keys_audit AFTER INSERT OR DELETE OR UPDATE ON public.api_keys FOR EACH ROW EXECUTE FUNCTION public.qimpl_audit_api_keys();
 
 CREATE TRIGGER api_keys_guard BEFORE UPDATE ON public.api_keys FOR EACH ROW EXECUTE FUNCTION public.qimpl_api_key_guard();
 

@@ -142,12 +142,17 @@ def _run(conn: psycopg.Connection[Any], args: Any) -> int:
 
 def _print(rows: list[dict[str, Any]], as_json: bool, columns: tuple[str, ...]) -> None:
     if as_json:
-        print(json.dumps(rows, default=str, indent=1))
+        print(json.dumps(rows, default=_json_default, indent=1))
         return
     cells = [[_cell(r[c]) for c in columns] for r in rows]
     widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
     for row in [list(columns), *cells]:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _json_default(value: Any) -> Any:
+    """Times as ISO 8601 (``2026-12-03T07:17:52.030000+00:00``)."""
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
 def _cell(value: Any) -> str:

@@ -522,3 +522,103 @@ def streams_per_run_bounded(ctx: ScenarioContext) -> None:
     ctx.release_barrier("held")
     run = ctx.wait_terminal(api, run_id)
     ctx.expect("the run completes", run["state"] == "completed", str(run["state"]))
+
+
+BROWSER_ORIGIN = "http://app.example.test"
+
+
+def _token(api: ManagedProcess, run_id: str, ttl_s: int = 300) -> httpx.Response:
+    return httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/stream-token", json={"ttl_s": ttl_s},
+                      headers={"Authorization": f"Bearer {API_KEY}"}, timeout=15)
+
+
+def _by_token(ctx: ScenarioContext, api: ManagedProcess, run_id: str, token: str, *,
+              last_event_id: str | None = None, client: str = "browser") -> tuple[int, list[dict[str, Any]], str]:
+    """``(status, events, body)`` of one token-authenticated stream, read to its end,
+    recorded in the history as a stream client."""
+    headers = {"Origin": BROWSER_ORIGIN, **({"Last-Event-ID": last_event_id} if last_event_id else {})}
+    ctx.history.record("stream_open", run_id=run_id, client=client, process=api.name,
+                       after=int(last_event_id) if last_event_id else 0)
+    got: list[dict[str, Any]] = []
+    with httpx.stream("GET", f"{api.base_url}{PATH.format(run_id=run_id)}", params={"stream_token": token},
+                      headers=headers, timeout=60) as resp:
+        if resp.status_code != 200:
+            return resp.status_code, [], resp.read().decode()[:200]
+        for event in parse_sse(resp.iter_lines()):
+            _record(ctx, run_id, event, api.name, client)
+            got.append({"id": str(event.id), "event": event.event})
+    return 200, got, ""
+
+
+@scenario(
+    "browser-stream-token",
+    title="A browser's path to a run's events (EventSource cannot send headers): a stream token "
+          "minted by the run's owner in the query, from an allowed origin: every event once, "
+          "ending with the terminal event, then 204; another run's, a forged or an expired "
+          "token is 401; an origin not on the allow-list gets no CORS grant; the token never "
+          "reaches the access log",
+    requirements=("R-EVENT-6", "R-EVENT-2", "R-AUTH-3"),
+)
+def browser_stream_token(ctx: ScenarioContext) -> None:
+    api = ctx.processes.spawn_api("api-1", env={"QIMPL_CORS_ORIGINS": json.dumps([BROWSER_ORIGIN])},
+                                  access_log=True).wait_ready()
+    ctx.processes.worker()
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=3, answer="to the browser"))
+    other = accepted(ctx, api, prompt=make_prompt(steps=1, answer="another run"))
+    minted = _token(api, run_id)
+    token = minted.json().get("token", "") if minted.status_code == 200 else ""
+    key = ctx.sql("SELECT stream_key FROM runs WHERE run_id = %s", run_id)[0][0]
+    ctx.expect("the run's owner gets a stream token that does not carry the stream key",
+               minted.status_code == 200 and bool(token) and key not in token
+               and minted.json().get("events_path", "").endswith(f"stream_token={token}"),
+               f"{minted.status_code}", "R-EVENT-6")
+    status, events, body = _by_token(ctx, api, run_id, token)
+    journal = [str(i) for (i,) in ctx.sql("SELECT seq FROM run_events WHERE run_id = %s ORDER BY seq", run_id)]
+    ctx.expect("with the token in the query: every event once, in order, ending with the terminal event",
+               status == 200 and [e["id"] for e in events] == journal and events[-1]["event"] == "terminal",
+               f"{status} {body} {[e['id'] for e in events]} vs {journal}", "R-EVENT-6", "R-EVENT-2",
+               judged=len(journal))
+    again, _, _ = _by_token(ctx, api, run_id, token, last_event_id=journal[-1] if journal else "0",
+                            client="browser-reconnect")
+    ctx.expect("the browser's reconnection after the terminal event gets 204 (EventSource stops)",
+               again == 204, str(again), "R-EVENT-6")
+    unknown, _, body = _by_token(ctx, api, run_id, token, last_event_id="99999999", client="browser-unknown")
+    ctx.expect("a Last-Event-ID the run never issued is refused", unknown in (204, 400), f"{unknown} {body}",
+               "R-EVENT-6")
+    theirs = _token(api, other).json().get("token", "")
+    forged = token[:-2] + ("AA" if not token.endswith("AA") else "BB")
+    short = _token(api, run_id, ttl_s=1).json().get("token", "")
+    deadline = time.monotonic() + 10
+    while ctx.sql("SELECT extract(epoch FROM clock_timestamp()) <= %s", int(short.split(".")[3]))[0][0]:
+        if time.monotonic() > deadline:
+            raise HarnessError("the database clock did not pass the token's expiry")
+        time.sleep(0.05)
+    refusals = {}
+    for name, bad in (("another run's token", theirs), ("a forged token", forged), ("an expired token", short),
+                      ("no credential at all", "")):
+        params = {"stream_token": bad} if bad else {}
+        resp = httpx.get(f"{api.base_url}{PATH.format(run_id=run_id)}", params=params, timeout=15)
+        refusals[name] = f"{resp.status_code} {resp.json().get('code') if resp.status_code != 200 else ''}"
+    want = {"another run's token": "401 stream_token_invalid", "a forged token": "401 stream_token_invalid",
+            "an expired token": "401 stream_token_expired", "no credential at all": "401 stream_key_required"}
+    ctx.expect("another run's, a forged and an expired token, and none, are refused with their codes",
+               refusals == want, str(refusals), "R-EVENT-6", "R-AUTH-3", judged=len(want))
+    allowed = httpx.options(f"{api.base_url}{PATH.format(run_id=run_id)}", timeout=15, headers={
+        "Origin": BROWSER_ORIGIN, "Access-Control-Request-Method": "GET",
+        "Access-Control-Request-Headers": "last-event-id"})
+    stranger = httpx.get(f"{api.base_url}/healthz", headers={"Origin": "http://evil.example.test"}, timeout=15)
+    friend = httpx.get(f"{api.base_url}/healthz", headers={"Origin": BROWSER_ORIGIN}, timeout=15)
+    ctx.expect("CORS: the allowed origin's preflight and request are granted; another origin is not",
+               allowed.status_code == 200
+               and allowed.headers.get("access-control-allow-origin") == BROWSER_ORIGIN
+               and "last-event-id" in allowed.headers.get("access-control-allow-headers", "").lower()
+               and friend.headers.get("access-control-allow-origin") == BROWSER_ORIGIN
+               and "access-control-allow-origin" not in stranger.headers,
+               f"preflight {allowed.status_code} {dict(allowed.headers).get('access-control-allow-origin')}; "
+               f"stranger {dict(stranger.headers).get('access-control-allow-origin')}", "R-EVENT-6")
+    log = api.log_path.read_text(errors="replace")
+    logged = log.count("stream_token=<redacted>")
+    ctx.expect("the access log shows each token request redacted, never a token",
+               logged >= 3 and token not in log and short not in log and theirs not in log,
+               f"{logged} redacted request lines", "R-EVENT-6", judged=logged)
+    ctx.wait_terminal(api, other)

@@ -76,6 +76,7 @@ OWNER_ON_RUN: dict[str, Answer] = {
     "/resume": Answer(202),
     "/tool-approval/{approval_id}": Answer(409, "approval_not_pending"),   # it waits for input
     "/tool-results/{call_id}": Answer(409, "tool_call_not_found"),
+    "/stream-token": Answer(200),
     "/pause": Answer(409, "durable_lifecycle_conflict"),
     "/handoff": Answer(409, "durable_lifecycle_conflict"),
     "/checkpoints": Answer(409, "durable_lifecycle_conflict"),
@@ -90,6 +91,7 @@ BODIES: dict[str, Any] = {
     "/resume": {"additional_prompt": "more input"},
     "/tool-approval/{approval_id}": {"approved": True, "action_version": "ab12"},
     "/tool-results/{call_id}": {"result": {}},
+    "/stream-token": {"ttl_s": 60},
     "/v1/agents/{agent_id}/runs": {"prompt": make_prompt(steps=1, answer="matrix"), "durable_temporal": True},
     "/v1/answer": {"prompt": make_prompt(steps=1, answer="inline")},
     "/v1/operator/runs/{run_id}/tool-invocations/{call_id}/resolution": {"outcome": "not_executed",

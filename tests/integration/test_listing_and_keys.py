@@ -94,6 +94,7 @@ def test_an_operator_lists_runs_across_its_assigned_tenants(db: str, stack: Any)
         assert [r["run_id"] for p in pages for r in p] == dev, "its own tenant only, oldest first"
         with psycopg.connect(db, autocommit=True) as conn:
             assert admin.assign_tenant(conn, key_id=ops, tenant_id="t-other", actor="test") is True
+            assert ops in {k["key_id"] for k in admin.list_api_keys(conn, tenant_id="t-other")}
         pages, doc = await _all_pages(client, "/v1/operator/runs", "ops-key", limit=3)
         assert doc["tenants"] == ["t-dev", "t-other"]
         assert [len(p) for p in pages] == [3, 3, 1]
@@ -181,6 +182,8 @@ def test_a_key_is_listed_disabled_for_good_rotated_and_audited(
         assert (rotated["id"], "created", "bob") in by_key
         assert (admin.key_id("dev-key"), "expiry_set", "bob") in by_key
         assert all(a["at"] is not None for a in audit)
+        rotation = next(a for a in audit if a["action"] == "rotated" and a["key_id"] == admin.key_id("dev-key"))
+        assert rotation["detail"] == {"replaced_by": rotated["id"], "grace_s": 30} and rotation["actor"] == "bob"
         with pytest.raises(psycopg.Error) as err:
             conn.execute("DELETE FROM api_key_audit")
         assert err.value.sqlstate == "QG017"
@@ -195,3 +198,7 @@ def test_a_key_is_listed_disabled_for_good_rotated_and_audited(
     assert api_keys.main(["disable", "--key-id", "key_nope"]) == 1
     assert api_keys.main(["audit", "--key-id", rotated["id"]]) == 0
     assert "carol" in capsys.readouterr().out
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("DELETE FROM api_keys WHERE key_id = %s", (leaked_id,))  # as from psql
+        gone = admin.key_audit(conn, key_id=leaked_id, limit=1)[0]
+        assert gone["action"] == "deleted" and gone["actor"], gone

@@ -54,7 +54,6 @@ BEARER_FREE = {("get", "/v1/agents/{agent_id}/runs/{run_id}/events")}  # the str
 REQUIRED_HEADERS = {
     ("post", "/v1/agents/{agent_id}/runs"): "Idempotency-Key",
     ("post", "/v1/agents/{agent_id}/runs/{run_id}/resume"): "Idempotency-Key",
-    ("get", "/v1/agents/{agent_id}/runs/{run_id}/events"): "X-Stream-Key",
 }
 
 
@@ -92,6 +91,11 @@ def test_required_headers_are_marked_required() -> None:
         assert len(params) == 1, (method, path, params)  # declared once, not twice
         assert params[0]["required"] is True, (method, path)
         assert params[0]["schema"]["type"] == "string"
+    # The events route takes the stream key in X-Stream-Key, or a browser's stream token in
+    # the query (R-EVENT-6): either one, so neither is required; both are documented.
+    events = {p["name"]: p for p in doc["paths"]["/v1/agents/{agent_id}/runs/{run_id}/events"]["get"]["parameters"]}
+    assert events["X-Stream-Key"]["required"] is False and events["X-Stream-Key"]["in"] == "header"
+    assert events["stream_token"]["in"] == "query"
     key = doc["paths"]["/v1/agents/{agent_id}/runs"]["post"]["parameters"][-1]
     assert key["schema"] == {"type": "string", "maxLength": 255, "pattern": r"^[\x21-\x7e]+$"}
 

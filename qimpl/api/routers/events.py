@@ -4,15 +4,18 @@ stream itself is ``qimpl.api.events``."""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Response
+from fastapi import APIRouter, Header, Query, Response
 from sse_starlette.sse import EventSourceResponse
 
-from qimpl.api.deps import AgentId, Svc
+from qimpl.api import stream_tokens
+from qimpl.api.deps import AgentId, CurrentPrincipal, Svc, owned_run
 from qimpl.api.errors import ApiError
 from qimpl.api.events import RECORD_FIELDS, stream_events
-from qimpl.api.openapi import EVENTS_ERRORS, EVENTS_HEADERS, STREAM_KEY_MAX
+from qimpl.api.models import StreamToken, StreamTokenRequest
+from qimpl.api.openapi import EVENTS_ERRORS, EVENTS_HEADERS, STREAM_KEY_MAX, TOKEN_ERRORS
 from qimpl.api.views import read_view
 from qimpl.db import runs as repo
 from qimpl.lifecycle import TERMINAL
@@ -20,6 +23,52 @@ from qimpl.lifecycle import TERMINAL
 __all__ = ["router"]
 
 router = APIRouter()
+
+
+async def _token_tenant(svc: Any, run_id: uuid.UUID, token: str) -> str:
+    """The tenant of ``run_id`` when ``token`` is a live stream token of that run (R-EVENT-6):
+    401 ``stream_token_invalid`` for anything else (another run's token, a forged or
+    malformed one), 401 ``stream_token_expired`` past its expiry on the database's clock."""
+    invalid = ApiError(401, "stream_token_invalid", "this stream token is not one of this run's")
+    try:
+        parsed = stream_tokens.parse(token)
+    except ValueError:
+        raise invalid from None
+    if parsed.run_id != str(run_id):
+        raise invalid
+    async with svc.tenant(parsed.tenant_id) as conn:
+        cur = await conn.execute("SELECT stream_key, extract(epoch FROM clock_timestamp())::float8"
+                                 " FROM runs WHERE run_id = %s", (str(run_id),))
+        found = await cur.fetchone()
+    if found is None or not stream_tokens.valid(parsed, stream_key=found[0]):
+        raise invalid
+    if parsed.expires <= found[1]:
+        raise ApiError(401, "stream_token_expired", "this stream token expired; ask for a new one")
+    return parsed.tenant_id
+
+
+@router.post("/v1/agents/{agent_id}/runs/{run_id}/stream-token", response_model=StreamToken,
+             responses=TOKEN_ERRORS)
+async def stream_token_for(
+    agent_id: AgentId,
+    run_id: uuid.UUID,
+    svc: Svc,
+    principal: CurrentPrincipal,
+    body: StreamTokenRequest | None = None,
+) -> StreamToken:
+    """A stream token for the run's events (R-EVENT-6), for its owner: a browser passes it
+    as ``?stream_token=`` to ``…/events`` with ``EventSource``. Good for this run only,
+    until ``expires_at`` (``ttl_s``, 1..3600 s, default 300, on the database's clock)."""
+    ttl = (body or StreamTokenRequest()).ttl_s
+    async with svc.tenant(principal.tenant_id) as conn:
+        row = await owned_run(conn, agent_id, run_id, principal)
+        cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+        now = (await cur.fetchone())[0]
+    expires = int(now) + ttl
+    token = stream_tokens.mint(stream_key=row["stream_key"], tenant_id=principal.tenant_id,
+                               run_id=str(run_id), expires=expires)
+    return StreamToken(token=token, expires_at=datetime.fromtimestamp(expires, UTC),
+                       events_path=f"/v1/agents/{agent_id}/runs/{run_id}/events?stream_token={token}")
 
 
 @router.get("/v1/agents/{agent_id}/runs/{run_id}/events", responses=EVENTS_ERRORS,
@@ -31,6 +80,9 @@ async def run_events(
     x_stream_key: Annotated[str | None, Header(max_length=STREAM_KEY_MAX,
                                                include_in_schema=False)] = None,
     last_event_id: Annotated[str | None, Header(max_length=32, pattern=r"^[0-9]+$")] = None,
+    stream_token: Annotated[str | None, Query(
+        max_length=400, description="instead of `X-Stream-Key`, for a browser's EventSource: a "
+                                    "token from `POST …/stream-token` (R-EVENT-6)")] = None,
 ) -> Response:
     """The run's events as SSE for the holder of its stream key (``X-Stream-Key``):
     another run's key, or another tenant's, is 404 ``run_not_found`` (R-AUTH-3).
@@ -40,12 +92,16 @@ async def run_events(
     ``Last-Event-ID`` beyond the live run's last event is 400 ``last_event_id_unknown``;
     more than ``QIMPL_EVENT_STREAMS_PER_RUN`` open streams of one run is 429
     ``too_many_streams``."""
-    if not x_stream_key:
-        raise ApiError(401, "stream_key_required", "send the run's stream key in X-Stream-Key")
-    async with svc.connection() as conn:
-        cur = await conn.execute("SELECT qimpl_stream_tenant(%s, %s)", (str(run_id), x_stream_key))
-        found = await cur.fetchone()
-    tenant_id = found[0] if found else None
+    if not x_stream_key and stream_token:
+        tenant_id: str | None = await _token_tenant(svc, run_id, stream_token)
+    elif not x_stream_key:
+        raise ApiError(401, "stream_key_required",
+                       "send the run's stream key in X-Stream-Key, or a stream_token")
+    else:
+        async with svc.connection() as conn:
+            cur = await conn.execute("SELECT qimpl_stream_tenant(%s, %s)", (str(run_id), x_stream_key))
+            found = await cur.fetchone()
+        tenant_id = found[0] if found else None
     if tenant_id is None:
         raise ApiError(404, "run_not_found", "no such run")
     async with svc.tenant(tenant_id) as conn:
