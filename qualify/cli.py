@@ -200,6 +200,24 @@ def merge(
     raise typer.Exit(_guarded(lambda: _finish(*merge_reports(shard_dirs, reports_dir))))
 
 
+@app.command()
+def diff(
+    old: Annotated[Path, typer.Argument(help="the earlier sign-off: its report directory or summary.json")],
+    new: Annotated[Path, typer.Argument(help="this one")],
+) -> None:
+    """What changed since the last sign-off: scenarios added or removed, checks that
+    appeared, disappeared or changed result, requirements that lost coverage. Exit code 1
+    when a requirement lost coverage, else 0."""
+    from qualify.diff import diff_summaries, load_summary, render_diff
+
+    def body() -> int:
+        d = diff_summaries(load_summary(old), load_summary(new))
+        print(render_diff(d), end="")
+        return 1 if d["coverage_lost"] else 0
+
+    raise typer.Exit(_guarded(body))
+
+
 def _guarded(body: Any) -> int:
     try:
         return int(body())

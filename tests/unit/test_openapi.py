@@ -50,7 +50,8 @@ def test_every_route_lists_its_error_codes() -> None:
     assert len(legacy) == 4
 
 
-BEARER_FREE = {("get", "/v1/agents/{agent_id}/runs/{run_id}/events")}  # the stream key instead
+BEARER_FREE = {("get", "/v1/agents/{agent_id}/runs/{run_id}/events"),  # the stream key instead
+               ("get", "/healthz")}  # liveness: no credential
 REQUIRED_HEADERS = {
     ("post", "/v1/agents/{agent_id}/runs"): "Idempotency-Key",
     ("post", "/v1/agents/{agent_id}/runs/{run_id}/resume"): "Idempotency-Key",

@@ -62,7 +62,7 @@ def _api_routes(routes: list[Any]) -> list[APIRoute]:
 
 
 def test_create_app_only_assembles_routers() -> None:
-    """Every route (the 19 documented ones, ``/metrics``, ``/healthz`` and ``/docs``) comes from a
+    """Every route (the 21 documented ones, ``/metrics`` and ``/healthz`` among them, and ``/docs``) comes from a
     resource router module; none is defined in ``qimpl.api.app``."""
     routes = _api_routes(create_app(ApiSettings(database_url="postgresql://u@127.0.0.1:1/x")).routes)
     assert len(routes) == 22, [r.path for r in routes]

@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from qimpl import metrics
 from qimpl.api.deps import OperatorPrincipal, Svc
+from qimpl.api.openapi import errors
 
 __all__ = ["DOCS_ASSETS", "router"]
 
@@ -19,7 +20,10 @@ log = logging.getLogger("qimpl.api")
 router = APIRouter()
 
 
-@router.get("/metrics", include_in_schema=False)
+@router.get("/metrics", response_class=Response, responses={
+    200: {"description": "Prometheus text exposition (`text/plain; version=0.0.4`)",
+          "content": {"text/plain": {"schema": {"type": "string"}}}},
+    **errors(s401="unauthenticated", s403="operator_credential_required (a client key, R-OPS-7)")})
 async def metrics_endpoint(svc: Svc, principal: OperatorPrincipal) -> Response:
     """Prometheus metrics (R-OPS-6) for an operator key (R-OPS-7): without a key 401
     ``unauthenticated``, with a client key 403 ``operator_credential_required``. The run
@@ -41,8 +45,10 @@ async def metrics_endpoint(svc: Svc, principal: OperatorPrincipal) -> Response:
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/healthz", include_in_schema=False)
+@router.get("/healthz")
 async def healthz() -> dict[str, str]:
+    """Liveness: ``{"status": "ok"}`` while the process serves requests. It asks neither the
+    database nor Temporal (readiness is the routes' own coded 503s); no credential."""
     return {"status": "ok"}
 
 

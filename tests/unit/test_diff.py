@@ -1,0 +1,50 @@
+"""``qualify diff`` (issue 25, item 3): what changed between two sign-offs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from qualify.cli import app
+from qualify.diff import diff_summaries, render_diff
+
+
+def _summary(*scenarios: dict[str, Any], verdict: str = "pass") -> dict[str, Any]:
+    return {"verdict": verdict, "scenarios": list(scenarios)}
+
+
+def _sc(sid: str, status: str = "pass", **checks: tuple[bool, str]) -> dict[str, Any]:
+    return {"id": sid, "status": status,
+            "checks": [{"name": n, "ok": ok, "requirements": [req], "judged": 1} for n, (ok, req) in checks.items()]}
+
+
+@pytest.mark.req("R-Q-6", "R-Q-8")
+def test_a_diff_names_scenarios_checks_and_lost_coverage() -> None:
+    old = _summary(_sc("a", x=(True, "R-EXEC-1")), _sc("gone", y=(True, "R-TOOL-1")))
+    new = _summary(_sc("a", "fail", x=(False, "R-EXEC-1"), z=(True, "R-EXEC-3")),
+                   _sc("fresh", z=(True, "R-EXEC-2")), verdict="fail")
+    d = diff_summaries(old, new)
+    assert d["scenarios_added"] == ["fresh"] and d["scenarios_removed"] == ["gone"]
+    assert d["status_changed"] == {"a": ["pass", "fail"]}
+    assert d["checks_added"] == {"a": ["z"]} and d["checks_changed"] == {"a": {"x": [True, False]}}
+    # a failed scenario's checks cover nothing (R-EXEC-3 is not gained)
+    assert d["coverage_lost"] == ["R-EXEC-1", "R-TOOL-1"] and d["coverage_gained"] == ["R-EXEC-2"]
+    text = render_diff(d)
+    assert "lost coverage**: R-EXEC-1, R-TOOL-1" in text and "a: x: True -> False" in text
+
+
+def test_no_change_says_so_and_the_command_exits_on_lost_coverage(tmp_path: Path) -> None:
+    same = _summary(_sc("a", x=(True, "R-EXEC-1")))
+    assert "no change" in render_diff(diff_summaries(same, same))
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "summary.json").write_text(json.dumps(same))
+    (tmp_path / "new.json").write_text(json.dumps(_summary(_sc("a"))))
+    runner = CliRunner()
+    assert runner.invoke(app, ["diff", str(tmp_path / "old"), str(tmp_path / "old")]).exit_code == 0
+    lost = runner.invoke(app, ["diff", str(tmp_path / "old"), str(tmp_path / "new.json")])
+    assert lost.exit_code == 1 and "R-EXEC-1" in lost.output
+    assert runner.invoke(app, ["diff", str(tmp_path / "old"), str(tmp_path / "missing")]).exit_code == 64
