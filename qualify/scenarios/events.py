@@ -18,6 +18,7 @@ from qimpl.client.stream import FollowResult, StreamEvent, follow_run, parse_sse
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import delta_piece, make_prompt
 from qualify.processes import ManagedProcess
+from qualify.procs import wait_until
 from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted
 
@@ -588,11 +589,8 @@ def browser_stream_token(ctx: ScenarioContext) -> None:
     theirs = _token(api, other).json().get("token", "")
     forged = token[:-2] + ("AA" if not token.endswith("AA") else "BB")
     short = _token(api, run_id, ttl_s=1).json().get("token", "")
-    deadline = time.monotonic() + 10
-    while ctx.sql("SELECT extract(epoch FROM clock_timestamp()) <= %s", int(short.split(".")[3]))[0][0]:
-        if time.monotonic() > deadline:
-            raise HarnessError("the database clock did not pass the token's expiry")
-        time.sleep(0.05)
+    wait_until(lambda: ctx.sql("SELECT extract(epoch FROM clock_timestamp()) > %s", int(short.split(".")[3]))[0][0],
+               timeout_s=10, what="the short token's expiry on the database's clock")
     refusals = {}
     for name, bad in (("another run's token", theirs), ("a forged token", forged), ("an expired token", short),
                       ("no credential at all", "")):

@@ -5,13 +5,13 @@ never one twice, none missing."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import httpx
 
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
+from qualify.procs import wait_until
 from qualify.scenarios.base import ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted
 
@@ -66,11 +66,8 @@ def runs_listed(ctx: ScenarioContext) -> None:
     old = [accepted(ctx, api, prompt=make_prompt(steps=1, answer=f"old-{i}")) for i in range(2)]
     due = accepted(ctx, api, prompt=make_prompt(steps=1, answer="due"), deadline_seconds=30)
     # Wait on the database's clock until the first runs are over 1.5 s old, then add a fresh one.
-    deadline = time.monotonic() + 15
-    while ctx.sql("SELECT clock_timestamp() - min(accepted_at) < interval '1.5 s' FROM runs")[0][0]:
-        if time.monotonic() > deadline:
-            raise HarnessError("the database clock did not advance 1.5 s in 15 s")
-        time.sleep(0.05)
+    wait_until(lambda: ctx.sql("SELECT clock_timestamp() - min(accepted_at) >= interval '1.5 s' FROM runs")[0][0],
+               timeout_s=15, what="the first runs 1.5 s old on the database's clock")
     fresh = accepted(ctx, api, prompt=make_prompt(steps=1, answer="fresh"))
     peer = httpx.post(f"{url}/v1/agents/agent-1/runs", timeout=30,
                       json={"prompt": make_prompt(steps=1, answer="peer"), "durable_temporal": True},
@@ -123,11 +120,8 @@ def runs_listed(ctx: ScenarioContext) -> None:
     ctx.processes.worker()
     for run_id in mine:
         ctx.wait_terminal(api, run_id, timeout_s=60)
-    deadline = time.monotonic() + 60
-    while ctx.sql("SELECT state <> 'completed' FROM runs WHERE run_id = %s", peer.json()["run_id"])[0][0]:
-        if time.monotonic() > deadline:
-            raise HarnessError("the peer's run did not complete within 60 s")
-        time.sleep(0.05)
+    wait_until(lambda: ctx.sql("SELECT state = 'completed' FROM runs WHERE run_id = %s", peer.json()["run_id"])[0][0],
+               timeout_s=60, what="the peer's run completed")
     done = _ids(pages(url, "/v1/operator/runs", OPERATOR, state="completed"))
     truth = _truth(ctx, "tenant_id = 't-dev' AND state = 'completed'")
     ctx.expect("after the worker ran them, state completed lists exactly the completed runs",

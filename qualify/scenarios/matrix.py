@@ -21,6 +21,7 @@ import httpx
 
 from qimpl.lifecycle import TERMINAL
 from qualify.fakes.synthetic import make_prompt
+from qualify.procs import wait_until
 from qualify.scenarios.base import ScenarioContext, scenario
 
 #: Credential kinds: what each sends as ``Authorization`` (None: no header).
@@ -205,11 +206,9 @@ def api_contract_matrix(ctx: ScenarioContext) -> None:
         admin.create_api_key(conn, key=EXPIRED_KEY, tenant_id="t-dev", principal_id="p-dev")
         admin.rotate_api_key(conn, key_id=admin.key_id(EXPIRED_KEY), new_key=f"{EXPIRED_KEY}-successor",
                              actor="qualify", grace_s=0.2)
-        for _ in range(100):
-            if conn.execute("SELECT expires_at < clock_timestamp() FROM api_keys WHERE key_id = %s",
-                            (admin.key_id(EXPIRED_KEY),)).fetchone() == (True,):
-                break
-            threading.Event().wait(0.05)
+        wait_until(lambda: conn.execute(
+            "SELECT expires_at < clock_timestamp() FROM api_keys WHERE key_id = %s",
+            (admin.key_id(EXPIRED_KEY),)).fetchone() == (True,), timeout_s=5, what="the rotated key's grace")
     ctx.expect("the revoked key was live, then revoked", revoked == 1, f"{revoked} revoked")
     api = ctx.processes.api()
     ctx.processes.worker()
