@@ -14,10 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["OBSERVED_KEYS", "reported_tokens", "run_usage"]
-
-#: The keys a durable run's observed record decides (counts, not provider claims).
-OBSERVED_KEYS = ("provider_calls", "input_tokens", "output_tokens")
+__all__ = ["reported_tokens", "run_usage"]
 
 
 def _count(value: Any) -> int | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qimpl.backoff import DEFAULT_BASE_S, DEFAULT_MAX_S
+
 __all__ = ["FailInput", "RunInput"]
 
 
@@ -22,8 +24,8 @@ class RunInput:
     lease_s: float | None = None
     #: The wait after the first counted provider failure, doubling per failure up to
     #: ``failure_backoff_max_s`` (seconds; ``qimpl.backoff``, R-EXEC-6).
-    failure_backoff_s: float = 3.0
-    failure_backoff_max_s: float = 30.0
+    failure_backoff_s: float = DEFAULT_BASE_S
+    failure_backoff_max_s: float = DEFAULT_MAX_S
 
     @property
     def lease(self) -> float:
