@@ -34,6 +34,7 @@ def run_input(row: dict[str, Any], settings: Settings) -> RunInput:
         lease_s=settings.lease_s,
         failure_backoff_s=settings.provider_backoff_s,
         failure_backoff_max_s=settings.provider_backoff_max_s,
+        search_attributes=settings.temporal_search_attributes,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
 import sys
 import threading
 import time
@@ -387,6 +388,7 @@ def up(
 
 
 def _up(opts: UpOptions) -> int:
+    from qualify.stack.temporal import temporal_binary
     from qualify.up import UpEnvironment, curl_command
 
     env = UpEnvironment(opts)
@@ -414,6 +416,10 @@ def _up(opts: UpOptions) -> int:
               "reconciliation routes, /metrics):\n"
               f"  QIMPL_ADMIN_DATABASE_URL={ready.owner_dsn} {sys.executable} -m qimpl.scripts.api_keys create"
               f" --tenant {ready.tenant} --principal ops --role operator", flush=True)
+        temporal = shlex.quote(str(temporal_binary()))
+        print("its workflows in Temporal, by tenant and outcome (search attributes, docs/operations.md):\n"
+              f"  {temporal} workflow list --address {ready.temporal_address} --query "
+              f"\"QimplTenant = '{ready.tenant}' AND QimplRunState = 'failed'\"", flush=True)
         if ready.persistent:
             console.print("[yellow]development only:[/] this PostgreSQL runs with fsync off")
         console.print("[yellow]Ctrl-C stops everything[/]")

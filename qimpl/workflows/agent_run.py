@@ -14,6 +14,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from qimpl.workflows import search_attributes as attrs
     from qimpl.workflows.types import FailInput, RunInput
 
 __all__ = ["AgentRunWorkflowV2"]
@@ -25,6 +26,20 @@ MIN_TIMEOUT = timedelta(seconds=1)
 class AgentRunWorkflowV2:
     @workflow.run
     async def run(self, inp: RunInput) -> dict[str, Any]:
+        # Search attributes (``qimpl.workflows.search_attributes``) behind a patch: a
+        # history recorded before them replays without these commands (R-EXEC-10). The
+        # patch is evaluated once; its answer is memoised for the rest of the run.
+        tagged = inp.search_attributes and workflow.patched(attrs.PATCH_ID)
+        if tagged:
+            workflow.upsert_search_attributes([
+                attrs.TENANT.value_set(inp.tenant_id), attrs.RUN_ID.value_set(inp.run_id),
+                attrs.GENERATION.value_set(inp.generation)])
+        outcome = await self._generation(inp)
+        if tagged and isinstance(outcome.get("state"), str):
+            workflow.upsert_search_attributes([attrs.RUN_STATE.value_set(outcome["state"])])
+        return outcome
+
+    async def _generation(self, inp: RunInput) -> dict[str, Any]:
         left = datetime.fromisoformat(inp.deadline_at) - workflow.now()
         budget = max(left, MIN_TIMEOUT)
         try:

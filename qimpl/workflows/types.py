@@ -26,6 +26,9 @@ class RunInput:
     #: ``failure_backoff_max_s`` (seconds; ``qimpl.backoff``, R-EXEC-6).
     failure_backoff_s: float = DEFAULT_BASE_S
     failure_backoff_max_s: float = DEFAULT_MAX_S
+    #: Set the Temporal search attributes of ``qimpl.workflows.search_attributes``
+    #: (``QIMPL_TEMPORAL_SEARCH_ATTRIBUTES``); False for inputs dispatched before them.
+    search_attributes: bool = False
 
     @property
     def lease(self) -> float:

@@ -36,6 +36,7 @@ from qimpl.settings import (
     ConfigError,
     Settings,
     WorkerSettings,
+    env_name,
     exit_config,
     load_or_exit,
     plugin_error,
@@ -45,6 +46,7 @@ from qimpl.watcher import LeaseWatcher
 from qimpl.workflows.activities import AgentActivities
 from qimpl.workflows.agent_run import AgentRunWorkflowV2
 from qimpl.workflows.agent_run_v1 import AgentRunWorkflowV1
+from qimpl.workflows.search_attributes import create_commands, missing
 
 __all__ = ["WORKFLOWS", "build_worker", "load_plugins", "main"]
 
@@ -186,6 +188,7 @@ async def run(settings: WorkerSettings, plugins: tuple[Provider, ToolRegistry]) 
     except RuntimeError as exc:
         raise SystemExit(_unreachable(f"Temporal at {settings.temporal_address}",
                                       type(exc).__name__, EXIT_TEMPORAL)) from None
+    await check_search_attributes(client, settings)
     worker = build_worker(client, settings, plugins)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -203,6 +206,26 @@ async def run(settings: WorkerSettings, plugins: tuple[Provider, ToolRegistry]) 
         await reconciler
         await watcher
     log.info("worker stopped", extra={"event": "worker.stopped"})
+
+
+async def check_search_attributes(client: Client, settings: WorkerSettings) -> None:
+    """With ``QIMPL_TEMPORAL_SEARCH_ATTRIBUTES`` on, the namespace must have the run's
+    search attributes registered (``qimpl.workflows.search_attributes``): a workflow task
+    that sets an unregistered one fails again and again, so the worker refuses to start
+    and exits 64 with one line naming the missing ones and the commands that register
+    them. Raises SystemExit."""
+    if not settings.temporal_search_attributes:
+        return
+    absent = await missing(client, settings.temporal_namespace)
+    if absent:
+        exit_config(ConfigError(
+            code="search_attributes_missing",
+            variable=env_name(WorkerSettings, "temporal_search_attributes"),
+            reason=(f"is on but namespace {settings.temporal_namespace!r} lacks the search "
+                    f"attributes {', '.join(absent)}: register them ("
+                    + "; ".join(create_commands(settings.temporal_namespace))
+                    + ") or turn the setting off"),
+            example="false"), "worker")
 
 
 def _unreachable(what: str, exc_type: str, code: int) -> int:

@@ -3,6 +3,8 @@
 - ``existing``: a deployment given by ``--pg-dsn`` (a role that may create databases) and
   ``--temporal-address``. The harness still starts its own API and worker processes, but
   faults that need control of PostgreSQL or Temporal are refused.
+- Both register the run's Temporal search attributes in the ``default`` namespace (as a
+  deploy does; ``qimpl.workflows.search_attributes``): the harness's workers check them.
 - ``testcontainers``: PostgreSQL and the Temporal dev server in Docker containers; exits
   with a clear message when no Docker daemon is reachable.
 """
@@ -16,7 +18,9 @@ from typing import Any
 import psycopg
 
 from qualify.errors import HarnessError, UsageError
+from qualify.procs import wait_until
 from qualify.stack._embedded import TEMPLATE_DB, StackInfo, _build_template, _harden, _schema_key
+from qualify.stack.temporal import register_search_attributes
 
 __all__ = ["ExistingStack", "TestcontainersStack"]
 
@@ -73,6 +77,7 @@ class ExistingStack(_DsnStack):
         except psycopg.Error as exc:
             raise HarnessError(f"cannot prepare a template database on --pg-dsn: {exc}") from exc
         pg_version, temporal_version = self._versions()
+        register_search_attributes(self.temporal_address)
         self.info = StackInfo(kind="existing", postgres_version=pg_version,
                               temporal_version=temporal_version, boot_s=round(time.monotonic() - t0, 3),
                               pg_dsn=self.pg_dsn, temporal_address=self.temporal_address)
@@ -89,6 +94,15 @@ class ExistingStack(_DsnStack):
         except psycopg.Error as exc:
             raise HarnessError(f"could not drop this run's databases: {type(exc).__name__}") from exc
         self._created.clear()
+
+
+def _registered(address: str) -> bool:
+    """The container's server answered and has the run's search attributes."""
+    try:
+        register_search_attributes(address)
+    except HarnessError:
+        return False
+    return True
 
 
 class TestcontainersStack(_DsnStack):
@@ -126,6 +140,8 @@ class TestcontainersStack(_DsnStack):
         self._prepare_template(dsn)
         address = f"{temporal.get_container_host_ip()}:{temporal.get_exposed_port(7233)}"
         pg_version, _ = self._versions()
+        wait_until(lambda: _registered(address), timeout_s=60, what="temporal container",
+                   interval_s=0.5)
         self.info = StackInfo(kind="testcontainers", postgres_version=pg_version,
                               temporal_version=self.TEMPORAL_IMAGE, boot_s=round(time.monotonic() - t0, 3),
                               pg_dsn=dsn, temporal_address=address)

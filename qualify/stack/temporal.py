@@ -18,7 +18,8 @@ from pathlib import Path
 from qualify.errors import HarnessError
 from qualify.procs import Restartable, free_port, kill_tree, spawn, wait_until
 
-__all__ = ["TUNED_DYNAMIC_CONFIG", "TemporalServer", "temporal_binary"]
+__all__ = ["TUNED_DYNAMIC_CONFIG", "TemporalServer", "register_search_attributes",
+           "temporal_binary"]
 
 START_TIMEOUT_S = 30.0
 
@@ -116,9 +117,32 @@ class TemporalServer(Restartable):
 
 
 async def _describe_default(address: str) -> bool:
+    """Ready: the ``default`` namespace answers, with the run's search attributes
+    registered (a deploy step the stack does, as it migrates the database)."""
     from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
     from temporalio.client import Client
 
+    from qimpl.workflows.search_attributes import register
+
     client = await Client.connect(address, namespace="default")
     await client.workflow_service.describe_namespace(DescribeNamespaceRequest(namespace="default"))
+    await register(client, "default")
     return True
+
+
+def register_search_attributes(address: str, namespace: str = "default") -> None:
+    """Register the run's Temporal search attributes (``qimpl.workflows.search_attributes``)
+    in ``namespace`` of the server at ``address`` (idempotent). Raises HarnessError when
+    the server refuses."""
+    from temporalio.client import Client
+
+    from qimpl.workflows.search_attributes import register
+
+    async def go() -> None:
+        await register(await Client.connect(address, namespace=namespace), namespace)
+
+    try:
+        asyncio.run(go())
+    except Exception as exc:
+        raise HarnessError(f"cannot register the run's search attributes in Temporal namespace "
+                           f"{namespace!r} at {address}: {type(exc).__name__}: {exc}") from exc

@@ -27,6 +27,7 @@ import httpx
 import psutil
 import pytest
 
+from qualify.stack.temporal import temporal_binary
 from tests.conftest import assert_eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,6 +144,16 @@ def test_qualify_up_serves_the_printed_curl_and_stops_everything(data_dir: Path)
         auth = {"Authorization": f"Bearer {ready['api_key']}"}
         assert_eventually(lambda: httpx.get(run_url, headers=auth, timeout=5).json()["state"] == "completed",
                           timeout=timedelta(seconds=60), what="the run completed")
+        # The printed Temporal query (search attributes registered by qualify up, issue 25
+        # item 14), asked about completed runs instead of failed ones, finds this run.
+        printed = up.wait_for(shlex.quote(str(temporal_binary())), 10)
+        listing = [*shlex.split(printed.replace("'failed'", "'completed'")), "--output", "json"]
+
+        def listed() -> bool:
+            out = subprocess.run(listing, capture_output=True, text=True, timeout=30)
+            return f"agent-run-{receipt['run_id']}-g1" in out.stdout
+        assert_eventually(listed, timeout=timedelta(seconds=20),
+                          what="the printed temporal workflow list finds the run")
         children = _stop(up)
     _gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, f"left running: {[p.pid for p in alive]}"

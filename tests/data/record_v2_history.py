@@ -1,0 +1,69 @@
+"""Record a version-2 workflow history for the replay tests (run once, by hand, on the code
+to be replayed against later):
+
+    python tests/data/record_v2_history.py
+
+Boots the embedded stack, runs one durable run through ``AgentRunWorkflowV2`` on a real API
+and worker, and writes its history to ``qualify/data/agent_run_v2_history.json``. The
+history in the repository was recorded before workflows set search attributes (issue 25,
+item 14): ``tests/integration/test_replay_v2.py`` replays it on today's workflow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import uuid
+from pathlib import Path
+
+import httpx
+from temporalio.client import Client
+
+from qualify.fakes.synthetic import make_prompt
+from qualify.processes import Deployment, Processes
+from qualify.procs import wait_until
+from qualify.scenarios.base import API_KEY
+from qualify.stack import EmbeddedStack
+
+OUT = Path(__file__).resolve().parents[2] / "qualify" / "data" / "agent_run_v2_history.json"
+
+
+async def fetch(address: str, workflow_id: str) -> str:
+    client = await Client.connect(address)
+    handle = client.get_workflow_handle(workflow_id)
+    await handle.result()
+    return (await handle.fetch_history()).to_json()
+
+
+def main() -> None:
+    with EmbeddedStack() as stack:
+        assert stack.info is not None
+        dsn = stack.create_database()
+        tmp = Path(tempfile.mkdtemp())
+        (tmp / "control").mkdir()
+        dep = Deployment(dsn=dsn, temporal_address=stack.info.temporal_address, task_queue="v2",
+                         control_dir=tmp / "control", logs_dir=tmp / "logs")
+        procs = Processes(dep)
+        try:
+            api = procs.api()
+            procs.worker()
+            resp = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs",
+                              json={"prompt": make_prompt(steps=2, answer="recorded"),
+                                    "durable_temporal": True},
+                              headers={"Authorization": f"Bearer {API_KEY}",
+                                       "Idempotency-Key": str(uuid.uuid4())}, timeout=15)
+            resp.raise_for_status()
+            run_id = resp.json()["run_id"]
+            wait_until(lambda: httpx.get(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}",
+                                         headers={"Authorization": f"Bearer {API_KEY}"}, timeout=5)
+                       .json()["state"] == "completed", timeout_s=30, what="the run to complete")
+            text = asyncio.run(fetch(stack.info.temporal_address, f"agent-run-{run_id}-g1"))
+        finally:
+            procs.stop_all()
+    OUT.write_text(json.dumps(json.loads(text), indent=1) + "\n")
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
