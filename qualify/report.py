@@ -302,7 +302,7 @@ def render_html(summary: dict[str, Any], histories: dict[str, list[dict[str, Any
     from jinja2 import Environment, PackageLoader, select_autoescape
 
     from qualify.spec_ids import REQUIREMENTS
-    from qualify.timeline import MAX_EVENTS, svg_timeline
+    from qualify.timeline import MAX_EVENTS, MAX_RUNS, svg_timeline
 
     env = Environment(loader=PackageLoader("qualify", "templates"), autoescape=select_autoescape())
     actions, matrix = crash_matrix(summary)
@@ -311,7 +311,7 @@ def render_html(summary: dict[str, Any], histories: dict[str, list[dict[str, Any
     total_s, slow = time_table(summary)
     return env.get_template("report.html.j2").render(
         s=summary, requirements=REQUIREMENTS, actions=actions, crash_matrix=matrix,
-        timelines=timelines, max_events=MAX_EVENTS, gate=judged, req_rows=rows,
+        timelines=timelines, max_events=MAX_EVENTS, max_runs=MAX_RUNS, gate=judged, req_rows=rows,
         qualifies=QUALIFIES, does_not_qualify=DOES_NOT_QUALIFY, fault_kinds=faults_by_kind(summary),
         scenario_s=total_s, slowest=slow)
 
