@@ -39,6 +39,7 @@ __all__ = [
     "run_checks",
     "slot_holders",
     "slot_limit_respected",
+    "state_restored_at_every_step",
     "stream_events_consistent",
     "workflow_input_matches_its_run",
     "writes_committed_whole",
@@ -184,6 +185,23 @@ def checkpoints_one_per_step(history: Sequence[Event]) -> Check:
             bad.append(f"{run}: steps {steps}")
     return Check(name, not bad, _summary(bad) or f"{len(checkpoints)} checkpoints", ("R-EXEC-3",),
                  judged=len(checkpoints))
+
+
+def state_restored_at_every_step(history: Sequence[Event]) -> Check:
+    """Every provider call was handed exactly the state the run's previous step
+    checkpointed (R-EXEC-4): the synthetic provider appends each step to the state's
+    ``trail`` and records the trail it was given, so step k must have seen ``[1..k-1]``
+    — after any takeover, resume or restore of a delta chain."""
+    name = "each step was handed the state the previous step checkpointed"
+    bad = []
+    calls = [c for c in _of(history, "provider_call") if "trail_seen" in c]
+    for call in calls:
+        step = int(call["step"])
+        if call["trail_seen"] != list(range(1, step)):
+            bad.append(f"{call['run_id']}: step {step} (attempt {call.get('attempt')}) was handed "
+                       f"trail {call['trail_seen']}")
+    return Check(name, not bad, _summary(bad) or f"{len(calls)} provider calls", ("R-EXEC-4",),
+                 judged=len(calls))
 
 
 def no_write_by_a_superseded_attempt(history: Sequence[Event]) -> Check:
@@ -936,6 +954,7 @@ GENERIC_CHECKERS: tuple[Callable[[Sequence[Event]], Check], ...] = (
     no_write_after_terminal,
     no_step_repeated_after_checkpoint,
     checkpoints_one_per_step,
+    state_restored_at_every_step,
     no_write_by_a_superseded_attempt,
     every_write_by_its_owner,
     deadline_respected,

@@ -11,7 +11,7 @@ from alembic.config import Config
 
 __all__ = ["BASELINE", "HEAD", "alembic_config", "downgrade", "load_revision", "upgrade"]
 
-HEAD = "20261207_120000_audit_deletes"
+HEAD = "20261208_090000_state_deltas"
 BASELINE = "20261001_000000_baseline"
 _DIR = Path(__file__).with_name("migrations")
 

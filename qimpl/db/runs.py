@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 
 from qimpl.errors import DeadlinePassed
 from qimpl.lifecycle import TERMINAL, RunState
+from qimpl.state_delta import fold
 
 __all__ = [
     "DEADLINE_SQLSTATE",
@@ -254,11 +255,20 @@ async def expire_if_overdue(conn: AConn, run_id: str) -> Row | None:
 
 
 async def latest_checkpoint(conn: AConn, run_id: str) -> Row | None:
+    """The run's latest checkpoint row, its ``state`` the whole state at that step (folded
+    from the last whole one through the deltas after it, ``qimpl.state_delta``); None
+    when the run has none. Raises ValueError on a broken delta chain."""
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(
-            "SELECT * FROM run_checkpoints WHERE run_id = %s ORDER BY step DESC LIMIT 1", (run_id,)
-        )
-        return await cur.fetchone()
+            "SELECT * FROM run_checkpoints WHERE run_id = %s AND step >= COALESCE("
+            " (SELECT max(step) FROM run_checkpoints WHERE run_id = %s AND state_json IS NOT NULL), 1)"
+            " ORDER BY step", (run_id, run_id))
+        rows = await cur.fetchall()
+    if not rows:
+        return None
+    latest = dict(rows[-1])
+    latest["state"] = fold((r["state_json"], r["state_delta"]) for r in rows)
+    return latest
 
 
 async def end_unowned(conn: AConn, run_id: str, *, generation: int, state: RunState,

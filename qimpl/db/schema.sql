@@ -845,13 +845,15 @@ CREATE TABLE public.run_checkpoints (
     generation integer NOT NULL,
     attempt integer NOT NULL,
     row_version bigint NOT NULL,
-    state_json jsonb NOT NULL,
+    state_json jsonb,
     answer text,
     pending jsonb,
     committed_by text DEFAULT CURRENT_USER NOT NULL,
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     tool_calls jsonb,
     xact_id xid8,
+    state_delta jsonb,
+    CONSTRAINT run_checkpoints_state_check CHECK (((state_json IS NULL) <> (state_delta IS NULL))),
     CONSTRAINT run_checkpoints_step_check CHECK ((step >= 1))
 );
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import json
 import logging
@@ -230,7 +231,11 @@ class AgentActivities:
     async def _steps(self, owner: RunOwner, row: dict[str, Any], inp: RunInput) -> dict[str, Any]:
         checkpoint = await repo.latest_checkpoint(owner.conn, inp.run_id)
         step = int(checkpoint["step"]) if checkpoint else 0
-        state: dict[str, Any] = dict(checkpoint["state_json"]) if checkpoint else {}
+        state: dict[str, Any] = dict(checkpoint["state"]) if checkpoint else {}
+        # The state of the run's latest checkpoint (None until it has one), kept apart from
+        # the one the provider is handed: a provider that changes its state in place must
+        # not change what the next checkpoint's delta is taken from.
+        saved: dict[str, Any] | None = copy.deepcopy(state) if checkpoint else None
         answer: str | None = checkpoint["answer"] if checkpoint else None
         # A park checkpointed by this generation parks again; a resumed generation goes on.
         pending: dict[str, Any] | None = (
@@ -287,7 +292,8 @@ class AgentActivities:
                     pending = approval_request(inp.run_id, inp.generation, step, pending)
                 await BEFORE_CHECKPOINT.areach(run_id=inp.run_id, step=step, attempt=owner.attempt)
                 await owner.checkpoint(step, state=state, usage=usage, answer=answer, pending=pending,
-                                       tool_calls=calls)
+                                       tool_calls=calls, previous=saved)
+                saved = copy.deepcopy(state)
             await AFTER_CHECKPOINT.areach(run_id=inp.run_id, step=step, attempt=owner.attempt)
         async with _counted(inp.run_id, step):
             if pending is not None:

@@ -43,6 +43,7 @@ from qimpl.db.runs import (
 )
 from qimpl.errors import DeadlinePassed, LostOwnership
 from qimpl.lifecycle import TERMINAL, RunState
+from qimpl.state_delta import diff
 
 __all__ = ["Claim", "RunOwner"]
 
@@ -332,17 +333,24 @@ class RunOwner:
 
     async def checkpoint(self, step: int, *, state: Mapping[str, Any], usage: Mapping[str, Any],
                          answer: str | None = None, pending: Mapping[str, Any] | None = None,
-                         tool_calls: list[dict[str, Any]] | None = None) -> None:
+                         tool_calls: list[dict[str, Any]] | None = None,
+                         previous: Mapping[str, Any] | None = None) -> None:
         """Checkpoint ``step`` and bump ``row_version`` in one transaction (R-EXEC-3). The
         final step's checkpoint carries the ``answer``, so an attempt that dies between it
-        and the final commit is finished without asking the provider again."""
+        and the final commit is finished without asking the provider again. ``previous``
+        is the state of the run's latest checkpoint (None: it has none): the row then
+        holds only the delta from it when that is smaller (``qimpl.state_delta``)."""
+        delta = diff(previous, state) if previous is not None else None
 
         async def insert_checkpoint(cur: Any, got: Any) -> None:
             await INSIDE_CHECKPOINT.areach(run_id=self.run_id, step=step, attempt=self.attempt)
             await cur.execute(
                 "INSERT INTO run_checkpoints (run_id, step, generation, attempt, row_version,"
-                " state_json, answer, pending, tool_calls) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                (self.run_id, step, self.generation, self.attempt, int(got[0]), Jsonb(dict(state)),
+                " state_json, state_delta, answer, pending, tool_calls)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                (self.run_id, step, self.generation, self.attempt, int(got[0]),
+                 Jsonb(dict(state)) if delta is None else None,
+                 Jsonb(delta) if delta is not None else None,
                  answer, Jsonb(dict(pending)) if pending is not None else None,
                  Jsonb(tool_calls) if tool_calls else None),
             )

@@ -185,6 +185,7 @@ class SyntheticProvider(Provider):
         line = json.dumps({"run_id": ctx.run_id, "step": ctx.step, "attempt": ctx.attempt,
                            "generation": ctx.generation, "tool_results": len(ctx.tool_results),
                            "workspace_id": ctx.workspace_id, "grant_sha256": grant_digest(ctx.grant_token),
+                           "trail_seen": ctx.state.get("trail", []),
                            "pid": os.getpid(), "t": true_time()})
         with open(self.control / "provider_calls.jsonl", "a", encoding="utf-8") as fh:
             fh.write(line + "\n")

@@ -104,3 +104,58 @@ def worker_killed_mid_activity(ctx: ScenarioContext) -> None:
                f"calls per step: {dict(sorted(calls.items()))}", "R-EXEC-4")
     ctx.expect("every step asked at least once", set(calls) == set(range(1, STEPS + 1)),
                f"steps asked: {sorted(calls)}", "R-EXEC-3")
+
+
+DELTA_STEPS = 30
+
+
+@scenario(
+    "checkpoint-deltas",
+    title="A 30-step run whose state grows every step stores each checkpoint after the first "
+          "as its delta (a few bytes, not the whole state); the worker SIGKILLed mid-run, a "
+          "fresh one folds the chain back and every step is handed exactly the state its "
+          "predecessor checkpointed",
+    requirements=("R-EXEC-3", "R-EXEC-4", "R-Q-2"),
+    faults=("sigkill worker at a barrier in the middle of a delta chain",),
+)
+def checkpoint_deltas(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    worker = ctx.processes.worker("worker-1")
+    k = ctx.rng.randint(5, DELTA_STEPS - 5)
+    resp = ctx.create_run(api, prompt=make_prompt(
+        steps=DELTA_STEPS, answer="folded", barrier={"step": k + 1, "name": "strike"}))
+    if resp is None or resp.status_code != 202:
+        raise HarnessError(f"create failed: {resp and resp.status_code}")
+    run_id = resp.json()["run_id"]
+    held = ctx.wait_barrier("strike")
+    ctx.nemesis.sigkill(worker, barrier="strike", step=held["step"], attempt=held["attempt"],
+                        run_id=run_id)
+    ctx.processes.worker("worker-2")
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    ctx.expect("run completed after the kill", run["state"] == "completed", run["state"], "R-EXEC-4")
+    rows = ctx.sql("SELECT step, state_json IS NOT NULL, pg_column_size(COALESCE(state_json, state_delta)),"
+                   " state_delta FROM run_checkpoints WHERE run_id = %s ORDER BY step", run_id)
+    whole = [step for step, is_whole, _, _ in rows if is_whole]
+    # A delta is stored once it is smaller than the state: here from the step where the
+    # trail outgrows ``{"append": {"trail": [k]}}`` on.
+    ctx.expect("the whole state is stored only while it is smaller than its delta (the first "
+               "steps); every later checkpoint holds its delta",
+               len(rows) == DELTA_STEPS and whole == list(range(1, len(whole) + 1))
+               and 1 <= len(whole) <= 10, f"whole at steps {whole} of {len(rows)}", "R-EXEC-3",
+               judged=len(rows))
+    deltas = [(step, delta) for step, is_whole, _, delta in rows if not is_whole]
+    ctx.expect("each delta appends its own step to the trail",
+               bool(deltas) and all(d == {"append": {"trail": [step]}} for step, d in deltas),
+               json.dumps(deltas[:3]), "R-EXEC-3", judged=len(deltas))
+    sizes = [size for _, _, size, _ in rows]
+    if_whole = [size for (size,) in ctx.sql(
+        "SELECT pg_column_size(jsonb_build_object('trail', to_jsonb(ARRAY(SELECT generate_series(1, s)))))"
+        " FROM generate_series(1, %s) s ORDER BY s", DELTA_STEPS)]
+    ctx.figures["stored_state_bytes"] = sum(sizes)
+    ctx.figures["stored_state_bytes_if_whole"] = sum(if_whole)
+    ctx.expect("storage is linear in steps: no checkpoint row is larger than the largest delta "
+               "or the first whole states, while whole states would grow every step",
+               max(sizes) <= max(max((s for _, w, s, _ in rows if not w), default=0), max(sizes[:len(whole)], default=0))
+               and sum(sizes) * 2 < sum(if_whole),
+               f"bytes per step: {sizes}; whole states would be {if_whole}", "R-EXEC-3",
+               judged=len(sizes))

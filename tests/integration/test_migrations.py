@@ -147,3 +147,53 @@ def test_downgrade_below_the_tool_journal_refused_under_a_parked_run(empty_db: s
         conn.execute("UPDATE runs SET state = 'cancelled', row_version = row_version + 1"
                      " WHERE run_id = %s", (run_id,))
     downgrade(empty_db, below)
+
+
+@pytest.mark.req("R-OPS-1")
+@pytest.mark.req("R-EXEC-3")
+def test_downgrade_below_state_deltas_folds_every_chain_back_into_whole_states(empty_db: str) -> None:
+    """Issue 22, item 5: a downgrade gives every delta checkpoint its whole state back (the
+    same fold as ``qimpl.state_delta.fold``), across tenants under forced row-level
+    security, and the upgrade after it accepts them again."""
+    import json
+
+    from qimpl.state_delta import diff, fold
+
+    upgrade(empty_db, HEAD)
+    states = [{"trail": [1], "text": "a" * 100, "gone": 1},
+              {"trail": [1, 2], "text": "a" * 100 + "b", "gone": 1},
+              {"trail": [1, 2, 3], "text": "a" * 100 + "bc", "new": {"k": True}},
+              {"trail": [1, 2, 3, 4], "text": "a" * 100 + "bcd", "new": {"k": True}}]
+    runs = {}
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        for tenant in ("t1", "t2"):
+            runs[tenant] = str(uuid.uuid4())
+            conn.execute("INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,"
+                         " stream_key, deadline_at) VALUES (%s, %s, 'p', 'a', 'accepted', 'x', 'k',"
+                         " now() + interval '1 hour')", (runs[tenant], tenant))
+        conn.execute("ALTER TABLE run_checkpoints DISABLE TRIGGER run_checkpoints_guard")
+        for run_id in runs.values():
+            prev = None
+            for step, state in enumerate(states, start=1):
+                delta = diff(prev, state) if prev is not None else None
+                conn.execute("INSERT INTO run_checkpoints (run_id, step, generation, attempt, row_version,"
+                             " state_json, state_delta) VALUES (%s, %s, 1, 1, %s, %s, %s)",
+                             (run_id, step, step, None if delta else json.dumps(state),
+                              json.dumps(delta) if delta else None))
+                prev = state
+        conn.execute("ALTER TABLE run_checkpoints ENABLE TRIGGER run_checkpoints_guard")
+        stored = conn.execute("SELECT run_id::text, step, state_json, state_delta FROM run_checkpoints"
+                              " ORDER BY run_id, step").fetchall()
+        assert sum(d is not None for *_, d in stored) == 6, "the chain holds deltas"
+        assert fold((s, d) for r, _, s, d in stored if r == runs["t1"]) == states[-1]
+    downgrade(empty_db, "20261207_120000_audit_deletes")
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        whole = conn.execute("SELECT run_id::text, step, state_json FROM run_checkpoints"
+                             " ORDER BY run_id, step").fetchall()
+        assert [s for r, _, s in whole if r == runs["t1"]] == states
+        assert [s for r, _, s in whole if r == runs["t2"]] == states
+        forced = conn.execute("SELECT relforcerowsecurity FROM pg_class WHERE relname = 'run_checkpoints'")
+        assert forced.fetchone() == (True,)
+        with pytest.raises(psycopg.DatabaseError, match="may not be changed"):  # the guard is back
+            conn.execute("UPDATE run_checkpoints SET state_json = '{}' WHERE run_id = %s", (runs["t1"],))
+    upgrade(empty_db, HEAD)
