@@ -373,6 +373,7 @@ def up(
     principal: Annotated[str, typer.Option(help="the principal of the printed key")] = "alice",
     workspace: Annotated[str, typer.Option(help="the workspace the principal is granted")] = "default",
     tools: Annotated[bool, typer.Option("--tools", help="start the side-effect sink and give the API and the worker its tools (charge, send_email, merge_pull_request, shell), to try the tool journal by hand")] = False,
+    settings: Annotated[list[str] | None, typer.Option("--set", metavar="QIMPL_NAME=VALUE", help="a setting of docs/operations.md for both the API and the worker (repeatable), e.g. --set QIMPL_CORS_ORIGINS='[\"http://localhost:8000\"]'; the environment's QIMPL_* are not passed on")] = None,
 ) -> None:
     """Start PostgreSQL, Temporal, the API and a worker, and print how to call them; Ctrl-C stops everything."""
     interrupt.install()
@@ -382,8 +383,15 @@ def up(
         raise typer.BadParameter("--provider-config must be a JSON object") from None
     if not isinstance(config, dict):
         raise typer.BadParameter("--provider-config must be a JSON object")
+    from qualify.up import parse_settings
+
+    try:
+        given = parse_settings(settings or [])
+    except UsageError as exc:
+        raise typer.BadParameter(str(exc)) from None
     opts = UpOptions(data_dir=data_dir, provider=provider, provider_config=config, port=port,
-                     tenant=tenant, principal=principal, workspace=workspace, tools=tools)
+                     tenant=tenant, principal=principal, workspace=workspace, tools=tools,
+                     settings=given)
     raise typer.Exit(_guarded(lambda: _up(opts)))
 
 
@@ -402,7 +410,7 @@ def _up(opts: UpOptions) -> int:
         console.print(f"  API key    {ready.api_key}   (tenant {esc(ready.tenant)}, principal "
                       f"{esc(ready.principal)}, workspace {esc(ready.workspace)})")
         console.print(f"  provider   {esc(ready.provider)}   (API and worker)")
-        console.print(f"  database   psql {ready.owner_dsn}   (schema owner)")
+        console.print(f"  database   psql {ready.owner_dsn}   (the schema owner, a superuser: development only)")
         console.print(f"  temporal   {ready.temporal_address}   (task queue {ready.task_queue})")
         console.print(f"  logs       {esc(ready.logs_dir)}   (the API's has one access line per request)")
         if ready.sink_url:

@@ -84,7 +84,7 @@ def svg_timeline(events: Sequence[Event]) -> tuple[str, bool]:
     lanes_y = bands_y + BAND_H * len(drawn_runs) + (14 if drawn_runs else 0)
     axis_y = lanes_y + LANE_H * len(LANES) + 4
     height = axis_y + 48
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" '
            'font-family="sans-serif" font-size="11" role="img">',
            '<text x="4" y="12" fill="#374151">runs: state at each transition\'s commit on the '
            'database\'s clock, owner attempt aN, | takeover, ▪ checkpoint; red: faults</text>']

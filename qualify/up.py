@@ -41,7 +41,8 @@ from qualify.stack._embedded import API_ROLE, TEMPLATE_DB, WORKER_ROLE, _build_t
 from qualify.stack.postgres import SHM, PostgresServer, _traversable_by_others, embedded_bin_dir
 from qualify.stack.temporal import TemporalServer
 
-__all__ = ["PROVIDERS", "Ready", "UpEnvironment", "UpOptions", "curl_command", "provider_env"]
+__all__ = ["PROVIDERS", "STACK_SETTINGS", "Ready", "UpEnvironment", "UpOptions", "curl_command",
+           "parse_settings", "provider_env"]
 
 #: ``--provider`` shorthands; anything else must be a plugin ``module:factory``.
 PROVIDERS = {
@@ -67,6 +68,29 @@ class UpOptions:
     #: Start the side-effect sink and give the API and the worker its tools (``charge``,
     #: ``send_email``, ``merge_pull_request``, ``shell``: ``qualify.fakes.tools``).
     tools: bool = False
+    #: ``QIMPL_*`` settings (``docs/operations.md``) given to both the API and the worker
+    #: over ``qualify up``'s own (``--set QIMPL_CORS_ORIGINS='["http://localhost:8000"]'``).
+    settings: dict[str, str] = field(default_factory=dict)
+
+
+#: Settings ``qualify up`` owns: where the processes find their database and Temporal.
+STACK_SETTINGS = frozenset({"QIMPL_DATABASE_URL", "QIMPL_TEMPORAL_ADDRESS", "QIMPL_TEMPORAL_NAMESPACE",
+                            "QIMPL_TASK_QUEUE", "QIMPL_CONTROL_DIR"})
+
+
+def parse_settings(pairs: list[str]) -> dict[str, str]:
+    """``KEY=VALUE`` pairs of ``--set`` as a dict. Raises UsageError for a pair without
+    ``=``, a key that is not a qimpl setting (``QIMPL_*``, ``AGENT_*``, ``DURABLE_*``) or
+    one ``qualify up`` owns (``STACK_SETTINGS``)."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.startswith(("QIMPL_", "AGENT_", "DURABLE_")):
+            raise UsageError(f"--set takes QIMPL_NAME=value (a setting of docs/operations.md), got {pair!r}")
+        if key in STACK_SETTINGS:
+            raise UsageError(f"--set {key}: qualify up sets it itself (its own database and Temporal)")
+        out[key] = value
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,7 +207,8 @@ class UpEnvironment:
                            "DURABLE_AGENT_RECONCILE_TENANTS": json.dumps([self.opts.tenant]),
                            # A service to try by hand: the product's failure backoff.
                            "QIMPL_PROVIDER_BACKOFF_S": str(DEFAULT_BASE_S),
-                           "QIMPL_PROVIDER_BACKOFF_MAX_S": str(DEFAULT_MAX_S)},
+                           "QIMPL_PROVIDER_BACKOFF_MAX_S": str(DEFAULT_MAX_S),
+                           **self.opts.settings},
                 sink_url=self.sink.url if self.sink is not None else "", access_log=True)
             self.processes = Processes(deployment)
             # The processes boot (seconds of imports) while the rest is prepared: the API

@@ -184,10 +184,16 @@ def test_qualify_up_with_tools_runs_a_tool_call_and_logs_each_request() -> None:
     request."""
     from qualify.fakes.synthetic import make_prompt
 
-    with qualify_up("--tools") as up:
+    origin = "http://127.0.0.1:8765"
+    with qualify_up("--tools", "--set", f'QIMPL_CORS_ORIGINS=["{origin}"]') as up:
         ready = json.loads(up.wait_for("ready ", READY_TIMEOUT_S).removeprefix("ready "))
         assert ready["sink_url"].startswith("http://127.0.0.1:")
         auth = {"Authorization": f"Bearer {ready['api_key']}"}
+        # --set reaches the API: a browser's preflight from the allowed origin is answered.
+        preflight = httpx.options(f"{ready['base_url']}/v1/agents/{ready['agent']}/runs/x/events", timeout=10,
+                                  headers={"Origin": origin, "Access-Control-Request-Method": "GET"})
+        assert preflight.status_code == 200, preflight.text
+        assert preflight.headers["access-control-allow-origin"] == origin
         prompt = make_prompt(steps=2, answer="charged", tools={"1": [{"tool": "charge", "arguments": {"amount": 5}}]})
         created = httpx.post(f"{ready['base_url']}/v1/agents/{ready['agent']}/runs", timeout=10,
                              json={"prompt": prompt, "durable_temporal": True},

@@ -28,11 +28,19 @@ def _summary(tmp: Path) -> dict[str, object]:
         sc = Scenario(sid, f"title of {sid}", reqs, lambda ctx: None, ("sigkill",))
         out = tmp / "scenarios" / sid
         (out / "logs").mkdir(parents=True)
-        checks = [Check(f"the check {j} of {sid} that judged its items", True, "", (req,), judged=2)
-                  for j, req in enumerate(reqs)]
+        # Details as long as real ones: JSON without spaces, a trail of ids.
+        detail = '{"listed":{"agent-run-2017db0f-b52c-453c-8a56-d96769aad3b3-g1":{"generation":1}}}' * 3
+        checks = [Check(f"the check {j} of {sid} that judged its items", True, detail if j == 0 else "",
+                        (req,), judged=2) for j, req in enumerate(reqs)]
+        # A table as wide as the contract matrix's: a route and nine credential kinds.
+        tables = {"contract matrix": {
+            "columns": ["route", *[f"credential-kind-{k}" for k in range(9)]],
+            "rows": [[f"POST /v1/agents/{{agent_id}}/runs/{{run_id}}/route-{r}",
+                      *["403 tenant_not_assigned (wanted 403 or 404 not_found)"] * 9] for r in range(3)]}}
         result = ScenarioResult(scenario=sc, seed=5, verdict=Verdict.PASS, duration_s=3.0 + i % 7, checks=checks,
                                 faults=[{"fault": "sigkill", "target": "worker-1", "landed": True, "evidence": {}}],
-                                crash_points=[], figures={}, out_dir=out, logs=[])
+                                crash_points=[], figures={}, out_dir=out, logs=[],
+                                tables=tables if i % 10 == 0 else {})
         docs.append(scenario_doc(result, report_dir=tmp, stack_kind="embedded"))
     return build_summary(scenarios=docs, seed=5, duration_s=300.0, stack={"kind": "embedded", "boot_s": 0.5},
                          provenance={"git_sha": "abc"}, report_dir=tmp, crash_catalog=[])
@@ -49,9 +57,13 @@ def test_the_report_fits_1280_px_and_shows_every_requirement(tmp_path: Path) -> 
             page.goto((tmp_path / "report.html").as_uri())
             page.screenshot(path=str(tmp_path / "report-1280.png"), full_page=False)
             assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+            # Every scenario opened: its checks, tables and timeline fit too.
+            page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
+            assert page.evaluate("document.documentElement.scrollWidth") <= 1280
             widest = page.evaluate(
-                "Math.max(...[...document.querySelectorAll('main table')].map(t => t.getBoundingClientRect().right))")
-            assert widest <= 1280, f"a table reaches {widest} px"
+                "Math.max(...[...document.querySelectorAll('main table, main svg')]"
+                ".map(t => t.getBoundingClientRect().right))")
+            assert widest <= 1280, f"a table or picture reaches {widest} px"
             for req in ("R-PROV-1", "R-TOOL-1", "R-TOOL-5"):
                 row = page.locator("table.reqs tr", has_text=req).first
                 box = row.bounding_box()
