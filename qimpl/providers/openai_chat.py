@@ -77,9 +77,11 @@ class OpenAIChatProvider(Provider):
         body cut mid-stream), ``provider_truncated_stream`` (ended without saying how it
         finished), ``provider_malformed_response``, ``provider_malformed_tool_call``)."""
         folded = Accumulator(step=ctx.step)
+        answered = False  # the server answered 200 and the body is being read
         try:
             async with asyncio.timeout(self.settings.request_timeout_s):
                 stream = await self.client.chat.completions.create(**self.request(ctx))
+                answered = True
                 async with stream:
                     async for chunk in stream:
                         delta = folded.add(chunk.model_dump())
@@ -94,7 +96,9 @@ class OpenAIChatProvider(Provider):
             wait = parse_retry_after(exc.response.headers.get("retry-after"), now=time.time())
             raise ProviderFailed(f"provider_http_{exc.status_code}", retry_after_s=wait) from None
         except openai.APIConnectionError:
-            raise ProviderFailed("provider_unreachable") from None
+            # After the 200 a lost connection is a body cut mid-stream (the SDK wraps the
+            # transport's error while iterating too), not a server out of reach.
+            raise ProviderFailed("provider_stream_broken" if answered else "provider_unreachable") from None
         except openai.APIError:
             raise ProviderFailed("provider_error") from None
         except httpx.TransportError:

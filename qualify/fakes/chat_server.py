@@ -13,7 +13,11 @@ prompt (the first user message), a JSON object::
   ``Authorization`` header, as careless servers do: a canary for leaks) or ``"timeout"``
   (the answer is held for ``hold_s`` seconds, past the adapter's request timeout) or
   ``"truncated"`` (two thirds of the text answer, then a clean end of the stream with no
-  ``finish_reason`` and no ``[DONE]``); later requests of the step are answered normally.
+  ``finish_reason`` and no ``[DONE]``) or another way a stream breaks: ``"bad_chunk"`` (a
+  chunk that is not JSON), ``"cut_body"`` (the connection closed halfway through the
+  announced body), ``"error_event"`` (an error event inside the 200), ``"cut_tool_arguments"``
+  (a tool call whose arguments stop halfway, though the turn says ``tool_calls``); a 429
+  comes with ``Retry-After: 1``. Later requests of the step are answered normally.
 - With ``tool`` and no ``tool`` message yet, the answer is that tool call (``call_1``,
   its arguments in two pieces, ``finish_reason`` ``tool_calls``); otherwise the text ``<answer> <tool message contents>``
   in three deltas. Every answer ends with a usage chunk: ``prompt_tokens`` is the number
@@ -27,6 +31,7 @@ harness's independent record of what the provider was asked.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections import Counter
@@ -72,15 +77,22 @@ class ChatServer:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
                 status, payload, hold = server.answer(body, self.headers.get("Authorization"))
-                if hold:
+                cut = hold == "cut"
+                if hold is True:
                     server._release.wait(server.hold_s)
                 try:
                     self.send_response(status)
                     kind = "text/event-stream" if status == 200 else "application/json"
                     self.send_header("Content-Type", kind)
                     self.send_header("Content-Length", str(len(payload)))
+                    if status == 429:
+                        self.send_header("Retry-After", "1")
                     self.end_headers()
-                    self.wfile.write(payload)
+                    self.wfile.write(payload[:len(payload) // 2] if cut else payload)
+                    if cut:  # half the announced body, then the connection goes
+                        self.wfile.flush()
+                        self.close_connection = True
+                        self.connection.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass  # the client gave up (its timeout): nothing to answer
 
@@ -102,8 +114,9 @@ class ChatServer:
         self._httpd.server_close()
         self._thread.join(timeout=10)
 
-    def answer(self, body: Mapping[str, Any], authorization: str | None) -> tuple[int, bytes, bool]:
-        """``(status, payload, hold)`` for one request, recorded before it is answered."""
+    def answer(self, body: Mapping[str, Any], authorization: str | None) -> tuple[int, bytes, bool | str]:
+        """``(status, payload, hold)`` for one request, recorded before it is answered;
+        ``hold`` True: held ``hold_s``; ``"cut"``: the body is cut halfway."""
         messages = list(body.get("messages") or [])
         prompt = next((str(m.get("content")) for m in messages if m.get("role") == "user"), "")
         try:
@@ -126,11 +139,14 @@ class ChatServer:
             tool = script["tool"]
             arguments = json.dumps(tool.get("arguments") or {})
             half = len(arguments) // 2
+            rest = "" if failure == "cut_tool_arguments" else arguments[half:]
+            if failure == "cut_tool_arguments":
+                outcome = "cut_tool_arguments"
             payload = _sse([
                 _chunk({"role": "assistant", "content": None, "tool_calls": [
                     {"index": 0, "id": "call_1", "type": "function",
                      "function": {"name": tool["name"], "arguments": arguments[:half]}}]}),
-                _chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments[half:]}}]},
+                _chunk({"tool_calls": [{"index": 0, "function": {"arguments": rest}}]},
                        finish="tool_calls"),
                 _chunk(usage=usage)])
         else:
@@ -144,12 +160,22 @@ class ChatServer:
                 # Two thirds of the answer, then a clean end: no finish_reason, no [DONE].
                 outcome, payload = "truncated", "".join(
                     f"data: {json.dumps(c)}\n\n" for c in chunks[:2]).encode()
+            elif failure == "bad_chunk":
+                outcome, payload = "bad_chunk", (
+                    f"data: {json.dumps(chunks[0])}\n\n" + "data: {\"choices\": [{\"delta\"\n\n"
+                    + "data: [DONE]\n\n").encode()
+            elif failure == "error_event":
+                outcome, payload = "error_event", (
+                    f"data: {json.dumps(chunks[0])}\n\n"
+                    + 'data: {"error": {"message": "model overloaded", "type": "server_error"}}\n\n').encode()
             else:
                 payload = _sse(chunks)
+                if failure == "cut_body":
+                    outcome = "cut_body"
         if failure == "timeout":
             outcome = "held"
         line = {"t": time.time(), "step": step, "outcome": outcome, "usage": usage,
                 "authorized": authorization is not None, "body": dict(body)}
         with self._lock, open(self.control_dir / "chat_requests.jsonl", "a", encoding="utf-8") as fh:
             fh.write(json.dumps(line, sort_keys=True) + "\n")
-        return status, payload, failure == "timeout"
+        return status, payload, "cut" if failure == "cut_body" else failure == "timeout"

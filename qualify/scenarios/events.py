@@ -327,6 +327,11 @@ def stream_survives_listener_loss(ctx: ScenarioContext) -> None:
     _check_followers(ctx, followers, run_id, api, "R-EVENT-2", "R-EVENT-3")
 
 
+#: How soon a pruned stream must answer its 410: a liveness bound, far above the
+#: milliseconds it takes, far below the listener waits a hang would show (30 s and more).
+PRUNED_ANSWER_S = 5.0
+
+
 @scenario(
     "event-streams-pruned",
     title="250 ended runs with a 1 s event retention and three reconcilers at once: every "
@@ -368,11 +373,17 @@ def event_streams_pruned(ctx: ScenarioContext) -> None:
     left = ctx.sql("SELECT count(*) FROM run_events WHERE run_id = ANY(%s::uuid[])", run_ids)
     ctx.expect("exactly the 250 expired streams pruned, nothing of them left",
                twice[0][0] == 0 and left[0][0] == 0, f"others {twice[0][0]}, left {left[0][0]}", "R-EVENT-5")
+    asked = time.monotonic()
     gone = read_stream(ctx, api, run_ids[0], keys[run_ids[0]])
+    answered_s = time.monotonic() - asked
+    ctx.figures["pruned_stream_answered_s"] = round(answered_s, 3)
     body = json.loads(gone[0].get("body") or "{}") if gone and "status" in gone[0] else {}
     ctx.expect("a pruned stream answers 410 event_stream_pruned",
                bool(gone) and gone[0].get("status") == 410 and body.get("code") == "event_stream_pruned",
                str(gone)[:200], "R-EVENT-5")
+    # At once, not after a wait (issue 22, item 10): the answer comes from the prune record.
+    ctx.expect(f"the pruned stream's 410 came at once ({answered_s:.2f} s, bound {PRUNED_ANSWER_S:g} s)",
+               answered_s <= PRUNED_ANSWER_S, "", "R-EVENT-5")
     ctx.expect("the pruned run's record stays readable",
                ctx.read_run(api, run_ids[0])["state"] == "cancelled", "", "R-EVENT-5")
     kept = read_stream(ctx, api, live_id, live_key, stop_after=1)

@@ -124,3 +124,74 @@ def openai_provider_truncated_stream(ctx: ScenarioContext) -> None:
                [tuple(r) for r in records] == [(1, "failed", "provider_error:provider_truncated_stream"),
                                                (1, "succeeded", None)], str(records),
                "R-EXEC-6", "R-Q34-2")
+
+
+#: Each way a stream breaks (``qualify.fakes.chat_server``) and the safe code the adapter
+#: must count it under (R-PROV-1, issue 22 item 13).
+STREAM_BREAKS = {
+    429: "provider_error:provider_http_429",
+    "bad_chunk": "provider_error:provider_malformed_response",
+    "cut_body": "provider_error:provider_stream_broken",
+    "truncated": "provider_error:provider_truncated_stream",
+    "error_event": "provider_error:provider_error",
+    "cut_tool_arguments": "provider_error:provider_malformed_tool_call",
+}
+
+
+@scenario(
+    "openai-provider-stream-breaks",
+    title="Every way a chat-completions stream breaks, against a fake server the real worker "
+          "reaches over HTTP: a 429 with Retry-After, a chunk that is not JSON, the body cut "
+          "halfway, a clean end with no finish_reason, an error event inside the 200, and a "
+          "tool call whose arguments stop halfway. Each is a counted failure under its own "
+          "safe code, never a short or wrong answer; each run's retry completes it whole",
+    requirements=("R-PROV-1", "R-EXEC-6", "R-Q34-2"),
+)
+def openai_provider_stream_breaks(ctx: ScenarioContext) -> None:
+    server = ChatServer(ctx.control).start()
+    try:
+        env = {"QIMPL_PROVIDER": "openai", "QIMPL_PROVIDER_CONFIG": "{}",
+               "QIMPL_OPENAI_BASE_URL": f"{server.url}/v1", "QIMPL_OPENAI_MODEL": "fake-1",
+               "QIMPL_OPENAI_API_KEY": API_KEY_CANARY, "QIMPL_PROVIDER_MAX_FAILURES": "5"}
+        api = ctx.processes.api(**env)
+        ctx.processes.worker(**env)
+        runs: dict[str, str] = {}
+        for kind in STREAM_BREAKS:
+            script: dict[str, Any] = {"fail": {"1": kind}, "answer": f"whole answer after {kind}"}
+            if kind == "cut_tool_arguments":
+                script["tool"] = {"name": "charge", "arguments": {"amount": 5, "memo": "a memo long enough"}}
+            runs[str(kind)] = accepted(ctx, api, prompt=chat_prompt(**script))
+        ended = {kind: ctx.wait_terminal(api, run_id, timeout_s=60) for kind, run_id in runs.items()}
+    finally:
+        server.stop()
+    for kind, code in STREAM_BREAKS.items():
+        run_id, run = runs[str(kind)], ended[str(kind)]
+        answer = (run.get("result_json") or {}).get("answer", "")
+        whole = f"whole answer after {kind}"
+        ctx.expect(f"{kind}: the run completed with the retry's whole answer",
+                   run["state"] == "completed" and answer.startswith(whole),
+                   f"{run['state']}: {answer[:120]!r}", "R-PROV-1", "R-EXEC-6")
+        records = [tuple(r) for r in ctx.sql(
+            "SELECT step, status, outcome_code FROM provider_calls WHERE run_id = %s ORDER BY id", run_id)]
+        ctx.expect(f"{kind}: one counted failure under {code}, then the retry succeeded",
+                   bool(records) and records[0] == (1, "failed", code)
+                   and all(status == "succeeded" for _, status, _ in records[1:]) and len(records) >= 2,
+                   str(records), "R-EXEC-6", "R-Q34-2")
+    waited = [r for r in _requests(ctx.control) if _script(r).get("fail") == {"1": 429}]
+    if len(waited) >= 2:
+        ctx.figures["retry_after_429_s"] = round(waited[1]["t"] - waited[0]["t"], 3)
+    ctx.expect("the 429's Retry-After (1 s) was waited before the retry",
+               len(waited) >= 2 and waited[1]["t"] - waited[0]["t"] >= 0.95,
+               f"asked at {[round(r['t'] - waited[0]['t'], 3) for r in waited]}" if waited else "never asked",
+               "R-EXEC-6")
+
+
+def _script(request: dict[str, Any]) -> dict[str, Any]:
+    """The chat script of a recorded request (its first user message), or {}."""
+    for message in request["body"].get("messages") or []:
+        if message.get("role") == "user":
+            try:
+                return dict(json.loads(str(message.get("content"))).get("chat") or {})
+            except (ValueError, AttributeError):
+                return {}
+    return {}
