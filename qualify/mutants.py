@@ -521,6 +521,31 @@ CATALOG: tuple[Mutant, ...] = (
         "every Last-Event-ID from 0 to the terminal id: every later event exactly once, in order, "
         "then the terminal event (204 after it)"),
     Mutant(
+        "checkpoint-delta-drops-appends", "a delta chain folds back to the checkpointed state (R-EXEC-4)",
+        (Patch("qimpl/state_delta.py", "out[key] = [*before, *tail]", "out[key] = list(tail)"),),
+        "checkpoint-deltas", "each step was handed the state the previous step checkpointed"),
+    Mutant(
+        "search-attributes-never-tag-the-outcome", "a generation's workflow tags the run's state (issue 25)",
+        (Patch("qimpl/workflows/agent_run.py", 'if tagged and isinstance(outcome.get("state"), str):',
+               "if False:"),),
+        "runs-found-in-temporal",
+        "a query by tenant and state finds each run's generation under its own state only"),
+    Mutant(
+        "worker-starts-without-search-attributes", "a worker refuses a namespace without them (R-OPS-3)",
+        (Patch("qimpl/workflows/worker.py", "    await check_search_attributes(client, settings)\n", ""),),
+        "runs-found-in-temporal",
+        "a worker in a namespace without the search attributes exits 64 naming each one"),
+    Mutant(
+        "cut-stream-counted-unreachable", "a body cut after the 200 is provider_stream_broken (R-PROV-1)",
+        (Patch("qimpl/providers/openai_chat.py",
+               '"provider_stream_broken" if answered else "provider_unreachable"', '"provider_unreachable"'),),
+        "openai-provider-stream-breaks",
+        "cut_body: one counted failure under provider_error:provider_stream_broken, then the retry succeeded"),
+    Mutant(
+        "pool-hands-out-dead-connections", "the API's pool replaces dead connections on checkout",
+        (Patch("qimpl/api/deps.py", "            check=_check,\n", "            check=None,\n"),),
+        "api-pool-connections-killed", "none failed: the pool replaced every dead connection on checkout"),
+    Mutant(
         "stream-ends-before-its-terminal-event", "a stream ends with its terminal event (R-EVENT-3)",
         (Patch("qimpl/api/routers/events.py", "int(last_event_id) >= int(newest))", "int(last_event_id) >= int(newest) - 1)"),),
         "stream-every-last-event-id", "terminal - 1: only the terminal event, matching the run record"),

@@ -89,7 +89,8 @@ async def _known(scope: Scope, headers: dict[bytes, bytes]) -> bool:
 
 
 async def _answer(send: Any, status: int, code: str, message: str) -> None:
-    body = json.dumps({"code": code, "message": message}).encode()
+    # As the routes' JSONResponse renders it: one error body, whichever layer answers.
+    body = json.dumps({"code": code, "message": message}, separators=(",", ":")).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode())]})

@@ -121,7 +121,9 @@ DELTA_STEPS = 30
 def checkpoint_deltas(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
     worker = ctx.processes.worker("worker-1")
-    k = ctx.rng.randint(5, DELTA_STEPS - 5)
+    # Past the first few whole states (those of the shortest trails), so the restore folds
+    # several deltas.
+    k = ctx.rng.randint(12, DELTA_STEPS - 5)
     resp = ctx.create_run(api, prompt=make_prompt(
         steps=DELTA_STEPS, answer="folded", barrier={"step": k + 1, "name": "strike"}))
     if resp is None or resp.status_code != 202:
