@@ -100,7 +100,9 @@ def _progress(kind: str, data: Any) -> None:
         _TALLY.plan(int(data["total"]))
     elif kind == "stack":
         console.print(f"stack {data.kind}: PostgreSQL {data.postgres_version}, "
-                      f"Temporal {data.temporal_version}, booted in {data.boot_s:.2f} s")
+                      f"Temporal {data.temporal_version}, booted in {data.boot_s:.2f} s"
+                      + (f"; timers tuned ({', '.join(f'{k}={v}' for k, v in data.temporal_config.items())})"
+                         if data.temporal_config else ""))
     elif kind == "slice":
         ids = data["scenarios"]
         shown = ", ".join(ids) if len(ids) <= 12 else f"{', '.join(ids[:3])}, … {ids[-1]} ({len(ids)} scenarios)"
@@ -164,23 +166,26 @@ def run(
     temporal_address: TemporalOpt = "",
     reports_dir: ReportsOpt = Path("reports"),
     reruns: Annotated[int, typer.Option(help="re-run a failing scenario N times to measure flakiness")] = 1,
-    parallel: Annotated[str, typer.Option("-n", "--parallel", help="parallel slices, each with its own stack; 'auto' = CPUs")] = "1",
+    parallel: Annotated[str, typer.Option("-n", "--parallel", help="parallel slices, each with its own stack; 'auto' = one per CPU on an embedded or system stack (never more than the scenarios), else one")] = "auto",
     determinism_check: Annotated[bool, typer.Option("--determinism-check", help="measure how reproducible the harness is, and exit")] = False,
     shard: Annotated[str | None, typer.Option("--shard", help="K/N: run only the K-th of N shards of the selection (merge the shards' reports with qualify merge)")] = None,
-    spawn: Annotated[str, typer.Option("--spawn", help="how API and worker processes start: auto (random schedules fork from a preloaded server, catalog scenarios exec), fork or exec")] = "auto",
+    spawn: Annotated[str, typer.Option("--spawn", help="how API and worker processes start: auto (the named exec set execs its entry points, every other scenario forks from a preloaded server), fork or exec")] = "auto",
+    temporal_timers: Annotated[str, typer.Option("--temporal-timers", help="tuned: the dev server's timer shift at 20 ms (the named default-timer scenarios still run on a server's defaults); default: every scenario on the defaults users run")] = "tuned",
 ) -> None:
     """Boot a disposable stack, run the scenarios, write a sign-off report."""
-    from qualify.session import SessionOptions, parse_shard, run_session
+    from qualify.session import SessionOptions, auto_slices, parse_shard, run_session
 
     interrupt.install()
     if determinism_check:
         raise typer.Exit(_determinism(seed, stack, reports_dir))
     if parallel != "auto" and not parallel.isdigit():
         raise typer.BadParameter("-n takes a number of workers or 'auto'")
-    n = (os.cpu_count() or 1) if parallel == "auto" else int(parallel)
+    # Slices boot stacks of their own: on a stack the harness does not boot, auto is one.
+    n = (auto_slices(os.cpu_count() or 1) if stack in ("embedded", "system") else 1) if parallel == "auto" \
+        else int(parallel)
     opts = SessionOptions(scenario_ids=scenario or [], random_n=random_n, seed=seed, stack_kind=stack,
                           pg_dsn=pg_dsn, temporal_address=temporal_address, reports_root=reports_dir,
-                          reruns=reruns, parallel=max(1, n), spawn=spawn)
+                          reruns=reruns, parallel=max(1, n), spawn=spawn, temporal_timers=temporal_timers)
 
     def session() -> int:
         opts.shard = parse_shard(shard) if shard is not None else None

@@ -168,8 +168,9 @@ class ForkServer:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-#: ``--spawn``: ``auto`` forks the processes of generated (random) schedules and execs
-#: those of the catalog's scenarios, which thereby qualify the entry points themselves.
+#: ``--spawn``: ``auto`` execs the processes of the named set of catalog scenarios that
+#: qualify the entry points themselves (``Scenario.exec_because``) and forks every other
+#: scenario's, random schedules included; ``fork`` and ``exec`` apply to all.
 SPAWN_MODES = ("auto", "fork", "exec")
 
 
@@ -183,9 +184,11 @@ class SpawnPolicy:
         self.mode = mode
         self.server: ForkServer | None = None
 
-    def launcher_for(self, generated: bool) -> ForkServer | None:
-        """The fork server for a scenario (``generated``: a random schedule), or None to exec."""
-        if self.mode == "exec" or (self.mode == "auto" and not generated):
+    def launcher_for(self, execs: bool) -> ForkServer | None:
+        """The fork server for a scenario, or None to exec its processes. ``execs``: the
+        scenario is one of the named set that execs its entry points (``exec_because``),
+        which ``auto`` honours; ``fork`` and ``exec`` apply to every scenario."""
+        if self.mode == "exec" or (self.mode == "auto" and execs):
             return None
         if self.server is None or not self.server.alive:
             self.stop()

@@ -91,6 +91,8 @@ def merge_reports(shard_dirs: Sequence[Path], reports_root: Path) -> tuple[dict[
         stack=first.get("stack", {}), provenance=first.get("provenance", {}), report_dir=report_dir,
         crash_catalog=list(crash_point_catalog()))
     summary["refused"] = sorted({i for s in summaries for i in s.get("refused", [])})
+    modes = {s.get("spawn", "auto") for s in summaries}
+    summary["spawn"] = "fork" if modes == {"fork"} else sorted(modes - {"fork"})[0]
     summary["merged_from"] = [{"dir": str(d), "shard": f"{s['shard']['index']}/{s['shard']['count']}",
                                "verdict": s.get("verdict"), "duration_s": s.get("duration_s")}
                               for d, s in zip(shard_dirs, summaries, strict=True)

@@ -25,6 +25,7 @@ import psutil
 
 from qualify.errors import HarnessError
 from qualify.procs import Child, free_port, kill_tree, spawn, wait_until
+from qualify.timing import spent
 
 if TYPE_CHECKING:
     from qualify.forkserver import ForkServer
@@ -126,7 +127,8 @@ class ManagedProcess:
 
     def start(self) -> ManagedProcess:
         """Spawn the process and wait until it is ready (``spawn`` + ``wait_ready``)."""
-        return self.spawn().wait_ready()
+        with spent("process_start"):
+            return self.spawn().wait_ready()
 
     def spawn(self) -> ManagedProcess:
         """Start the process without waiting: several can then boot at once."""
@@ -145,13 +147,18 @@ class ManagedProcess:
         is not ready within READY_TIMEOUT_S."""
         if self.proc is None:
             raise HarnessError(f"{self.name} was never spawned")
+        with spent("process_start"):
+            self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        assert self.proc is not None
         if self.kind == "api":
             wait_until(self._healthy, timeout_s=READY_TIMEOUT_S, what=self.name, proc=self.proc,
-                       interval_s=0.05)
+                       interval_s=0.05, kind="process_start")
         else:
             wait_until(lambda: self._logged("worker.ready", self._offset), timeout_s=READY_TIMEOUT_S,
-                       what=self.name, proc=self.proc, interval_s=0.05)
-        return self
+                       what=self.name, proc=self.proc, interval_s=0.05, kind="process_start")
 
     def _healthy(self) -> bool:
         return httpx.get(f"{self.base_url}/healthz", timeout=1.0).status_code == 200
@@ -254,12 +261,20 @@ class Processes:
         return self._started(proc)
 
     def stop_all(self) -> None:
-        errors = []
-        for proc in self.all.values():
+        """Stop and reap every process, all at once (each drains on SIGTERM in parallel
+        instead of one after another); HarnessError naming those that would not stop."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def stop(proc: ManagedProcess) -> str:
             try:
                 proc.stop()
             except Exception as exc:  # noqa: BLE001 - keep reaping the others
-                errors.append(f"{proc.name}: {exc}")
+                return f"{proc.name}: {exc}"
+            return ""
+
+        procs = list(self.all.values())
+        with ThreadPoolExecutor(max_workers=max(1, len(procs))) as pool:
+            errors = [e for e in pool.map(stop, procs) if e]
         if errors:
             raise HarnessError("could not stop: " + "; ".join(errors))
 
@@ -305,7 +320,7 @@ class SinkProcess:
                            "--dir", str(self.dir)], log_path=self.log_path,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
         wait_until(ready.exists, timeout_s=SINK_READY_TIMEOUT_S, what="sink", proc=self.proc,
-                   interval_s=0.005)
+                   interval_s=0.005, kind="process_start")
         return self
 
     def stop(self) -> None:

@@ -141,9 +141,19 @@ def wait_until(
     what: str,
     interval_s: float = 0.02,
     proc: Child | None = None,
+    kind: str = "wait_condition",
 ) -> float:
-    """Poll ``check`` until true; returns seconds waited. Raises HarnessError on timeout
-    or when ``proc`` exits first."""
+    """Poll ``check`` until true; returns seconds waited, counted as ``kind`` in the
+    scenario's time (``qualify.timing``). Raises HarnessError on timeout or when
+    ``proc`` exits first."""
+    from qualify.timing import spent
+
+    with spent(kind):
+        return _wait_until(check, timeout_s=timeout_s, what=what, interval_s=interval_s, proc=proc)
+
+
+def _wait_until(check: Callable[[], bool], *, timeout_s: float, what: str, interval_s: float,
+                proc: Child | None) -> float:
     from qualify import interrupt
 
     start = time.monotonic()

@@ -66,7 +66,14 @@ def scenario_doc(r: ScenarioResult, *, report_dir: Path, stack_kind: str) -> dic
         "logs": [str((r.out_dir / p).relative_to(report_dir)) for p in r.logs],
         "repro": repro_line(r.scenario.id, r.seed, stack_kind),
         "spawn": r.spawn,
+        "execd": r.execd,
+        "time_by_kind": r.time_by_kind,
+        "temporal_timers": r.temporal_timers,
     }
+    if r.scenario.exec_because:
+        doc["exec_because"] = r.scenario.exec_because
+    if r.scenario.default_timers_because:
+        doc["default_timers_because"] = r.scenario.default_timers_because
     if r.scenario.schedule is not None:
         doc["schedule"] = json.loads(r.scenario.schedule)
     if r.reproduction:
@@ -244,10 +251,13 @@ def faults_by_kind(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def time_table(summary: dict[str, Any], top: int = 15) -> tuple[float, list[dict[str, Any]]]:
-    """``(total scenario seconds, the ``top`` longest scenarios as {id, s, share})``
-    (pure): where a run's time goes (issue 24, item 1)."""
+    """``(total scenario seconds, the ``top`` longest scenarios as {id, s, share, spawn,
+    kinds: their three largest (kind, seconds)})`` (pure): where a run's time goes
+    (issue 24, item 1)."""
     total = sum(float(sc.get("duration_s") or 0) for sc in summary["scenarios"])
-    rows = sorted(({"id": sc["id"], "s": float(sc.get("duration_s") or 0)} for sc in summary["scenarios"]),
+    rows = sorted(({"id": sc["id"], "s": float(sc.get("duration_s") or 0), "spawn": sc.get("spawn", ""),
+                    "kinds": sorted((sc.get("time_by_kind") or {}).items(), key=lambda kv: -kv[1])[:3]}
+                   for sc in summary["scenarios"]),
                   key=lambda r: -r["s"])[:top]
     for r in rows:
         r["share"] = r["s"] / total if total else 0.0
@@ -309,11 +319,16 @@ def render_html(summary: dict[str, Any], histories: dict[str, list[dict[str, Any
     timelines = {sc["id"]: svg_timeline(histories.get(sc["id"], [])) for sc in summary["scenarios"]}
     judged, rows = requirement_rows(summary)
     total_s, slow = time_table(summary)
+    from qualify.timing import sum_by_kind
+
+    by_kind = sum_by_kind(summary["scenarios"])
+    execs = [{"id": sc["id"], "why": sc["exec_because"], "execd": sc.get("execd", [])}
+             for sc in summary["scenarios"] if sc.get("exec_because")]
     return env.get_template("report.html.j2").render(
         s=summary, requirements=REQUIREMENTS, actions=actions, crash_matrix=matrix,
         timelines=timelines, max_events=MAX_EVENTS, max_runs=MAX_RUNS, gate=judged, req_rows=rows,
         qualifies=QUALIFIES, does_not_qualify=DOES_NOT_QUALIFY, fault_kinds=faults_by_kind(summary),
-        scenario_s=total_s, slowest=slow)
+        scenario_s=total_s, slowest=slow, by_kind=by_kind, execs=execs)
 
 
 def _histories(report_dir: Path, summary: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:

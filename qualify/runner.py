@@ -28,6 +28,7 @@ from qualify.history import Event, HistoryRecorder, merge
 from qualify.processes import Deployment, Processes, SinkProcess
 from qualify.scenarios import Scenario, ScenarioContext
 from qualify.stack import EmbeddedStack
+from qualify.timing import Ledger, bind, spent
 from qualify.verdict import Verdict
 
 __all__ = ["ScenarioResult", "judge", "run_scenario", "sub_seed"]
@@ -59,6 +60,14 @@ class ScenarioResult:
     #: How the scenario's API and worker processes started: ``exec``, ``fork`` (from the
     #: preloaded fork server, ``qualify.forkserver``) or ``fork+exec``.
     spawn: str = "exec"
+    #: The kinds of process (``api``, ``worker``) the scenario exec'd at least once: the
+    #: real entry points, not forks of the preloaded server.
+    execd: list[str] = field(default_factory=list)
+    #: The Temporal server's timers the scenario ran on: ``tuned`` (``TUNED_DYNAMIC_CONFIG``)
+    #: or ``default`` (the server's own, as users run it).
+    temporal_timers: str = "default"
+    #: Seconds by kind (``qualify.timing.KINDS``): where the scenario's wall time went.
+    time_by_kind: dict[str, float] = field(default_factory=dict)
     #: Tables the scenario attached for the report (``ScenarioContext.table``).
     tables: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
 
@@ -85,6 +94,15 @@ def all_reaped(procs: Sequence[Any]) -> Check:
              if p.proc is not None and p.proc.poll() is None]
     return Check("every process the scenario started was stopped and reaped", not alive,
                  ", ".join(alive) or f"{len(procs)} processes", ("R-Q-1", "R-Q-2"), judged=len(procs))
+
+
+def default_timers(scenario: Scenario, address: str, config: dict[str, str] | None) -> Check:
+    """A scenario marked ``default_timers_because`` ran on a Temporal server of the stack
+    whose dynamic config is empty: the timers users' servers have (a harness promise,
+    so it covers no requirement)."""
+    return Check("ran on a Temporal server with the server's default timers", config == {},
+                 f"{address}: {'not a server of this stack' if config is None else config or 'defaults'}"
+                 f" ({scenario.default_timers_because})", (), judged=1)
 
 
 def crash_points_struck(declared: Sequence[str], events: Sequence[Event]) -> Check:
@@ -117,15 +135,32 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
                  heartbeat_timeout_s: float = 1.0, launcher: ForkServer | None = None) -> ScenarioResult:
     """Run one scenario on ``stack``; never raises for a product or harness failure.
     With ``launcher``, its API and worker processes are forked from that fork server."""
+    with bind(Ledger()) as ledger:
+        result = _run_scenario(stack, scenario, seed=seed, out_dir=out_dir,
+                               heartbeat_timeout_s=heartbeat_timeout_s, launcher=launcher)
+    result.time_by_kind = ledger.close()
+    result.duration_s = round(ledger.total_s, 3)
+    return result
+
+
+def _run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir: Path,
+                  heartbeat_timeout_s: float, launcher: ForkServer | None) -> ScenarioResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     assert stack.info is not None
     control = out_dir / "control"
     control.mkdir(exist_ok=True)
     db_name = "s_" + hashlib.sha256(f"{scenario.id}:{seed}:{time.time_ns()}".encode()).hexdigest()[:12]
-    dsn = stack.create_database(db_name)
+    with spent("database"):
+        dsn = stack.create_database(db_name)
     # Its port is fixed now (the processes' tools need the URL); it starts inside the try.
     sink = SinkProcess(control / "sink", log_path=out_dir / "logs" / "sink.log")
-    deployment = Deployment(dsn=dsn, temporal_address=stack.info.temporal_address,
+    with spent("stack"):
+        temporal_address = (stack.default_timers_address() if scenario.default_timers_because
+                            else stack.info.temporal_address)
+    config = stack.dynamic_config_at(temporal_address)
+    timers = "tuned" if config else "default"
+    pre_checks = [default_timers(scenario, temporal_address, config)] if scenario.default_timers_because else []
+    deployment = Deployment(dsn=dsn, temporal_address=temporal_address,
                             task_queue=f"q-{db_name}", control_dir=control,
                             logs_dir=out_dir / "logs", heartbeat_timeout_s=heartbeat_timeout_s,
                             sink_url=sink.url)
@@ -136,7 +171,6 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
     ctx = ScenarioContext(deployment=deployment, processes=processes, history=history,
                           nemesis=nemesis, rng=random.Random(sub_seed(seed, scenario.id)),
                           stack=stack, sink=sink)
-    t0 = time.monotonic()
     started_at = time.time()
     error_verdict: Verdict | None = None
     error = ""
@@ -151,7 +185,7 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
         error_verdict = Verdict.CRASHED
         error = "".join(traceback.format_exception(exc))[-4000:]
     finally:
-        with interrupt.deferred():
+        with interrupt.deferred(), spent("teardown"):
             try:
                 processes.stop_all()
             except HarnessError as exc:
@@ -166,30 +200,31 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
                         proxy.stop()
                     except Exception as exc:  # noqa: BLE001 - a proxy that will not stop: crashed
                         error_verdict, error = Verdict.CRASHED, f"could not stop proxy {proxy.name}: {exc}"
-    duration = time.monotonic() - t0
     history.record("scenario", phase="end", id=scenario.id)
-    try:
-        collected = (database_events(dsn) + file_events(control)
-                     + workflow_events(deployment.temporal_address, deployment.namespace,
-                                       deployment.task_queue, since=started_at - 1.0))
-    except Exception as exc:  # noqa: BLE001 - no history means no verdict but crashed
-        collected = []
-        error_verdict, error = Verdict.CRASHED, f"could not collect the history: {exc}"
-    events = merge(history.events, collected)
-    history.rewrite(events)
-    history.close()
+    with spent("collect"):
+        try:
+            collected = (database_events(dsn) + file_events(control)
+                         + workflow_events(deployment.temporal_address, deployment.namespace,
+                                           deployment.task_queue, since=started_at - 1.0))
+        except Exception as exc:  # noqa: BLE001 - no history means no verdict but crashed
+            collected = []
+            error_verdict, error = Verdict.CRASHED, f"could not collect the history: {exc}"
+        events = merge(history.events, collected)
+        history.rewrite(events)
+        history.close()
     # The checkers run even when the scenario broke off: a violation in what was recorded
     # is a ``fail`` (which outranks ``crashed``), whatever stopped the scenario.
-    checks = ctx.checks + (run_checks(events, GENERIC_CHECKERS) if collected else [])
-    checks.append(clean_logs(out_dir / "logs"))
-    checks.append(all_reaped([*processes.all.values(), sink]))
+    with spent("checks"):
+        checks = pre_checks + ctx.checks + (run_checks(events, GENERIC_CHECKERS) if collected else [])
+        checks.append(clean_logs(out_dir / "logs"))
+        checks.append(all_reaped([*processes.all.values(), sink]))
     struck = sorted({e["point"] for e in events if e["type"] == "crash_point"})
     if scenario.crash_points:
         checks.append(crash_points_struck(scenario.crash_points, events))
     verdict = judge(checks, nemesis.recorded, expected_faults=len(scenario.faults), error=error_verdict,
                     exercised=bool(accepted_runs(events)) or bool(scenario.no_runs_because))
     return ScenarioResult(
-        scenario=scenario, seed=seed, verdict=verdict, duration_s=round(duration, 3), checks=checks,
+        scenario=scenario, seed=seed, verdict=verdict, duration_s=0.0, checks=checks,
         faults=nemesis.recorded, crash_points=struck, figures=ctx.figures, tables=ctx.tables, out_dir=out_dir,
         error=error, events=len(events),
         crash_point_evidence=[{"point": e["point"], "action": e["action"], "pid": e["pid"]}
@@ -197,4 +232,6 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
         logs=sorted(str(p.relative_to(out_dir)) for p in (out_dir / "logs").glob("*.log")),
         spawn="+".join(sorted({p.spawned_by for p in processes.all.values() if p.spawned_by},
                               reverse=True)) or "exec",
+        execd=sorted({p.kind for p in processes.all.values() if p.spawned_by == "exec"}),
+        temporal_timers=timers,
     )

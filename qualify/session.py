@@ -24,7 +24,8 @@ from qualify.report import build_summary, scenario_doc, write_report
 from qualify.runner import run_scenario
 from qualify.scenarios import REGISTRY, Scenario
 from qualify.spec_ids import REQUIREMENTS
-from qualify.stack import make_stack
+from qualify.stack import TIMER_MODES, make_stack
+from qualify.timing import longest_first
 from qualify.verdict import EXIT_CODES, Verdict, merge
 
 __all__ = ["SessionOptions", "crash_point_catalog", "new_report_dir", "resolve", "run_session"]
@@ -106,8 +107,12 @@ class SessionOptions:
     #: shards' reports are merged by ``qualify merge`` into one report and one verdict.
     shard: tuple[int, int] | None = None
     #: How API and worker processes start (``qualify.forkserver.SPAWN_MODES``): ``auto``
-    #: forks those of random schedules from a preloaded server and execs the catalog's.
+    #: execs those of the named exec set (``Scenario.exec_because``) and forks the rest
+    #: from a preloaded server.
     spawn: str = "auto"
+    #: The Temporal dev server's timers (``qualify.stack.TIMER_MODES``): ``tuned`` shortens
+    #: them (``TUNED_DYNAMIC_CONFIG``) except for the ``default_timers`` scenarios.
+    temporal_timers: str = "tuned"
 
     @property
     def whole_selection(self) -> bool:
@@ -118,6 +123,15 @@ class SessionOptions:
     def full(self) -> bool:
         """A full run (nothing selected, not a shard): every crash point must be struck."""
         return self.whole_selection and self.shard is None
+
+
+def auto_slices(cpus: int) -> int:
+    """``-n auto``: one slice per CPU. Measured on 2 cores (issue 24), the catalog took
+    598 s at one slice (all exec'd, default timers), 267 s at two (forked, tuned) and
+    196 s at four, where the CPUs saturate and three timing-bound scenarios
+    (resume-at-the-deadline, runs-listed, stale-writers-refused) failed: the harness's
+    own CPU, not its waiting, is then the limit."""
+    return max(1, cpus)
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -142,11 +156,25 @@ REFUSED_BECAUSE = ("refused on a stack the harness did not boot (it restarts or 
                    "or Temporal)")
 
 
+#: The process kinds whose real entry points (``python -m qimpl.api``-style, a fresh
+#: interpreter) a full run must exec at least once, in a passing scenario.
+ENTRY_POINT_KINDS = ("api", "worker")
+
+
+def entry_points_execd(docs: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
+    """``{kind: [passing scenarios that exec'd it]}`` for each of ``ENTRY_POINT_KINDS``
+    (pure; ``docs``: the summary's scenario documents)."""
+    return {kind: [d["id"] for d in docs if d.get("status") == "pass" and kind in d.get("execd", [])]
+            for kind in ENTRY_POINT_KINDS}
+
+
 def full_run_gates(summary: dict[str, Any], docs: Sequence[dict[str, Any]],
                    refused: Sequence[Scenario] = ()) -> None:
     """Apply a full run's gates to ``summary`` in place: every declared crash point struck
-    (R-Q-4) and every requirement with a passing check that covers it (R-Q-8, R-Q-12); a
-    miss makes the verdict ``fail`` and is named in ``error``.
+    (R-Q-4), every requirement with a passing check that covers it (R-Q-8, R-Q-12) and,
+    unless the run forked everything (``summary["spawn"] == "fork"``), each entry point
+    of ``ENTRY_POINT_KINDS`` exec'd by a passing scenario; a miss makes the verdict
+    ``fail`` and is named in ``error``.
 
     A run that refused scenarios (a staging run on ``--stack existing``) is gated too
     (R-Q-12): a crash point or requirement that only the refused scenarios would have
@@ -166,6 +194,11 @@ def full_run_gates(summary: dict[str, Any], docs: Sequence[dict[str, Any]],
     missing = summary["requirement_gate"]["uncovered"]
     if missing:
         problems.append("requirement without a passing check: " + ", ".join(missing))
+    summary["entry_points_execd"] = execd = entry_points_execd(docs)
+    if summary.get("spawn", "auto") != "fork":
+        never = [kind for kind, by in execd.items() if not by]
+        if never:
+            problems.append("entry point never exec'd by a passing scenario: " + ", ".join(never))
     if problems:
         summary["verdict"] = str(merge([Verdict(summary["verdict"]), Verdict.FAIL]))
         summary["error"] = "; ".join(problems)
@@ -174,14 +207,13 @@ def full_run_gates(summary: dict[str, Any], docs: Sequence[dict[str, Any]],
 def _run_one(stack: Any, sc: Scenario, *, seed: int, report_dir: Path, reruns: int,
              stack_kind: str, spawn_policy: SpawnPolicy | None = None) -> dict[str, Any]:
     policy = spawn_policy or SpawnPolicy("exec")
-    generated = sc.schedule is not None
     result = run_scenario(stack, sc, seed=seed, out_dir=report_dir / "scenarios" / sc.id,
-                          launcher=policy.launcher_for(generated))
+                          launcher=policy.launcher_for(sc.execs))
     if result.verdict is Verdict.FAIL and reruns > 0:
         failed = 1
         for i in range(reruns):
             again = run_scenario(stack, sc, seed=seed, out_dir=report_dir / "scenarios" / sc.id / f"rerun-{i + 1}",
-                                 launcher=policy.launcher_for(generated))
+                                 launcher=policy.launcher_for(sc.execs))
             failed += again.verdict is Verdict.FAIL
         result.reproduction = f"{failed}/{reruns + 1}"
         if failed < reruns + 1:
@@ -196,11 +228,12 @@ def _run_parallel(opts: SessionOptions, seed: int, scenarios: list[Scenario], re
     import qualify.xdist_run as module
 
     schedule_ids = [sc.id for sc in scenarios if sc.schedule is not None and not sc.id.startswith("random-")]
-    spec = {"ids": [sc.id for sc in scenarios], "seed": seed, "stack_kind": opts.stack_kind,
+    spec = {"ids": longest_first([sc.id for sc in scenarios]), "seed": seed, "stack_kind": opts.stack_kind,
             "pg_dsn": opts.pg_dsn, "temporal_address": opts.temporal_address, "reruns": opts.reruns,
             "report_dir": str(report_dir),
             "schedule": str(opts.schedule_path) if opts.schedule_path else None,
-            "schedule_id": schedule_ids[0] if schedule_ids else None, "spawn": opts.spawn}
+            "schedule_id": schedule_ids[0] if schedule_ids else None, "spawn": opts.spawn,
+            "timers": opts.temporal_timers}
     ini = report_dir / ".pytest.ini"
     ini.write_text("[pytest]\n")  # none of the project's options: this is not its test suite
     on_event("slice", {"index": f"xdist x{opts.parallel}", "scenarios": spec["ids"]})
@@ -258,14 +291,19 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
         raise UsageError(f"no schedule file at {opts.schedule_path}")
     if opts.spawn not in SPAWN_MODES:
         raise UsageError(f"unknown spawn mode {opts.spawn!r}: {', '.join(SPAWN_MODES)}")
+    if opts.temporal_timers not in TIMER_MODES:
+        raise UsageError(f"unknown temporal timers {opts.temporal_timers!r}: {', '.join(TIMER_MODES)}")
     seed = opts.seed if opts.seed is not None else secrets.randbits(32)
     # Scenario names first, then the stack (built, not started): a usage error leaves
     # nothing behind, not even an empty stack directory, and comes before any report.
     selection = resolve(opts.scenario_ids, seed=seed, random_n=opts.random_n,
                         schedule_path=opts.schedule_path)
     scenarios = shard_of(selection, opts.shard)
+    # No more slices than scenarios; one slice runs in this process (and ``--keep`` needs it).
+    opts.parallel = 1 if opts.keep else max(1, min(opts.parallel, len(scenarios)))
     stack = None if opts.parallel > 1 else make_stack(
-        opts.stack_kind, pg_dsn=opts.pg_dsn, temporal_address=opts.temporal_address)
+        opts.stack_kind, pg_dsn=opts.pg_dsn, temporal_address=opts.temporal_address,
+        timers=opts.temporal_timers)
     on_event("seed", seed)
     on_event("plan", {"total": len(scenarios)})
     prov = provenance()
@@ -315,6 +353,8 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
                             stack=stack_doc, provenance=prov, report_dir=report_dir,
                             crash_catalog=list(crash_point_catalog()))
     summary["refused"] = refused
+    summary["spawn"] = opts.spawn
+    summary["temporal_timers"] = opts.temporal_timers
     if opts.shard is not None:
         summary["shard"] = {"index": opts.shard[0], "count": opts.shard[1],
                             "whole_selection": opts.whole_selection,

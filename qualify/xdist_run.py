@@ -22,7 +22,8 @@ SPEC: dict[str, Any] = json.loads(os.environ.get("QUALIFY_XDIST_SPEC", '{"ids": 
 def qualify_stack() -> Iterator[Any]:
     from qualify.stack import make_stack
 
-    stack = make_stack(SPEC["stack_kind"], pg_dsn=SPEC["pg_dsn"], temporal_address=SPEC["temporal_address"])
+    stack = make_stack(SPEC["stack_kind"], pg_dsn=SPEC["pg_dsn"], temporal_address=SPEC["temporal_address"],
+                       timers=SPEC.get("timers", "default"))
     info = stack.start()
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     out = Path(SPEC["report_dir"]) / ".stacks"

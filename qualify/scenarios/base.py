@@ -26,6 +26,7 @@ from qualify.errors import HarnessError, InvariantViolation
 from qualify.faults import Nemesis
 from qualify.history import HistoryRecorder
 from qualify.processes import Deployment, ManagedProcess, Processes
+from qualify.timing import spends, spent
 
 #: The spec's default deadline (R-EXEC-8: 1 h), independent of the implementation's.
 SPEC_DEFAULT_DEADLINE_S = 3600
@@ -51,6 +52,21 @@ class Scenario:
     #: Why the scenario accepts no run in its database (it works on another one): without
     #: a reason, a scenario that accepted no run is ``vacuous``.
     no_runs_because: str = ""
+    #: Why the scenario execs its API and worker processes (``python -m ...``, a fresh
+    #: interpreter each) under ``--spawn auto`` instead of forking them from the preloaded
+    #: fork server: the named set that qualifies the real entry points under the faults
+    #: that matter for each (issue 24). Empty: forked.
+    exec_because: str = ""
+    #: Why the scenario runs on a Temporal dev server with the server's default timers
+    #: even when the stack's own is tuned (``--temporal-timers tuned``): the named set
+    #: that keeps what users' servers do qualified (the takeover scenarios). Empty: the
+    #: stack's server.
+    default_timers_because: str = ""
+
+    @property
+    def execs(self) -> bool:
+        """Whether ``--spawn auto`` execs this scenario's processes."""
+        return bool(self.exec_because)
 
 
 REGISTRY: dict[str, Scenario] = {}
@@ -59,6 +75,7 @@ REGISTRY: dict[str, Scenario] = {}
 def scenario(
     id: str, *, title: str, requirements: tuple[str, ...], faults: tuple[str, ...] = (),
     crash_points: tuple[str, ...] = (), needs_platform: bool = False, no_runs_because: str = "",
+    exec_because: str = "", default_timers_because: str = "",
 ) -> Callable[[Callable[[ScenarioContext], None]], Callable[[ScenarioContext], None]]:
     """Register ``body`` as scenario ``id``."""
 
@@ -66,7 +83,8 @@ def scenario(
         if id in REGISTRY:
             raise ValueError(f"scenario {id!r} registered twice")
         REGISTRY[id] = Scenario(id, title, requirements, body, faults, crash_points,
-                                needs_platform=needs_platform, no_runs_because=no_runs_because)
+                                needs_platform=needs_platform, no_runs_because=no_runs_because,
+                                exec_because=exec_because, default_timers_because=default_timers_because)
         return body
 
     return register
@@ -90,6 +108,11 @@ class ScenarioContext:
     #: Network proxies the scenario put between a process and a server (R-Q-11); the
     #: runner stops them after the processes.
     proxies: list[Any] = field(default_factory=list)
+
+    def waiting(self, kind: str) -> Any:
+        """A span of the scenario's time of ``kind`` (``qualify.timing.KINDS``): ``with
+        ctx.waiting("wait_takeover"): ...``."""
+        return spent(kind)
 
     # -- the network ------------------------------------------------------------
     def postgres_proxy(self, name: str, role: str = "qimpl_worker") -> tuple[Any, dict[str, str]]:
@@ -179,6 +202,7 @@ class ScenarioContext:
             raise HarnessError(f"read of run {run_id} answered {resp.status_code}: {resp.text[:200]}")
         return _json(resp)
 
+    @spends("wait_run")
     def wait_terminal(self, api: ManagedProcess, run_id: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
         """Poll the run until terminal; records the final read. HarnessError on timeout."""
         self.history.record("client", op="read", phase="invoke", run_id=run_id)
@@ -196,6 +220,7 @@ class ScenarioContext:
                 raise HarnessError(f"run {run_id} still {doc['state']} after {timeout_s} s")
             time.sleep(0.05)
 
+    @spends("wait_run")
     def wait_state(self, api: ManagedProcess, run_id: str, state: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
         """Poll the run until it is in ``state``; HarnessError on timeout or another terminal state."""
         deadline = time.monotonic() + timeout_s
@@ -208,6 +233,7 @@ class ScenarioContext:
             time.sleep(0.05)
 
     # -- synthetic provider barriers ------------------------------------------------
+    @spends("wait_barrier")
     def wait_barrier(self, name: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
         """Wait until a worker holds at barrier ``name``; returns what it reported."""
         path = self.control / f"barrier.{name}.reached"
@@ -232,6 +258,7 @@ class ScenarioContext:
         docs = [json.loads(line) for line in lines if line.strip()]
         return [d for d in docs if d["point"] == point and (pid is None or d["pid"] == pid)]
 
+    @spends("wait_crash_point")
     def wait_crash_point(self, point: str, proc: ManagedProcess, *, timeout_s: float = 30.0) -> dict[str, Any]:
         """Wait until ``proc`` struck ``point``; returns its evidence line."""
         pid = proc.pid

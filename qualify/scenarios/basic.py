@@ -21,6 +21,7 @@ def _provider_calls(ctx: ScenarioContext, run_id: str) -> Counter[int]:
 
 @scenario(
     "happy-path",
+    exec_because="the API and worker entry points, exec'd, through a whole run",
     title="A durable run completes with the scripted answer",
     requirements=("R-CREATE-3", "R-CREATE-4", "R-CREATE-5", "R-READ-1", "R-EXEC-1", "R-EXEC-2",
                   "R-EXEC-3", "R-Q-1", "R-Q-3", "R-Q-5", "R-AUTH-4", "R-Q34-2"),

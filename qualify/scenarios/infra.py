@@ -19,6 +19,7 @@ STEPS = 4
 
 @scenario(
     "postgres-restart-mid-run",
+    exec_because="the entry points across a PostgreSQL restart",
     title="Restart PostgreSQL (immediate mode) while the owner holds at a barrier: the owner's "
           "session is gone, a new attempt restores the checkpoint and completes",
     requirements=("R-EXEC-2", "R-EXEC-4", "R-EXEC-7", "R-Q-2"),
@@ -46,6 +47,7 @@ def postgres_restart_mid_run(ctx: ScenarioContext) -> None:
 
 @scenario(
     "temporal-restart-mid-run",
+    exec_because="the entry points across a Temporal restart",
     title="Restart the Temporal server while the owner holds at a barrier: the run completes",
     requirements=("R-EXEC-1", "R-EXEC-4", "R-Q-2"),
     faults=("temporal restart at barrier",),
@@ -105,6 +107,7 @@ def dispatch_unknown(ctx: ScenarioContext) -> None:
 
 @scenario(
     "rolling-restarts",
+    exec_because="the API's and worker's entry points stopped by SIGTERM (their drain) and started again",
     title="Two APIs and two workers; each is restarted (SIGTERM, start) while runs are in "
           "flight: every run completes once",
     requirements=("R-EXEC-4", "R-Q-2"),

@@ -55,6 +55,7 @@ def _paused_in_transaction(ctx: ScenarioContext, point: str, proc: ManagedProces
 
 @scenario(
     "owner-paused-inside-checkpoint-transaction",
+    exec_because="the worker's entry point SIGSTOPped inside its checkpoint transaction",
     title="SIGSTOP the owner between the UPDATE and the commit of its second checkpoint "
           "(row lock held, idle_session_timeout does not apply): PostgreSQL ends its session "
           "within the lease, a new attempt takes over, one checkpoint per step",
@@ -152,6 +153,7 @@ def owner_held_inside_checkpoint_transaction(ctx: ScenarioContext) -> None:
 
 @scenario(
     "owner-paused-inside-claim-transaction",
+    default_timers_because="an owner paused inside its transaction taken over on the default timers",
     title="SIGSTOP the owner inside its claim transaction with AGENT_CONCURRENCY_LIMIT=1 "
           "(row lock and tenant-slot lock held): a cancel answers within the lease, and the "
           "tenant's next run gets the slot",

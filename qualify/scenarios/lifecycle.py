@@ -143,6 +143,8 @@ def _paused_owner(ctx: ScenarioContext, *, resume: bool) -> None:
 
 @scenario(
     "paused-owner",
+    default_timers_because="a SIGSTOPped owner taken over on the default timers",
+    exec_because="the worker's entry point SIGSTOPped and SIGCONTed while it owns a run",
     title="SIGSTOP the owner mid-activity for 2 x heartbeat timeout, then SIGCONT: a new "
           "attempt takes over; the zombie is fenced",
     requirements=("R-EXEC-2", "R-EXEC-7", "R-Q-2"),
@@ -363,6 +365,7 @@ def poison_step(ctx: ScenarioContext) -> None:
 
 @scenario(
     "terminal-redelivery",
+    exec_because="the worker's entry point SIGKILLed at its final commit boundary",
     title="Kill the worker right after the final commit, before Temporal hears of it: the "
           "retried attempt returns the saved outcome without calling the provider",
     requirements=("R-EXEC-5", "R-Q-4"),

@@ -199,8 +199,15 @@ def _body(resp: Any) -> dict[str, Any]:
 def api_partitioned_from_postgres_mid_create(ctx: ScenarioContext) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
+    # The API's database bounds, set short (the defaults are 5 s for a pooled connection
+    # and 10 s for the work on it): what is proved is that the answer comes, coded, within
+    # their sum whatever their lengths (the work bound stays above the lock timeout, which
+    # stays above the lease).
+    bounds = {"QIMPL_API_POOL_TIMEOUT_S": "2", "QIMPL_API_DB_TIMEOUT_S": "3", "QIMPL_API_LOCK_TIMEOUT_S": "2"}
+    bound_s = float(bounds["QIMPL_API_POOL_TIMEOUT_S"]) + float(bounds["QIMPL_API_DB_TIMEOUT_S"])
+    slack_s = 1.5
     proxy, via = ctx.postgres_proxy("api-1<->postgres", role="qimpl_api")
-    api = ctx.processes.api(**via)
+    api = ctx.processes.api(**via, **bounds)
     ctx.processes.worker("worker-1")
     accepted(ctx, api, prompt=make_prompt(steps=1))  # the pool's connections are open, through the proxy
     ctx.nemesis.partition(proxy, "both")
@@ -215,9 +222,12 @@ def api_partitioned_from_postgres_mid_create(ctx: ScenarioContext) -> None:
                and body.get("retryable") is True,
                f"{resp.status_code if resp is not None else 'no answer'} {str(body)[:200]} after {took} s",
                "R-CREATE-1", "R-Q-11")
+    ctx.expect(f"it was answered within the API's database bounds ({bound_s:.0f} s: QIMPL_API_POOL_TIMEOUT_S"
+               " + QIMPL_API_DB_TIMEOUT_S)",
+               took <= bound_s + slack_s, f"{took} s", "R-Q-11")
 
     proxy2, via2 = ctx.postgres_proxy("api-2<->postgres", role="qimpl_api")
-    api2 = ctx.processes.api("api-2", QIMPL_CRASH_POINTS=f"{MID_CREATE}:hold", **via2)
+    api2 = ctx.processes.api("api-2", QIMPL_CRASH_POINTS=f"{MID_CREATE}:hold", **via2, **bounds)
     with ThreadPoolExecutor(max_workers=1) as pool:
         pending = pool.submit(ctx.create_run, api2, prompt=make_prompt(steps=1, answer="once"),
                               key="mid-create", timeout_s=30)
@@ -235,6 +245,8 @@ def api_partitioned_from_postgres_mid_create(ctx: ScenarioContext) -> None:
                and bool((body2.get("receipt") or {}).get("run_id")),
                f"{mid.status_code if mid is not None else 'no answer'} {str(body2)[:200]} after {took2} s",
                "R-CREATE-3", "R-Q-11")
+    ctx.expect(f"it was answered within the API's database bounds ({bound_s:.0f} s) after the release",
+               took2 <= bound_s + slack_s, f"{took2} s", "R-Q-11")
 
     finals = {}
     for key, via_api in (("between-requests", api), ("mid-create", api2)):

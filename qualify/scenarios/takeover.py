@@ -23,6 +23,7 @@ from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
 from qualify.scenarios.base import ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted
+from qualify.timing import spends
 
 __all__ = ["LEASE_S", "SLOW_HB_S", "watcher_failures"]
 
@@ -58,6 +59,7 @@ def watcher_failures(procs: list[ManagedProcess]) -> list[dict[str, Any]]:
     return out
 
 
+@spends("wait_takeover")
 def _checkpoint_at(ctx: ScenarioContext, run_id: str, step: int, *, timeout_s: float) -> float | None:
     """The database's time of checkpoint ``step`` of ``run_id``; None if not within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
@@ -84,6 +86,8 @@ def _steps_once(ctx: ScenarioContext, run_id: str) -> list[int]:
 
 @scenario(
     "takeover-after-sigkill",
+    default_timers_because="the watcher's takeover after a SIGKILL, on the timers users' servers have",
+    exec_because="the takeover watcher inside the worker's entry point, after a SIGKILL",
     title=f"SIGKILL the owner mid-step with a heartbeat timeout of {SLOW_HB_S:.0f} s and a lease of "
           f"{LEASE_S:.0f} s: the takeover watcher fails the dead attempt by its task token and a "
           f"survivor commits the next checkpoint within {WITHIN_S:.0f} s (Temporal alone would "
@@ -118,6 +122,7 @@ def takeover_after_sigkill(ctx: ScenarioContext) -> None:
 
 @scenario(
     "takeover-of-a-swallowed-retry",
+    default_timers_because="a retry swallowed by a paused worker's poll, on the default long-poll expiry and timer shift",
     title="SIGSTOP the owner while it is its run's only poller: Temporal hands the retried "
           "attempt to the paused worker's outstanding poll, where it never runs; the watcher "
           "(in a worker of another task queue) fails the dead owner by its token, then the "
@@ -184,6 +189,7 @@ def takeover_of_a_swallowed_retry(ctx: ScenarioContext) -> None:
 
 @scenario(
     "watcher-never-ends-a-live-owner",
+    default_timers_because="Temporal's own heartbeat timeout racing the watcher, on the default timers",
     title="Three workers, each a candidate watcher; one owner SIGKILLed mid-step, then seven "
           "runs with slow steps started on the survivors while Temporal's own heartbeat timeout (= the lease) races the watcher: "
           "every attempt the watcher ended belonged to the killed worker or never claimed, "
@@ -236,6 +242,7 @@ def watcher_never_ends_a_live_owner(ctx: ScenarioContext) -> None:
 
 @scenario(
     "operator-resets-a-running-activity",
+    default_timers_because="an operator's activity reset, on the default timers",
     title="An operator runs `temporal activity reset` on a running run after a takeover "
           "(attempt 2 owns it; the reset restarts the count at 1): the owner is cancelled at "
           "its next heartbeat, the lower attempts are refused by the fence, and the run "

@@ -10,7 +10,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +20,10 @@ import psycopg
 from qualify import interrupt
 from qualify.errors import HarnessError
 from qualify.stack.postgres import SHM, PostgresServer, embedded_bin_dir, system_bin_dir
-from qualify.stack.temporal import TemporalServer
+from qualify.stack.temporal import TUNED_DYNAMIC_CONFIG, TemporalServer
 
-__all__ = ["API_ROLE", "CREDENTIALS", "OPERATOR_CREDENTIALS", "TEMPLATE_DB", "WORKER_ROLE", "EmbeddedStack", "StackInfo",
-           "make_stack", "open_stack", "with_user"]
+__all__ = ["API_ROLE", "CREDENTIALS", "OPERATOR_CREDENTIALS", "TEMPLATE_DB", "TIMER_MODES", "WORKER_ROLE",
+           "EmbeddedStack", "StackInfo", "make_stack", "open_stack", "with_user"]
 
 TEMPLATE_DB = "qimpl_template"
 
@@ -36,6 +36,8 @@ class StackInfo:
     boot_s: float
     pg_dsn: str
     temporal_address: str
+    #: The dev server's dynamic config (``--dynamic-config-value``); empty: its defaults.
+    temporal_config: dict[str, str] = field(default_factory=dict)
 
 
 def _sweep_stale_stacks() -> None:
@@ -145,6 +147,35 @@ class EmbeddedStack:
                                        dynamic_config=temporal_config)
         self.info: StackInfo | None = None
         self._db_counter = 0
+        #: A second dev server on the server's own defaults, booted on first need by a
+        #: scenario that must run on the timers users get (``default_timers_address``).
+        self.temporal_default: TemporalServer | None = None
+
+    @property
+    def tuned(self) -> bool:
+        """Whether the stack's dev server runs with a dynamic config of its own."""
+        return bool(self.temporal.dynamic_config)
+
+    def dynamic_config_at(self, address: str) -> dict[str, str] | None:
+        """The dynamic config of this stack's dev server at ``address`` (empty: the
+        server's defaults); None when no server of this stack listens there."""
+        for server in (self.temporal, self.temporal_default):
+            if server is not None and server.proc is not None and server.address == address:
+                return dict(server.dynamic_config)
+        return None
+
+    def default_timers_address(self) -> str:
+        """The address of a dev server on the server's default timers: the stack's own
+        when it is not tuned, else a second one, booted on the first call (about 1 s),
+        with the run's search attributes registered; stopped with the stack."""
+        assert self.info is not None
+        if not self.tuned:
+            return self.info.temporal_address
+        if self.temporal_default is None or self.temporal_default.proc is None:
+            self.temporal_default = TemporalServer(workdir=self.root / "temporal-default",
+                                                   logs_dir=self.logs_dir / "temporal-default")
+            self.temporal_default.start()
+        return self.temporal_default.address
 
     def start(self) -> StackInfo:
         t0 = time.monotonic()
@@ -171,6 +202,7 @@ class EmbeddedStack:
             boot_s=round(time.monotonic() - t0, 3),
             pg_dsn=self.postgres.dsn(),
             temporal_address=self.temporal.address,
+            temporal_config=dict(self.temporal.dynamic_config),
         )
         return self.info
 
@@ -187,6 +219,8 @@ class EmbeddedStack:
         """Stop both servers and remove the directory; a second Ctrl-C cannot cut it short."""
         with interrupt.deferred():
             self.temporal.stop()
+            if self.temporal_default is not None:
+                self.temporal_default.stop()
             self.postgres.stop()
             if not self.keep_dir:
                 shutil.rmtree(self.root, ignore_errors=True)
@@ -199,10 +233,20 @@ class EmbeddedStack:
         self.stop()
 
 
-def make_stack(kind: str = "embedded", *, pg_dsn: str = "", temporal_address: str = "") -> Any:
-    """The stack of ``kind``: embedded, system, existing or testcontainers."""
+#: ``--temporal-timers``: ``tuned`` gives a stack's dev server ``TUNED_DYNAMIC_CONFIG``
+#: (the scenarios marked ``default_timers`` still run on a server's defaults);
+#: ``default`` runs every scenario on the defaults, as users' servers are.
+TIMER_MODES = ("tuned", "default")
+
+
+def make_stack(kind: str = "embedded", *, pg_dsn: str = "", temporal_address: str = "",
+               timers: str = "default") -> Any:
+    """The stack of ``kind``: embedded, system, existing or testcontainers. ``timers``
+    (``TIMER_MODES``) applies to the stacks the harness boots (embedded, system)."""
+    if timers not in TIMER_MODES:
+        raise HarnessError(f"unknown temporal timers {timers!r}: {', '.join(TIMER_MODES)}")
     if kind in ("embedded", "system"):
-        return EmbeddedStack(kind=kind)
+        return EmbeddedStack(kind=kind, temporal_config=TUNED_DYNAMIC_CONFIG if timers == "tuned" else None)
     from qualify.stack._others import ExistingStack, TestcontainersStack
 
     if kind == "existing":

@@ -56,6 +56,16 @@ class _DsnStack:
         _harden(self._dsn.rsplit("/", 1)[0] + f"/{name}")
         return self._dsn.rsplit("/", 1)[0] + f"/{name}"
 
+    def default_timers_address(self) -> str:
+        """Its Temporal server, whatever its timers are: the harness did not tune it."""
+        assert self.info is not None
+        return self.info.temporal_address
+
+    def dynamic_config_at(self, address: str) -> dict[str, str] | None:
+        """Nothing the harness set: the server at its address runs as its operator made it."""
+        assert self.info is not None
+        return {} if address == self.info.temporal_address else None
+
     def _versions(self) -> tuple[str, str]:
         with psycopg.connect(self._dsn, autocommit=True) as conn:
             row = conn.execute("SHOW server_version").fetchone()

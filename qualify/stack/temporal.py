@@ -93,7 +93,7 @@ class TemporalServer(Restartable):
     def wait_ready(self) -> None:
         assert self.proc is not None
         wait_until(self._ready, timeout_s=START_TIMEOUT_S, what="temporal", proc=self.proc,
-                   interval_s=0.03)
+                   interval_s=0.03, kind="stack")
 
     def start(self) -> None:
         for _ in range(5):

@@ -225,13 +225,14 @@ def test_what_only_a_refused_scenario_covers_is_waived_with_its_name() -> None:
 
 def trim(summary: Mapping[str, Any]) -> dict[str, Any]:
     """The gate's inputs of a ``summary.json``: per scenario id, status, declared
-    requirements, module (``qualify.scenarios.<module>``) and checks."""
+    requirements, crash points, the entry points it exec'd, module
+    (``qualify.scenarios.<module>``) and checks."""
     from qualify.scenarios import REGISTRY
 
     keep = ("name", "ok", "requirements", "judged", "restates")
     return {"from": summary.get("git_sha") or summary.get("provenance", {}).get("git_sha"),
             "scenarios": [{"id": sc["id"], "status": sc["status"], "requirements": sc["requirements"],
-                           "crash_points": sc.get("crash_points", []),
+                           "crash_points": sc.get("crash_points", []), "execd": sc.get("execd", []),
                            "module": (REGISTRY[sc["id"]].body.__module__.rsplit(".", 1)[-1]
                                       if sc["id"] in REGISTRY else ""),
                            "checks": [{k: c[k] for k in keep if k in c} for c in sc["checks"]

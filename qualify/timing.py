@@ -1,0 +1,150 @@
+"""Where a scenario's time goes, by kind (issue 24, item 1).
+
+A ``Ledger`` is bound to the thread that runs a scenario (``bind``); code anywhere in the
+harness marks a span with ``spent(kind)`` and its seconds go to that kind. Spans nest:
+an inner span's seconds are its kind's alone, not its parent's as well, so the kinds of
+one scenario add up to at most its wall time and ``other`` is what no span claimed.
+Spans in any other thread (a client pool's workers) are not counted: they overlap the
+main thread's own waiting, which is what the wall time is made of.
+
+Kinds (``KINDS``): ``stack`` (a server the scenario needs booted: the default-timer
+Temporal server, on first need), ``database`` (the scenario's database cloned from the
+template),
+``process_start`` (an API or worker spawned until ready), ``wait_run`` (polling a run
+to a state), ``wait_barrier``, ``wait_crash_point``, ``wait_takeover`` (a successor
+taking over a killed or paused owner), ``wait_deadline`` (a run's deadline or expiry),
+``wait_sweep`` (a reconciler's sweep), ``wait_condition`` (any other condition),
+``teardown`` (stopping every process), ``collect`` (the history read back), ``checks``
+and ``other``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+__all__ = ["KINDS", "Ledger", "bind", "longest_first", "spends", "spent", "sum_by_kind"]
+
+#: Each catalog scenario's seconds in a recent full run (``python -m qualify.timing
+#: SUMMARY`` writes it): only the order of a parallel run depends on it.
+SECONDS_PATH = Path(__file__).parent / "data" / "scenario_seconds.json"
+
+KINDS = ("stack", "database", "process_start", "wait_run", "wait_barrier", "wait_crash_point", "wait_takeover",
+         "wait_deadline", "wait_sweep", "wait_condition", "teardown", "collect", "checks", "other")
+
+_bound: dict[int, Ledger] = {}
+_lock = threading.Lock()
+
+
+class Ledger:
+    """Seconds by kind for one scenario; ``total_s`` is its wall time once closed."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._stack: list[list[float]] = []  # [start, seconds of inner spans]
+        self._t0 = time.monotonic()
+        self.total_s = 0.0
+
+    def _enter(self) -> None:
+        self._stack.append([time.monotonic(), 0.0])
+
+    def _exit(self, kind: str) -> None:
+        start, inner = self._stack.pop()
+        elapsed = time.monotonic() - start
+        self.seconds[kind] = self.seconds.get(kind, 0.0) + max(0.0, elapsed - inner)
+        if self._stack:
+            self._stack[-1][1] += elapsed
+
+    def close(self) -> dict[str, float]:
+        """``{kind: seconds}`` rounded to ms, ``other`` the wall time no span claimed."""
+        self.total_s = time.monotonic() - self._t0
+        out = {k: round(v, 3) for k, v in self.seconds.items() if v > 0}
+        out["other"] = round(max(0.0, self.total_s - sum(self.seconds.values())), 3)
+        return out
+
+
+@contextmanager
+def bind(ledger: Ledger) -> Iterator[Ledger]:
+    """Count the current thread's spans into ``ledger`` until the block ends."""
+    me = threading.get_ident()
+    with _lock:
+        _bound[me] = ledger
+    try:
+        yield ledger
+    finally:
+        with _lock:
+            _bound.pop(me, None)
+
+
+@contextmanager
+def spent(kind: str) -> Iterator[None]:
+    """A span of ``kind`` (one of ``KINDS``): counted when the current thread is bound."""
+    ledger = _bound.get(threading.get_ident())
+    if ledger is None:
+        yield
+        return
+    ledger._enter()
+    try:
+        yield
+    finally:
+        ledger._exit(kind)
+
+
+def spends(kind: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorate a function whose every call is a span of ``kind``."""
+
+    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(fn)
+        def inner(*args: P.args, **kwargs: P.kwargs) -> R:
+            with spent(kind):
+                return fn(*args, **kwargs)
+
+        return inner
+
+    return wrap
+
+
+def sum_by_kind(scenarios: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Seconds by kind over a summary's scenarios (their ``time_by_kind``), in ``KINDS``
+    order, kinds no scenario spent left out (pure)."""
+    total: dict[str, float] = {}
+    for sc in scenarios:
+        for kind, s in (sc.get("time_by_kind") or {}).items():
+            total[kind] = total.get(kind, 0.0) + float(s)
+    return {k: round(total[k], 3) for k in KINDS if k in total}
+
+
+def longest_first(ids: Sequence[str], seconds: Mapping[str, float] | None = None) -> list[str]:
+    """``ids`` with the longest expected first (pure but for reading ``SECONDS_PATH`` when
+    ``seconds`` is None; an unknown id counts as the median): handed to parallel slices in
+    this order, the long scenarios start at once and the short ones fill the gaps (the
+    longest-processing-time rule), instead of a long one starting last and running alone."""
+    if seconds is None:
+        seconds = json.loads(SECONDS_PATH.read_text()) if SECONDS_PATH.exists() else {}
+    known = sorted(float(v) for v in seconds.values())
+    median = known[len(known) // 2] if known else 0.0
+    return sorted(ids, key=lambda i: -float(seconds.get(i, median)))
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m qualify.timing SUMMARY``: print the catalog's seconds per scenario of
+    that full run as JSON (for ``SECONDS_PATH``)."""
+    summary = json.loads(Path(argv[0]).read_text())
+    out = {sc["id"]: round(float(sc["duration_s"]), 1) for sc in summary["scenarios"]
+           if sc.get("schedule") is None}
+    print(json.dumps(dict(sorted(out.items())), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,56 @@
+"""The scenario time ledger (issue 24, item 1): nested spans count once, other threads
+not at all, and the kinds add up to the wall time."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from qualify.procs import wait_until
+from qualify.timing import KINDS, Ledger, bind, spends, spent, sum_by_kind
+
+
+def _busy(s: float) -> None:
+    end = time.monotonic() + s
+    while time.monotonic() < end:
+        time.sleep(0.002)
+
+
+def test_an_inner_span_is_its_kind_alone_and_other_is_the_rest() -> None:
+    with bind(Ledger()) as ledger:
+        with spent("teardown"):
+            _busy(0.05)
+            with spent("checks"):
+                _busy(0.1)
+        _busy(0.05)
+    out = ledger.close()
+    assert 0.09 <= out["checks"] < 0.2
+    assert 0.04 <= out["teardown"] < 0.09, out  # without the inner 0.1 s
+    assert 0.04 <= out["other"] < 0.15, out
+    assert abs(sum(out.values()) - ledger.total_s) < 0.01
+    assert set(out) <= set(KINDS)
+
+
+def test_spans_outside_a_bound_thread_are_not_counted() -> None:
+    @spends("wait_run")
+    def wait() -> None:
+        _busy(0.05)
+
+    with bind(Ledger()) as ledger:
+        t = threading.Thread(target=wait)
+        t.start()
+        t.join()
+    assert "wait_run" not in ledger.close()
+    wait()  # no ledger bound at all: a no-op span
+
+
+def test_wait_until_counts_its_kind() -> None:
+    start = time.monotonic()
+    with bind(Ledger()) as ledger:
+        wait_until(lambda: time.monotonic() - start > 0.05, timeout_s=5, what="t", kind="wait_sweep")
+    assert ledger.close()["wait_sweep"] >= 0.04
+
+
+def test_sum_by_kind_keeps_the_kinds_order() -> None:
+    docs = [{"time_by_kind": {"other": 1.0, "database": 0.5}}, {"time_by_kind": {"database": 0.25}}, {}]
+    assert list(sum_by_kind(docs).items()) == [("database", 0.75), ("other", 1.0)]
