@@ -9,15 +9,19 @@
   to the results when it is not ``pass``;
 - ``qual.run_n1_s``/``qual.run_nauto_s`` (only with ``--qualify``: minutes each): the
   wall time of the full ``qualify run --reruns 0`` at ``-n 1`` and ``-n auto``, as a
-  subprocess (``python -m qualify.cli``), with its exit code beside it.
+  subprocess (``python -m qualify.cli``), with its exit code beside it, and the
+  scenarios' seconds by kind (``qual.run_n1_s.<kind>``, ``qualify.timing``), where that
+  run's time went.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.env import ROOT, BenchEnv
@@ -60,6 +64,15 @@ def _random_rate(env: BenchEnv) -> tuple[float, str, str]:
     return n / float(summary["duration_s"]) * 3600, str(summary["verdict"]), kept
 
 
+def _by_kind(reports: Path) -> dict[str, float]:
+    """Seconds by kind (``qualify.timing.KINDS``) over the scenarios of the newest report
+    under ``reports``; empty when there is none."""
+    from qualify.timing import sum_by_kind
+
+    found = sorted(reports.glob("*/summary.json"))
+    return sum_by_kind(json.loads(found[-1].read_text())["scenarios"]) if found else {}
+
+
 def _full_run(env: BenchEnv, parallel: str) -> tuple[float, int]:
     """(wall seconds, exit code) of the full ``qualify run -n <parallel> --reruns 0``."""
     log = env.workdir / "logs" / f"qualify-run-n{parallel}.log"
@@ -83,4 +96,7 @@ def measure_qualification(env: BenchEnv) -> dict[str, Any]:
         for parallel, key in (("1", "qual.run_n1_s"), ("auto", "qual.run_nauto_s")):
             out[key], out[f"{key}_exit"] = _full_run(env, parallel)
             env.log(f"  qualification: qualify run -n {parallel}: {out[key]:.0f} s (exit {out[f'{key}_exit']})")
+            kinds = _by_kind(env.workdir / f"qualify-n{parallel}")
+            out.update({f"{key}.{kind}": v for kind, v in kinds.items()})
+            env.log("    scenario seconds by kind: " + ", ".join(f"{k} {v:.0f}" for k, v in kinds.items()))
     return out

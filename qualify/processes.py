@@ -261,20 +261,12 @@ class Processes:
         return self._started(proc)
 
     def stop_all(self) -> None:
-        """Stop and reap every process, all at once (each drains on SIGTERM in parallel
-        instead of one after another); HarnessError naming those that would not stop."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        def stop(proc: ManagedProcess) -> str:
+        errors = []
+        for proc in self.all.values():
             try:
                 proc.stop()
             except Exception as exc:  # noqa: BLE001 - keep reaping the others
-                return f"{proc.name}: {exc}"
-            return ""
-
-        procs = list(self.all.values())
-        with ThreadPoolExecutor(max_workers=max(1, len(procs))) as pool:
-            errors = [e for e in pool.map(stop, procs) if e]
+                errors.append(f"{proc.name}: {exc}")
         if errors:
             raise HarnessError("could not stop: " + "; ".join(errors))
 

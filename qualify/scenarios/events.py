@@ -19,7 +19,7 @@ from qualify.errors import HarnessError
 from qualify.fakes.synthetic import delta_piece, make_prompt
 from qualify.processes import ManagedProcess
 from qualify.procs import wait_until
-from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
+from qualify.scenarios.base import API_KEY, TERMINAL, ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted
 
 PATH = "/v1/agents/agent-1/runs/{run_id}/events"
@@ -228,6 +228,10 @@ def event_stream(ctx: ScenarioContext) -> None:
     ctx.expect("no stream key: 401 stream_key_required",
                nokey.status_code == 401 and nokey.json().get("code") == "stream_key_required",
                nokey.text[:120], "R-AUTH-3")
+    # The two runs made only to borrow their keys end before the scenario does (every
+    # accepted run must reach a terminal state), not by luck during the teardown.
+    wait_until(lambda: not ctx.sql("SELECT 1 FROM runs WHERE state <> ALL(%s)", list(TERMINAL)),
+               timeout_s=30, what="every run of the scenario terminal", kind="wait_run")
 
 
 @scenario(
