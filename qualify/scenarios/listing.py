@@ -65,9 +65,9 @@ def runs_listed(ctx: ScenarioContext) -> None:
     url = api.base_url
     old = [accepted(ctx, api, prompt=make_prompt(steps=1, answer=f"old-{i}")) for i in range(2)]
     due = accepted(ctx, api, prompt=make_prompt(steps=1, answer="due"), deadline_seconds=30)
-    # Wait on the database's clock until the first runs are over 1.5 s old, then add a fresh one.
-    wait_until(lambda: ctx.sql("SELECT clock_timestamp() - min(accepted_at) >= interval '1.5 s' FROM runs")[0][0],
-               timeout_s=15, what="the first runs 1.5 s old on the database's clock")
+    # Wait on the database's clock until the first runs are over 2 s old, then add a fresh one.
+    wait_until(lambda: ctx.sql("SELECT clock_timestamp() - min(accepted_at) >= interval '2 s' FROM runs")[0][0],
+               timeout_s=15, what="the first runs 2 s old on the database's clock")
     fresh = accepted(ctx, api, prompt=make_prompt(steps=1, answer="fresh"))
     peer = httpx.post(f"{url}/v1/agents/agent-1/runs", timeout=30,
                       json={"prompt": make_prompt(steps=1, answer="peer"), "durable_temporal": True},
@@ -96,10 +96,15 @@ def runs_listed(ctx: ScenarioContext) -> None:
                _ids(ops_pages) == tenant_truth and all(len(p) == 1 for p in ops_pages),
                f"listed {_ids(ops_pages)}; database {tenant_truth}", "R-READ-5", "R-OPS-7",
                judged=len(tenant_truth))
+    # The age that splits them, from the database's clock right before the filters run: the
+    # fresh run's age now + 1 s (the old runs are at least 2 s older than it), so that the
+    # time the listings above took under load cannot age the fresh run past it.
+    split_s = round(float(ctx.sql("SELECT extract(epoch FROM clock_timestamp() - accepted_at)::float8"
+                                  " FROM runs WHERE run_id = %s", fresh)[0][0]) + 1.0, 3)
     filters: list[tuple[str, dict[str, Any], str]] = [
         ("state queued", {"state": "queued"}, "tenant_id = 't-dev' AND state = 'queued'"),
-        ("accepted at least 1 s ago", {"accepted_before_s": 1},
-         "tenant_id = 't-dev' AND accepted_at <= clock_timestamp() - interval '1 s'"),
+        (f"accepted at least {split_s} s ago", {"accepted_before_s": split_s},
+         f"tenant_id = 't-dev' AND accepted_at <= clock_timestamp() - interval '{split_s} s'"),
         ("deadline within 60 s", {"deadline_within_s": 60},
          "tenant_id = 't-dev' AND deadline_at <= clock_timestamp() + interval '60 s'"
          " AND state NOT IN ('completed', 'failed', 'expired', 'cancelled')"),

@@ -81,8 +81,8 @@ def _fence_probe(dsn: str, run_id: str, tenant: str, token: dict[str, int], step
     """Write ``step``'s checkpoint (or, ``write="output delta"``, a piece of its streamed
     output) through ``RunOwner`` with ``token``; returns how the database answered:
     ``refused`` (no row matched: LostOwnership), ``guard:<SQLSTATE>`` or ``written``."""
+    from qimpl.db.owner import RunOwner
     from qimpl.errors import LostOwnership
-    from qimpl.workflows.owner import RunOwner
 
     async def probe() -> str:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True,
@@ -296,7 +296,9 @@ def stale_writers_refused(ctx: ScenarioContext) -> None:
 
     # QG006 alone: a run parked awaiting input whose deadline passed may only end. Nothing
     # else refuses a resume's write here (no owner to fence, no tool call unsettled).
-    late = ctx.create_run(api, prompt=make_prompt(steps=2, park={"step": 1, "kind": "input"}), deadline_seconds=1)
+    # A 3 s deadline: time to park first even on a saturated machine (at 1 s, a loaded run
+    # sometimes expired before it parked), then its deadline passes while it waits.
+    late = ctx.create_run(api, prompt=make_prompt(steps=2, park={"step": 1, "kind": "input"}), deadline_seconds=3)
     assert late is not None and late.status_code == 202, late
     late_id = late.json()["run_id"]
     ctx.wait_state(api, late_id, "awaiting_input")
