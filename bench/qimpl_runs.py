@@ -243,7 +243,7 @@ class _PeakRss:
 
 async def _checkpoints(dsn: str, n: int) -> list[float]:
     """Seconds of ``n`` checkpoint commits through ``RunOwner.checkpoint`` as the worker's role."""
-    from qimpl.workflows.owner import RunOwner
+    from qimpl.db.owner import RunOwner
     from qualify.stack._embedded import WORKER_ROLE, with_user
 
     run_id = str(uuid.uuid4())

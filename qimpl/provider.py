@@ -4,7 +4,7 @@ A provider is loaded by import path (``QIMPL_PROVIDER=module:factory``), exactly
 third-party plugin would be; the factory is called with the ``QIMPL_PROVIDER_CONFIG``
 mapping. A provider never runs tools itself: it asks for them (``StepResult.tool_calls``)
 and sees their journaled results in the next step (``StepContext.tool_results``), so a
-retry never repeats a side effect (R-TOOL-1/2, ``qimpl.tools``). The real implementation talks to a model; ``EchoProvider`` here is a
+retry never repeats a side effect (R-TOOL-1/2, ``qimpl.tool_journal.seam``). The real implementation talks to a model; ``EchoProvider`` here is a
 deterministic stand-in and the synthetic provider of the harness lives in
 ``qualify.fakes``.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qimpl.settings import ConfigError
-from qimpl.tools import ToolCall
+from qimpl.tool_journal.seam import ToolCall
 
 __all__ = ["EchoProvider", "Provider", "StepContext", "StepResult", "load_provider"]
 

@@ -314,7 +314,7 @@ class WorkerSettings(_ProviderSettings, Settings):
     """The worker process (``python -m qimpl.workflows.worker``), reconciler included."""
 
     tools: str = Field(
-        default="", description="the worker's tool registry, `module:factory` returning `ToolSpec`s (`qimpl/tools.py`); empty: no tools",
+        default="", description="the worker's tool registry, `module:factory` returning `ToolSpec`s (`qimpl/tool_journal/seam.py`); empty: no tools",
         json_schema_extra=_example("qualify.fakes.tools:sink_tools"))
     tools_config: Annotated[dict[str, Any], NoDecode] = Field(
         default_factory=dict, description="JSON object given to the tools factory",

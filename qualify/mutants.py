@@ -43,7 +43,7 @@ CATALOG: tuple[Mutant, ...] = (
         "worker-killed-mid-activity", "no provider step repeated after its checkpoint"),
     Mutant(
         "lease-without-idle-in-transaction-timeout", "ownership lease bound (R-EXEC-11)",
-        (Patch("qimpl/workflows/lease.py",
+        (Patch("qimpl/db/lease.py",
                'MANDATORY_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeout", "lock_timeout")',
                'MANDATORY_SETTINGS = ("idle_session_timeout", "lock_timeout")'),),
         "owner-paused-inside-checkpoint-transaction", "a new attempt took over within 12 s"),
@@ -60,20 +60,20 @@ CATALOG: tuple[Mutant, ...] = (
         "tool-kill-before-intent-commit", "the sink executed the call exactly 1 time(s), requested as often"),
     Mutant(
         "unknown-outcome-taken-as-settled", "unknown outcomes park (R-TOOL-3)",
-        (Patch("qimpl/workflows/tool_steps.py",
+        (Patch("qimpl/tool_journal/steps.py",
                '                if row["status"] == "intent":',
                '                if row["status"] == "intent" and False:'),),
         "tool-kill-after-reply", "parked awaiting_input with error_message side_effect_outcome_unknown"),
     Mutant(
         "side-effect-before-intent", "intent before the side effect (R-TOOL-1)",
-        (Patch("qimpl/workflows/tool_steps.py",
+        (Patch("qimpl/tool_journal/steps.py",
                "            await BEFORE_INTENT.areach(run_id=owner.run_id, step=step, attempt=owner.attempt)",
                "            outcome = await self._invoke(owner, spec, invocation, tenant_id=tenant_id)\n"
                "            await BEFORE_INTENT.areach(run_id=owner.run_id, step=step, attempt=owner.attempt)"),),
         "tool-kill-before-intent-commit", "no tool execution without a committed intent"),
     Mutant(
         "finalising-tool-without-approval", "no automatic finalisation (R-TOOL-5)",
-        (Patch("qimpl/tools.py", "return self.requires_approval or self.finalising",
+        (Patch("qimpl/tool_journal/seam.py", "return self.requires_approval or self.finalising",
                "return self.requires_approval"),),
         "finalising-tool-needs-approval", "no finalising side effect without its own approval"),
     Mutant(
@@ -86,7 +86,7 @@ CATALOG: tuple[Mutant, ...] = (
         "tool-reply-lost", "a normal resume answers 409 run_reconciliation_required"),
     Mutant(
         "tenant-slots-ignored", "tenant slots (R-EXEC-9)",
-        (Patch("qimpl/workflows/owner.py", 'if row["state"] == RunState.QUEUED and slot_limit > 0:',
+        (Patch("qimpl/db/owner.py", 'if row["state"] == RunState.QUEUED and slot_limit > 0:',
                'if row["state"] == RunState.QUEUED and slot_limit < 0:'),),
         "tenant-slots", "never more than 2 slot holders"),
     Mutant(
@@ -134,18 +134,18 @@ CATALOG: tuple[Mutant, ...] = (
         "happy-path", "one Temporal workflow per run generation"),
     Mutant(
         "fence-without-row-version", "fenced update: row_version (R-EXEC-7)",
-        (Patch("qimpl/workflows/owner.py",
+        (Patch("qimpl/db/owner.py",
                '"WHERE run_id = %(run_id)s AND row_version = %(expected)s AND generation = %(generation)s"',
                '"WHERE run_id = %(run_id)s AND generation = %(generation)s"'),),
         "stale-writers-refused", "the fence refuses a stale row_version"),
     Mutant(
         "fence-without-attempt", "fenced update: owner attempt (R-EXEC-7)",
-        (Patch("qimpl/workflows/owner.py", "\" AND owner_attempt = %(attempt)s AND state = 'running'\"",
+        (Patch("qimpl/db/owner.py", "\" AND owner_attempt = %(attempt)s AND state = 'running'\"",
                "\" AND state = 'running'\""),),
         "stale-writers-refused", "the fence refuses an attempt that never claimed"),
     Mutant(
         "advisory-lock-not-taken", "the run's session advisory lock (R-EXEC-2)",
-        (Patch("qimpl/workflows/lease.py",
+        (Patch("qimpl/db/lease.py",
                'cur = await conn.execute(f"SELECT pg_try_advisory_lock({lock_key_sql})", (self.run_id,))',
                'cur = await conn.execute("SELECT true")'),),
         "happy-path", "every write by its owner"),
@@ -171,7 +171,7 @@ CATALOG: tuple[Mutant, ...] = (
         "cancel-not-delivered", "cancellation reaches the running activity (R-Q34-1)",
         # Both paths: Temporal's cancellation (delivered with a heartbeat) and the lease
         # touch that reads the run's state; either alone stops the step in time.
-        (Patch("qimpl/workflows/lease.py", "if found is not None and found[0] in _ENDED:", "if False:"),
+        (Patch("qimpl/db/lease.py", "if found is not None and found[0] in _ENDED:", "if False:"),
          Patch("qimpl/api/routers/controls.py",
                "await asyncio.wait_for(handle.cancel(), timeout=svc.settings.dispatch_timeout_s)",
                "pass")),
@@ -215,10 +215,10 @@ CATALOG: tuple[Mutant, ...] = (
         "checkpoint-split-from-its-fence", "a checkpoint and its row_version bump in one transaction (R-EXEC-3)",
         # The checkpoint commits on its own, just before the fenced UPDATE that bumps the
         # run to its row version: the same values, two commits a millisecond apart.
-        (Patch("qimpl/workflows/owner.py",
+        (Patch("qimpl/db/owner.py",
                '            what=f"checkpoint {step} of run {self.run_id}", then=insert_checkpoint)',
                '            what=f"checkpoint {step} of run {self.run_id}")'),
-         Patch("qimpl/workflows/owner.py",
+         Patch("qimpl/db/owner.py",
                '        await self._write(\n'
                '            "UPDATE runs SET row_version = row_version + 1, checkpoint_step = %(step)s,"',
                '        async with self.conn.transaction(), self.conn.cursor() as cur:\n'
@@ -342,8 +342,8 @@ CATALOG: tuple[Mutant, ...] = (
         "the watcher ended only attempts of the killed worker or attempts that never ran"),
     Mutant(
         "one-approval-serves-identical-calls", "one approval runs one call (R-TOOL-5): the used set and the call binding",
-        (Patch("qimpl/journal.py", "    taken = set(used)\n", "    taken: set[str] = set()\n"),
-         Patch("qimpl/journal.py",
+        (Patch("qimpl/tool_journal/rules.py", "    taken = set(used)\n", "    taken: set[str] = set()\n"),
+         Patch("qimpl/tool_journal/rules.py",
                '            if decision["call_id"] == call_id and decision.get("action_version") == version:',
                '            if True:')),
         "one-approval-one-call", "identical call 2 waited for an approval of its own, 1 run so far"),
@@ -362,24 +362,24 @@ CATALOG: tuple[Mutant, ...] = (
         "tool-reply-lost", "the guard refuses a new generation while a tool outcome is unknown (QG010)"),
     Mutant(
         "owner-trusts-its-own-clock", "the deadline by the database's clock, counted down on the monotonic one (R-EXEC-8, R-EXEC-12)",
-        (Patch("qimpl/workflows/owner.py",
+        (Patch("qimpl/db/owner.py",
                '_LEFT = "extract(epoch FROM deadline_at - clock_timestamp())::float8 AS deadline_left_s"',
                '_LEFT = "extract(epoch FROM deadline_at)::float8 AS deadline_left_s"'),
-         Patch("qimpl/workflows/owner.py",
+         Patch("qimpl/db/owner.py",
                "        self._deadline_mono = time.monotonic() + deadline_left_s\n",
                "        self._deadline_mono = time.monotonic() + deadline_left_s - time.time()\n")),
         "skewed-worker-clocks-meet-the-deadline",
         "the run of the worker 300 s ahead completed: its own clock did not expire it"),
     Mutant(
         "keeper-touches-inside-the-owners-transaction", "the lease bounds an owner stalled inside its transaction, keeper running (R-EXEC-11)",
-        (Patch("qimpl/workflows/lease.py",
+        (Patch("qimpl/db/lease.py",
                "        if conn.info.transaction_status != pq.TransactionStatus.IDLE:\n            return\n",
                ""),),
         "owner-held-inside-checkpoint-transaction",
         "a new attempt took over within the lease + 10 s (13 s) of the stall"),
     Mutant(
         "lease-never-touched", "the lease keeper's touch keeps a live owner's lease (R-EXEC-11, R-EXEC-13)",
-        (Patch("qimpl/workflows/lease.py",
+        (Patch("qimpl/db/lease.py",
                "        conn = self.conn\n        if conn.info.transaction_status",
                "        return\n        conn = self.conn\n        if conn.info.transaction_status"),),
         "owner-partitioned-from-temporal",
@@ -406,7 +406,7 @@ CATALOG: tuple[Mutant, ...] = (
         "owner-partitioned-from-postgres", "the watcher ended the cut-off attempt by its task token"),
     Mutant(
         "lock-not-taken-under-a-temporal-partition", "the advisory lock keeps a cut-off owner's run (R-EXEC-2)",
-        (Patch("qimpl/workflows/lease.py",
+        (Patch("qimpl/db/lease.py",
                'cur = await conn.execute(f"SELECT pg_try_advisory_lock({lock_key_sql})", (self.run_id,))',
                'cur = await conn.execute("SELECT true")'),),
         # Which scenario check fires first is Temporal's timing (a retry claims while the
@@ -460,7 +460,7 @@ CATALOG: tuple[Mutant, ...] = (
         "happy-path", "observed usage counts every provider call"),
     Mutant(
         "failure-code-not-recorded", "the run names its last counted failure's code (R-EXEC-6)",
-        (Patch("qimpl/workflows/owner.py", "last_failure_code = %(failure_code)s", "last_failure_code = NULL"),),
+        (Patch("qimpl/db/owner.py", "last_failure_code = %(failure_code)s", "last_failure_code = NULL"),),
         "retry-exhaustion", "the run record names its last counted failure's safe code"),
     Mutant(
         "terminal-event-without-the-record", "the terminal event equals the run record (R-EVENT-2)",

@@ -3,6 +3,7 @@ re-run failures to measure how often they reproduce, write the report."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import secrets
@@ -225,7 +226,9 @@ def _run_parallel(opts: SessionOptions, seed: int, scenarios: list[Scenario], re
                   on_event: Events) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Spread the scenarios over ``opts.parallel`` pytest-xdist workers, each booting its
     own stack (``qualify/xdist_run.py``), and merge the documents they write."""
-    import qualify.xdist_run as module
+    # Found by name, not imported: qualify.xdist_run imports this module.
+    xdist_module = importlib.util.find_spec("qualify.xdist_run")
+    assert xdist_module is not None and xdist_module.origin is not None
 
     schedule_ids = [sc.id for sc in scenarios if sc.schedule is not None and not sc.id.startswith("random-")]
     spec = {"ids": longest_first([sc.id for sc in scenarios]), "seed": seed, "stack_kind": opts.stack_kind,
@@ -240,7 +243,7 @@ def _run_parallel(opts: SessionOptions, seed: int, scenarios: list[Scenario], re
     log = report_dir / "xdist.log"
     proc = spawn([sys.executable, "-m", "pytest", "-q", "-c", str(ini), "--rootdir", str(report_dir),
                   "-p", "no:cacheprovider", "-n", str(opts.parallel), "--dist", "load",
-                  module.__file__],
+                  xdist_module.origin],
                  log_path=log, env={**os.environ, "QUALIFY_XDIST_SPEC": json.dumps(spec)},
                  death_signal=signal.SIGTERM)
     shown: set[str] = set()

@@ -2,7 +2,7 @@
 
 ``create_app`` only assembles: the services (``qimpl.api.deps``), the error handlers
 (``qimpl.api.errors``) and one router per resource (``qimpl.api.routers``, and the tool
-journal's ``qimpl.api.tool_routes``). Routes (R-CREATE-1..7, R-READ-1):
+journal's ``qimpl.api.routers.tools``). Routes (R-CREATE-1..7, R-READ-1):
 
 - ``POST /v1/agents/{agent_id}/runs``            create a run (durable, or legacy inline), 202 + receipt
 - ``GET  /v1/agents/{agent_id}/runs``            the caller's runs; ``GET /v1/operator/runs`` an operator's (R-READ-5)
@@ -12,7 +12,7 @@ journal's ``qimpl.api.tool_routes``). Routes (R-CREATE-1..7, R-READ-1):
 - ``POST /v1/agents/{agent_id}/runs/{run_id}/tool-approval/{approval_id}``  decide (R-APPROVAL-1)
 - ``GET  /v1/agents/{agent_id}/runs/{run_id}/events``  the event stream (R-EVENT-2)
 - ``POST /v1/answer`` and the legacy controls    (R-CREATE-7, R-LEGACY-1)
-- tool results and the operator's reconciliation: ``qimpl.api.tool_routes`` (R-TOOL-3/4)
+- tool results and the operator's reconciliation: ``qimpl.api.routers.tools`` (R-TOOL-3/4)
 - ``GET  /metrics``                               Prometheus metrics (R-OPS-6, R-OPS-7)
 - ``GET  /healthz``                               liveness (no database or Temporal call)
 - ``GET  /docs``                                  Swagger UI, its assets served from the package (offline)
@@ -30,11 +30,10 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 from psycopg_pool import PoolTimeout
 
-from qimpl.api import tool_routes
 from qimpl.api.deps import Services
 from qimpl.api.errors import install_error_handlers
 from qimpl.api.limits import RequestLimits
-from qimpl.api.routers import controls, events, legacy, listing, operations, runs
+from qimpl.api.routers import controls, events, legacy, listing, operations, runs, tools
 from qimpl.db.roles import refuse_unsafe_role
 from qimpl.logs import setup_logging
 from qimpl.settings import ApiSettings, exit_config, load_or_exit, plugin_error
@@ -104,7 +103,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
                                           "Last-Event-ID", "X-Stream-Key"],
                            expose_headers=["Idempotent-Replayed", "Retry-After"])
     # The order is the OpenAPI document's (and matching's): unchanged from the closures.
-    for router in (tool_routes.router, legacy.router, operations.router, runs.router,
+    for router in (tools.router, legacy.router, operations.router, runs.router,
                    events.router, controls.router, listing.router):
         app.include_router(router)
     return app

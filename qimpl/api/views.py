@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from qimpl import journal
 from qimpl.api.models import RunView
-from qimpl.db import journal as journal_db
 from qimpl.db import usage as usage_db
+from qimpl.tool_journal import rules as journal
+from qimpl.tool_journal import store as journal_db
 from qimpl.usage import run_usage
 
 __all__ = ["read_view", "run_view"]

@@ -2,7 +2,7 @@
 
 Each write is one transaction whose UPDATE passes the transition guard (R-STATE-1).
 The activity owner's fenced writes live with its fencing token in
-``qimpl.workflows.owner`` (R-EXEC-7). A write the guard refuses because the run's
+``qimpl.db.owner`` (R-EXEC-7). A write the guard refuses because the run's
 deadline passed (SQLSTATE ``QG006``) raises ``DeadlinePassed``: the caller expires the
 run (``expire_if_overdue``) instead of retrying (R-EXEC-8).
 """

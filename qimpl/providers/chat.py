@@ -31,7 +31,7 @@ from typing import Any
 
 from qimpl.errors import ProviderFailed
 from qimpl.provider import StepContext
-from qimpl.tools import ToolCall
+from qimpl.tool_journal.seam import ToolCall
 
 __all__ = ["Accumulator", "Turn", "conversation", "tool_definitions"]
 

@@ -2,7 +2,7 @@
 
 A provider step returns tool calls (``StepResult.tool_calls``) instead of running tools
 itself; the activity runs them through this registry and journals each one
-(``qimpl.workflows.journal``), so a retried attempt reuses what is known and parks what
+(``qimpl.tool_journal.steps``), so a retried attempt reuses what is known and parks what
 is not. Three kinds:
 
 - ``instrumented``: the runtime commits an intent before calling the tool and an outcome

@@ -33,9 +33,10 @@ from typing import Any
 
 from qimpl.approvals import approval_request
 from qimpl.crashpoints import declare
-from qimpl.db import journal as journal_db
-from qimpl.journal import matching_decision, reconciliation_pending
-from qimpl.tools import (
+from qimpl.db.owner import RunOwner
+from qimpl.tool_journal import store as journal_db
+from qimpl.tool_journal.rules import matching_decision, reconciliation_pending
+from qimpl.tool_journal.seam import (
     ToolCall,
     ToolContext,
     ToolFailed,
@@ -46,7 +47,6 @@ from qimpl.tools import (
     call_id,
     schema_errors,
 )
-from qimpl.workflows.owner import RunOwner
 
 __all__ = ["UNKNOWN_OUTCOME", "Park", "ToolSteps"]
 

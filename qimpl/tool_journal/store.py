@@ -14,7 +14,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from qimpl.journal import UNSETTLED
+from qimpl.tool_journal.rules import UNSETTLED
 
 __all__ = ["Settlement", "invocations", "settle", "unsettled"]
 

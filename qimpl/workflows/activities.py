@@ -33,8 +33,9 @@ from temporalio.exceptions import ApplicationError
 from qimpl.approvals import approval_request
 from qimpl.backoff import failure_delay
 from qimpl.crashpoints import declare
-from qimpl.db import journal as journal_db
 from qimpl.db import runs as repo
+from qimpl.db.lease import OwnershipLease
+from qimpl.db.owner import RunOwner
 from qimpl.db.sessions import bound_session, keepalive_params
 from qimpl.errors import (
     SAFE_MESSAGES,
@@ -43,16 +44,15 @@ from qimpl.errors import (
     LostOwnership,
     ProviderFailed,
 )
-from qimpl.journal import tool_results
 from qimpl.legacy import run_inline
 from qimpl.lifecycle import TERMINAL, RunState
 from qimpl.provider import Provider, StepContext, StepResult
-from qimpl.tools import ToolRegistry
+from qimpl.tool_journal import store as journal_db
+from qimpl.tool_journal.rules import tool_results
+from qimpl.tool_journal.seam import ToolRegistry
+from qimpl.tool_journal.steps import ToolSteps
 from qimpl.usage import reported_tokens
 from qimpl.workflows.deltas import OutputDeltas
-from qimpl.workflows.lease import OwnershipLease
-from qimpl.workflows.owner import RunOwner
-from qimpl.workflows.tool_steps import ToolSteps
 from qimpl.workflows.types import FailInput, RunInput
 
 __all__ = ["AgentActivities"]

@@ -41,7 +41,7 @@ from qimpl.settings import (
     load_or_exit,
     plugin_error,
 )
-from qimpl.tools import ToolRegistry, load_tools
+from qimpl.tool_journal.seam import ToolRegistry, load_tools
 from qimpl.watcher import LeaseWatcher
 from qimpl.workflows.activities import AgentActivities
 from qimpl.workflows.agent_run import AgentRunWorkflowV2

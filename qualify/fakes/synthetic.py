@@ -61,7 +61,7 @@ from typing import Any
 
 from qimpl.errors import ProviderFailed
 from qimpl.provider import Provider, StepContext, StepResult
-from qimpl.tools import ToolCall
+from qimpl.tool_journal.seam import ToolCall
 from qualify.fakes.clock import true_time
 
 __all__ = ["Script", "SyntheticProvider", "delta_piece", "grant_digest", "make_prompt"]

@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from qimpl.tools import Invoke, ToolContext, ToolFailed, ToolKind, ToolSpec
+from qimpl.tool_journal.seam import Invoke, ToolContext, ToolFailed, ToolKind, ToolSpec
 
 __all__ = ["TIMEOUT_S", "sink_tools"]
 

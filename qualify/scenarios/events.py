@@ -21,35 +21,11 @@ from qualify.processes import ManagedProcess
 from qualify.procs import wait_until
 from qualify.scenarios.base import API_KEY, TERMINAL, ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted
+from qualify.scenarios.streams import PATH, read_stream, record_stream_event
 
-PATH = "/v1/agents/agent-1/runs/{run_id}/events"
 #: The API's LISTEN session (``qimpl.api.deps.Services``) and its database role.
 LISTEN_APPLICATION = "qimpl-api-listen"
 API_ROLE = "qimpl_api"
-
-
-def read_stream(ctx: ScenarioContext, api: ManagedProcess, run_id: str, key: str, *,
-                last_event_id: str | None = None, stop_after: int | None = None,
-                client: str = "") -> list[dict[str, Any]]:
-    """Read SSE events of one connection (recording each in the history) until the stream
-    ends or ``stop_after`` events; returns them as ``{id, event, data}``, or a refusal as
-    ``[{status, body}]``."""
-    headers = {"X-Stream-Key": key, **({"Last-Event-ID": last_event_id} if last_event_id else {})}
-    # Where this client's stream begins: a client that opens with Last-Event-ID L owes
-    # only the events after L (the stream checker reads it).
-    ctx.history.record("stream_open", run_id=run_id, client=client, process=api.name,
-                       after=int(last_event_id) if last_event_id and last_event_id.isdigit() else 0)
-    got: list[dict[str, Any]] = []
-    with httpx.stream("GET", f"{api.base_url}{PATH.format(run_id=run_id)}", headers=headers,
-                      timeout=60) as resp:
-        if resp.status_code != 200:
-            return [{"status": resp.status_code, "body": resp.read().decode()[:200]}]
-        for event in parse_sse(resp.iter_lines()):
-            _record(ctx, run_id, event, api.name, client)
-            got.append({"id": str(event.id), "event": event.event, "data": json.dumps(event.data)})
-            if stop_after is not None and len(got) >= stop_after:
-                break
-    return got
 
 
 def _streamed_while_running(events: list[dict[str, Any]], *, steps: int,
@@ -79,11 +55,6 @@ def _streamed_while_running(events: list[dict[str, Any]], *, steps: int,
             "; ".join(bad[:4]) or f"{sum(len(v) for v in deltas.values())} delta events", "R-EVENT-1")
 
 
-def _record(ctx: ScenarioContext, run_id: str, event: StreamEvent, process: str, client: str) -> None:
-    ctx.history.record("stream_event", run_id=run_id, event_id=event.id, event=event.event,
-                       state=event.data.get("state"), process=process, client=client)
-
-
 class Follower:
     """A client following a run with ``follow_run`` in a thread, recording every event."""
 
@@ -93,7 +64,7 @@ class Follower:
         urls = {a.base_url: a.name for a in apis}
 
         def on_event(event: StreamEvent, base: str) -> None:
-            _record(ctx, run_id, event, urls[base], name)
+            record_stream_event(ctx, run_id, event, urls[base], name)
             self.result.events.append(event)
 
         def follow() -> None:
@@ -562,7 +533,7 @@ def _by_token(ctx: ScenarioContext, api: ManagedProcess, run_id: str, token: str
         if resp.status_code != 200:
             return resp.status_code, [], resp.read().decode()[:200]
         for event in parse_sse(resp.iter_lines()):
-            _record(ctx, run_id, event, api.name, client)
+            record_stream_event(ctx, run_id, event, api.name, client)
             got.append({"id": str(event.id), "event": event.event})
     return 200, got, ""
 

@@ -216,7 +216,7 @@ def _failure_events_and_terminal(ctx: ScenarioContext, api: ManagedProcess, run:
     """The run's stream: one ``failure`` event per counted failure, each with its code; every
     event stamped with the database's time, in order; the terminal event equal to the run
     record as the read route answered it (R-EVENT-1, R-EVENT-2, R-EXEC-6)."""
-    from qualify.scenarios.events import read_stream
+    from qualify.scenarios.streams import read_stream
 
     events = read_stream(ctx, api, run["run_id"], stream_key)
     datas = [json.loads(e["data"]) if isinstance(e.get("data"), str) else {} for e in events]

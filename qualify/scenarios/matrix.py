@@ -462,7 +462,7 @@ def same_key_resume_loses_the_race(ctx: ScenarioContext) -> None:
     requirements=("R-EVENT-2", "R-EVENT-3"),
 )
 def stream_every_last_event_id(ctx: ScenarioContext) -> None:
-    from qualify.scenarios.events import read_stream
+    from qualify.scenarios.streams import read_stream
 
     apis = [ctx.processes.api("api-1"), ctx.processes.api("api-2")]
     ctx.processes.worker()

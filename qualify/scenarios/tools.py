@@ -19,9 +19,9 @@ from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
 from qualify.scenarios.base import ScenarioContext, scenario
-from qualify.scenarios.events import read_stream
 from qualify.scenarios.lifecycle import accepted
 from qualify.scenarios.probes import guard_probe
+from qualify.scenarios.streams import read_stream
 
 BEFORE_INTENT = "tool.before_intent_commit"
 AFTER_INTENT = "tool.after_intent_commit"

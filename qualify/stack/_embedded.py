@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psutil
 import psycopg
@@ -20,10 +19,10 @@ import psycopg
 from qualify import interrupt
 from qualify.errors import HarnessError
 from qualify.stack.postgres import SHM, PostgresServer, embedded_bin_dir, system_bin_dir
-from qualify.stack.temporal import TUNED_DYNAMIC_CONFIG, TemporalServer
+from qualify.stack.temporal import TemporalServer
 
-__all__ = ["API_ROLE", "CREDENTIALS", "OPERATOR_CREDENTIALS", "TEMPLATE_DB", "TIMER_MODES", "WORKER_ROLE",
-           "EmbeddedStack", "StackInfo", "make_stack", "open_stack", "with_user"]
+__all__ = ["API_ROLE", "CREDENTIALS", "OPERATOR_CREDENTIALS", "TEMPLATE_DB", "WORKER_ROLE",
+           "EmbeddedStack", "StackInfo", "open_stack", "with_user"]
 
 TEMPLATE_DB = "qimpl_template"
 
@@ -231,31 +230,6 @@ class EmbeddedStack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-#: ``--temporal-timers``: ``tuned`` gives a stack's dev server ``TUNED_DYNAMIC_CONFIG``
-#: (the scenarios marked ``default_timers`` still run on a server's defaults);
-#: ``default`` runs every scenario on the defaults, as users' servers are.
-TIMER_MODES = ("tuned", "default")
-
-
-def make_stack(kind: str = "embedded", *, pg_dsn: str = "", temporal_address: str = "",
-               timers: str = "default") -> Any:
-    """The stack of ``kind``: embedded, system, existing or testcontainers. ``timers``
-    (``TIMER_MODES``) applies to the stacks the harness boots (embedded, system)."""
-    if timers not in TIMER_MODES:
-        raise HarnessError(f"unknown temporal timers {timers!r}: {', '.join(TIMER_MODES)}")
-    if kind in ("embedded", "system"):
-        return EmbeddedStack(kind=kind, temporal_config=TUNED_DYNAMIC_CONFIG if timers == "tuned" else None)
-    from qualify.stack._others import ExistingStack, TestcontainersStack
-
-    if kind == "existing":
-        return ExistingStack(pg_dsn=pg_dsn, temporal_address=temporal_address)
-    if kind == "testcontainers":
-        return TestcontainersStack()
-    from qualify.errors import UsageError
-
-    raise UsageError(f"unknown stack {kind!r}: embedded, system, existing or testcontainers")
 
 
 @contextmanager

@@ -7,7 +7,7 @@ import uuid
 
 import psycopg
 
-from qimpl.workflows.lease import OwnershipLease
+from qimpl.db.lease import OwnershipLease
 
 __all__ = ["lease", "queued_run"]
 

@@ -19,14 +19,14 @@ import psutil
 import psycopg
 import pytest
 
-from qimpl.errors import LockNotAcquired
-from qimpl.workflows.lease import (
+from qimpl.db.lease import (
     LeaseNotBounded,
     OwnershipLease,
     keepalive_s,
     lease_ms,
     lock_key_sql,
 )
+from qimpl.errors import LockNotAcquired
 from qualify.stack._embedded import WORKER_ROLE, with_user
 from tests.conftest import assert_eventually
 
@@ -38,7 +38,7 @@ TIMEOUTS = ("idle_session_timeout", "idle_in_transaction_session_timeout")
 #: transaction. argv: dsn run_id lease_s.
 PAUSED_OWNER = """
 import asyncio, os, signal, sys
-from qimpl.workflows.lease import OwnershipLease
+from qimpl.db.lease import OwnershipLease
 
 async def main() -> None:
     async with OwnershipLease(sys.argv[1], sys.argv[2], lease_s=float(sys.argv[3]),

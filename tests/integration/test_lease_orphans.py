@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from qimpl.db import takeover as db
-from qimpl.workflows.lease import lock_key_sql
+from qimpl.db.lease import lock_key_sql
 from qualify.stack._embedded import WORKER_ROLE, with_user
 
 pytestmark = pytest.mark.integration

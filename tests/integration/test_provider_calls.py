@@ -13,9 +13,9 @@ import psycopg
 import pytest
 
 from qimpl.db import usage as usage_db
+from qimpl.db.owner import RunOwner
 from qimpl.errors import DeadlinePassed, LostOwnership
 from qimpl.usage import run_usage
-from qimpl.workflows.owner import RunOwner
 from qualify.stack._embedded import WORKER_ROLE, with_user
 from tests.conftest import assert_eventually
 

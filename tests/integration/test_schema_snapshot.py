@@ -17,7 +17,7 @@ def test_schema_sql_is_the_migrated_head(stack: Any) -> None:
     committed = SCHEMA_SQL.read_text()
     diff = "".join(difflib.unified_diff(committed.splitlines(True), fresh.splitlines(True),
                                         "qimpl/db/schema.sql", "migrated head", n=1))
-    assert fresh == committed, f"regenerate with `python -m qimpl.db.snapshot`:\n{diff[:4000]}"
+    assert fresh == committed, f"regenerate with `python -m qualify.snapshot`:\n{diff[:4000]}"
     assert "CREATE TRIGGER runs_transition_guard BEFORE INSERT OR UPDATE" in committed
 
 

@@ -128,8 +128,8 @@ def test_a_claim_by_a_superseded_attempt_is_refused(stack: Any) -> None:
     database, before the trigger would (and writes nothing)."""
     import asyncio
 
+    from qimpl.db.owner import RunOwner
     from qimpl.errors import LostOwnership
-    from qimpl.workflows.owner import RunOwner
 
     dsn = stack.create_database()
     with psycopg.connect(dsn, autocommit=True) as c:
@@ -149,7 +149,7 @@ def test_a_claim_by_a_superseded_attempt_is_refused(stack: Any) -> None:
 def test_a_claim_after_the_deadline_expires_the_run(stack: Any) -> None:
     import asyncio
 
-    from qimpl.workflows.owner import RunOwner
+    from qimpl.db.owner import RunOwner
 
     dsn = stack.create_database()
     with psycopg.connect(dsn, autocommit=True) as c:

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from qimpl.workflows.owner import RunOwner
+from qimpl.db.owner import RunOwner
 from qualify import checkers as ck
 from qualify.collect import database_events
 from qualify.history import Event

@@ -9,7 +9,7 @@ import pytest
 
 from qimpl.crashpoints import CrashPoint, parse_directive
 from qimpl.provider import StepContext
-from qimpl.tools import ToolCall
+from qimpl.tool_journal.seam import ToolCall
 from qualify.fakes.synthetic import Script, SyntheticProvider, make_prompt
 
 

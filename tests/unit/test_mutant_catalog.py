@@ -25,7 +25,7 @@ def test_every_mutant_applies_and_names_a_scenario(mutant: Mutant, tmp_path: Pat
 
 @pytest.mark.req("R-Q-9")
 def test_a_stale_mutant_is_refused(tmp_path: Path) -> None:
-    stale = Mutant("stale", "none", (Patch("qimpl/tools.py", "no such text", "x"),), "happy-path", "x")
+    stale = Mutant("stale", "none", (Patch("qimpl/tool_journal/seam.py", "no such text", "x"),), "happy-path", "x")
     with pytest.raises(UsageError):
         apply_mutant(stale, tmp_path / "copy")
 

@@ -22,7 +22,7 @@ from qimpl.errors import ProviderFailed, ProviderTimedOut
 from qimpl.provider import StepContext, StepResult, load_provider
 from qimpl.providers.openai_chat import OpenAIChatProvider, factory
 from qimpl.settings import ConfigError, OpenAIChatSettings, WorkerSettings, load
-from qimpl.tools import ToolCall, ToolKind, ToolRegistry, ToolSpec
+from qimpl.tool_journal.seam import ToolCall, ToolKind, ToolRegistry, ToolSpec
 from qimpl.workflows.activities import _failure_kind
 
 KEY = "sk-test-0123456789abcdef-secret"

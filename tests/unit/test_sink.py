@@ -11,7 +11,14 @@ from typing import Any
 import httpx
 import pytest
 
-from qimpl.tools import ToolContext, ToolFailed, ToolKind, ToolSpec, load_tools, schema_errors
+from qimpl.tool_journal.seam import (
+    ToolContext,
+    ToolFailed,
+    ToolKind,
+    ToolSpec,
+    load_tools,
+    schema_errors,
+)
 from qualify.fakes.tools import TIMEOUT_S
 from qualify.processes import SinkProcess
 

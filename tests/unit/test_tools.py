@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from qimpl.api.events import event_of
-from qimpl.journal import matching_decision, summary, tool_results
-from qimpl.tools import (
+from qimpl.tool_journal.rules import matching_decision, summary, tool_results
+from qimpl.tool_journal.seam import (
     ToolKind,
     ToolRegistry,
     ToolSpec,

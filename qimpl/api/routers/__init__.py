@@ -6,6 +6,5 @@
 - ``legacy``      ``/v1/answer`` and the legacy controls (R-CREATE-7, R-LEGACY-1)
 - ``operations``  ``/metrics`` and ``/healthz`` (R-OPS-6, R-OPS-7)
 - ``listing``     a client's runs and an operator's runs across its tenants (R-READ-5)
-
-The tool journal's routes are ``qimpl.api.tool_routes`` (R-TOOL-3/4).
+- ``tools``       the tool journal's results and the operator's reconciliation (R-TOOL-3/4)
 """

@@ -32,12 +32,12 @@ from qimpl.api.receipts import (
     require_grant,
 )
 from qimpl.crashpoints import declare
-from qimpl.db import journal as journal_db
 from qimpl.db import runs as repo
 from qimpl.db.runs import UNSETTLED_SQLSTATE
 from qimpl.dispatch import dispatch
 from qimpl.errors import DeadlinePassed
 from qimpl.lifecycle import TERMINAL, RunState, workflow_id
+from qimpl.tool_journal import store as journal_db
 
 __all__ = ["router"]
 

@@ -31,11 +31,11 @@ from qimpl.api.models import (
 )
 from qimpl.api.openapi import CLIENT_ONLY
 from qimpl.api.validation import VALIDATION_CODES
-from qimpl.db import journal as journal_db
 from qimpl.db import runs as repo
-from qimpl.db.journal import Settlement
-from qimpl.journal import UNSETTLED
-from qimpl.tools import ToolKind, schema_errors
+from qimpl.tool_journal import store as journal_db
+from qimpl.tool_journal.rules import UNSETTLED
+from qimpl.tool_journal.seam import ToolKind, schema_errors
+from qimpl.tool_journal.store import Settlement
 
 __all__ = ["router"]
 
