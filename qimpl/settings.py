@@ -258,7 +258,7 @@ class ApiSettings(_ProviderSettings, Settings):
         json_schema_extra=_example("16"))
     event_fallback_poll_s: float = Field(
         default=5.0, gt=0,
-        description="an open event stream reads the journal at least this often, seconds, even without a notification (the LISTEN connection wakes it at once)",
+        description="an open event stream reads the event journal at least this often, seconds, even without a notification (the LISTEN connection wakes it at once)",
         json_schema_extra=_example("5"))
     max_body_bytes: int = Field(
         default=1_048_576, ge=1024,

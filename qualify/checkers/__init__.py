@@ -33,6 +33,7 @@ from qualify.checkers.lifecycle import (
     slot_holders,
     slot_limit_respected,
     state_restored_at_every_step,
+    transition_audit_matches_run_record,
 )
 from qualify.checkers.owners import (
     every_write_by_its_owner,
@@ -42,7 +43,6 @@ from qualify.checkers.owners import (
 )
 from qualify.checkers.tools import (
     SINK_CLOCK_SLACK_S,
-    journal_matches_run_record,
     no_execution_without_intent,
     no_side_effect_repeated,
     no_unapproved_effect,
@@ -72,7 +72,6 @@ __all__ = [
     "event_journal_matches_run_record",
     "event_prunes_bounded",
     "every_write_by_its_owner",
-    "journal_matches_run_record",
     "no_crash_loop",
     "no_execution_without_intent",
     "no_side_effect_repeated",
@@ -90,6 +89,7 @@ __all__ = [
     "state_restored_at_every_step",
     "stream_events_consistent",
     "token_total",
+    "transition_audit_matches_run_record",
     "usage_events_match_the_record",
     "workflow_input_matches_its_run",
     "writes_committed_whole",
@@ -114,7 +114,7 @@ GENERIC_CHECKERS: tuple[Callable[[Sequence[Event]], Check], ...] = (
     no_side_effect_repeated,
     no_execution_without_intent,
     no_unapproved_effect,
-    journal_matches_run_record,
+    transition_audit_matches_run_record,
     deadline_from_acceptance,
     one_workflow_per_generation,
     workflow_input_matches_its_run,

@@ -18,10 +18,10 @@ __all__ = [
 ]
 
 
-def _journal(history: Sequence[Event]) -> dict[str, dict[int, str | None]]:
+def _event_journal(history: Sequence[Event]) -> dict[str, dict[int, str | None]]:
     """Per run, the event ids a stream may deliver and their kinds: the event journal's
-    ``seq -> kind`` (``run_event``), or for a history without the journal (an older
-    schema) the transitions' ids, kinds unknown."""
+    ``seq -> kind`` (``run_event``), or for a history without the event journal (an older
+    schema) the ids of the transition audit (``run_transitions``), kinds unknown."""
     journal: dict[str, dict[int, str | None]] = defaultdict(dict)
     events = _of(history, "run_event")
     if events:
@@ -42,7 +42,7 @@ def stream_events_consistent(history: Sequence[Event]) -> Check:
     (R-EVENT-5): only the order of what was delivered is checked."""
     name = "stream events complete, ordered and ending in the run's terminal state"
     finals = {str(e["run_id"]): e["state"] for e in _of(history, "run")}
-    journal = _journal(history)
+    journal = _event_journal(history)
     pruned = {str(e["run_id"]) for e in _of(history, "event_prune")}
     bad = []
     begins: dict[tuple[str, str], int] = {}

@@ -26,6 +26,7 @@ __all__ = [
     "slot_holders",
     "slot_limit_respected",
     "state_restored_at_every_step",
+    "transition_audit_matches_run_record",
 ]
 
 
@@ -270,3 +271,23 @@ def slot_limit_respected(limit: int) -> Callable[[Sequence[Event]], Check]:
 
     check.__name__ = "slot_limit_respected"
     return check
+
+
+def transition_audit_matches_run_record(history: Sequence[Event]) -> Check:
+    """For every run, the last transition the database's own transition audit
+    (``run_transitions``) recorded equals the run record at collection (state,
+    row_version, generation): no write escaped the audit (R-Q-5, R-EVENT-1). Restates the audit trigger (``run_transitions`` is written by the
+    database for every write of a run)."""
+    name = "every run's last audited transition (run_transitions) equals its run record"
+    last: dict[str, Event] = {}
+    for t in sorted(_of(history, "transition"), key=lambda e: int(e.get("id", 0))):
+        last[str(t["run_id"])] = t
+    bad = []
+    for run in _of(history, "run"):
+        found = last.get(str(run["run_id"]))
+        want = (run["state"], run["row_version"], run["generation"])
+        got = (found["new_state"], found["row_version"], found["generation"]) if found else None
+        if got != want:
+            bad.append(f"{run['run_id']}: audit {got}, record {want}")
+    return Check(name, not bad, _summary(bad) or f"{len(last)} runs", ("R-Q-5", "R-EVENT-1"),
+                 judged=len(_of(history, "run")), restates="the audit trigger")

@@ -11,7 +11,6 @@ from qualify.history import Event
 
 __all__ = [
     "SINK_CLOCK_SLACK_S",
-    "journal_matches_run_record",
     "no_execution_without_intent",
     "no_side_effect_repeated",
     "no_unapproved_effect",
@@ -77,26 +76,6 @@ def no_execution_without_intent(history: Sequence[Event]) -> Check:
                        " before its intent")
     return Check(name, not bad, _summary(bad) or f"{len(calls)} calls, {len(journal)} journaled",
                  ("R-TOOL-1", "R-Q-5"), judged=len(calls))
-
-
-def journal_matches_run_record(history: Sequence[Event]) -> Check:
-    """For every run, the last transition the database's own audit recorded equals the run
-    record at collection (state, row_version, generation): no write escaped the journal
-    (R-Q-5, R-EVENT-1). Restates the audit trigger (``run_transitions`` is written by the
-    database for every write of a run)."""
-    name = "every run's last journaled transition equals its run record"
-    last: dict[str, Event] = {}
-    for t in sorted(_of(history, "transition"), key=lambda e: int(e.get("id", 0))):
-        last[str(t["run_id"])] = t
-    bad = []
-    for run in _of(history, "run"):
-        found = last.get(str(run["run_id"]))
-        want = (run["state"], run["row_version"], run["generation"])
-        got = (found["new_state"], found["row_version"], found["generation"]) if found else None
-        if got != want:
-            bad.append(f"{run['run_id']}: journal {got}, record {want}")
-    return Check(name, not bad, _summary(bad) or f"{len(last)} runs", ("R-Q-5", "R-EVENT-1"),
-                 judged=len(_of(history, "run")), restates="the audit trigger")
 
 
 def _approval_tools() -> frozenset[str]:

@@ -106,7 +106,7 @@ def _woken(ctx: ScenarioContext, followers: list[Follower], n: int) -> bool:
                       judged=len(followers))
 
 
-def _journal(ctx: ScenarioContext, run_id: str) -> list[int]:
+def _event_journal(ctx: ScenarioContext, run_id: str) -> list[int]:
     return [int(r[0]) for r in ctx.sql("SELECT seq FROM run_events WHERE run_id = %s ORDER BY seq", run_id)]
 
 
@@ -138,7 +138,7 @@ def _check_followers(ctx: ScenarioContext, followers: list[Follower], run_id: st
     """Every follower got every journal event exactly once, in order, ending with the
     terminal event, and that event equals the run record."""
     record = ctx.read_run(api, run_id)
-    journal = _journal(ctx, run_id)
+    journal = _event_journal(ctx, run_id)
     for f in followers:
         ids = [e.id for e in f.result.events]
         ctx.expect(f"{f.name}: every event exactly once, in order, ending with the terminal event",
@@ -258,7 +258,7 @@ def stream_survives_listener_loss(ctx: ScenarioContext) -> None:
     followers = [Follower(ctx, f"subscriber-{i}", [api], run_id, key, deadline_s=45) for i in (1, 2)]
     ctx.wait_barrier("quiet")
     # Everything before the barrier is committed: states, two steps' usage and checkpoints.
-    so_far = len(_journal(ctx, run_id))
+    so_far = len(_event_journal(ctx, run_id))
     _woken(ctx, followers, so_far)
     ping = _keep_alive(api, run_id, key, after=so_far)
     ctx.expect("a quiet stream gets keep-alive comments", ping.startswith(":"), ping[:80], "R-EVENT-2")
@@ -285,7 +285,7 @@ def stream_survives_listener_loss(ctx: ScenarioContext) -> None:
             if time.monotonic() > deadline:
                 raise HarnessError("the run did not complete")
             time.sleep(0.05)
-        written = len(_journal(ctx, run_id))
+        written = len(_event_journal(ctx, run_id))
         delivered = [len(f.result.events) for f in followers]
     finally:
         _admin(ctx, f"ALTER ROLE {API_ROLE} CONNECTION LIMIT -1")

@@ -23,8 +23,8 @@ def _transition(id_: int, new: str, version: int, gen: int = 1) -> dict[str, obj
 @pytest.mark.req("R-Q-5", "R-EVENT-1")
 def test_a_write_the_journal_missed_is_caught() -> None:
     history = [_transition(1, "accepted", 1), _transition(2, "running", 3), _transition(3, "completed", 4), _run()]
-    assert ck.journal_matches_run_record(history).ok
-    missed = ck.journal_matches_run_record([*history[:2], _run()])
+    assert ck.transition_audit_matches_run_record(history).ok
+    missed = ck.transition_audit_matches_run_record([*history[:2], _run()])
     assert not missed.ok and RUN in missed.detail
 
 
