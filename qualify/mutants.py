@@ -435,7 +435,7 @@ CATALOG: tuple[Mutant, ...] = (
         "age-filter-inverted", "the operator's accepted-age filter keeps the runs that old (R-READ-5)",
         (Patch("qimpl/db/listing.py", "r.accepted_at <= clock_timestamp() - make_interval",
                "r.accepted_at <= clock_timestamp() + make_interval"),),
-        "runs-listed", "operator filter accepted at least 1 s ago: exactly the database's runs"),
+        "runs-listed", "operator filter accepted at least the split age ago: exactly the database's runs"),
     Mutant(
         "pages-merged-out-of-order", "an operator's pages merge the tenants in accepted order (R-READ-5)",
         (Patch("qimpl/api/paging.py", "reverse=newest_first)", "reverse=not newest_first)"),),

@@ -103,7 +103,7 @@ def runs_listed(ctx: ScenarioContext) -> None:
                                   " FROM runs WHERE run_id = %s", fresh)[0][0]) + 1.0, 3)
     filters: list[tuple[str, dict[str, Any], str]] = [
         ("state queued", {"state": "queued"}, "tenant_id = 't-dev' AND state = 'queued'"),
-        (f"accepted at least {split_s} s ago", {"accepted_before_s": split_s},
+        ("accepted at least the split age ago", {"accepted_before_s": split_s},
          f"tenant_id = 't-dev' AND accepted_at <= clock_timestamp() - interval '{split_s} s'"),
         ("deadline within 60 s", {"deadline_within_s": 60},
          "tenant_id = 't-dev' AND deadline_at <= clock_timestamp() + interval '60 s'"
@@ -113,7 +113,7 @@ def runs_listed(ctx: ScenarioContext) -> None:
         got = _ids(pages(url, "/v1/operator/runs", OPERATOR, **params))
         truth = _truth(ctx, where)
         ctx.expect(f"operator filter {name}: exactly the database's runs", got == truth and bool(truth),
-                   f"listed {got}; database {truth}", "R-READ-5", judged=len(truth))
+                   f"{params}: listed {got}; database {truth}", "R-READ-5", judged=len(truth))
     aged, near = _truth(ctx, filters[1][2]), _truth(ctx, filters[2][2])
     ctx.expect("the filters had runs on both sides (the old runs aged, the fresh one not; one run due)",
                set(old) <= set(aged) and fresh not in aged and near == [due],
