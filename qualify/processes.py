@@ -147,18 +147,13 @@ class ManagedProcess:
         is not ready within READY_TIMEOUT_S."""
         if self.proc is None:
             raise HarnessError(f"{self.name} was never spawned")
-        with spent("process_start"):
-            self._wait_ready()
-        return self
-
-    def _wait_ready(self) -> None:
-        assert self.proc is not None
         if self.kind == "api":
             wait_until(self._healthy, timeout_s=READY_TIMEOUT_S, what=self.name, proc=self.proc,
                        interval_s=0.05, kind="process_start")
         else:
             wait_until(lambda: self._logged("worker.ready", self._offset), timeout_s=READY_TIMEOUT_S,
                        what=self.name, proc=self.proc, interval_s=0.05, kind="process_start")
+        return self
 
     def _healthy(self) -> bool:
         return httpx.get(f"{self.base_url}/healthz", timeout=1.0).status_code == 200

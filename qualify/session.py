@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -304,7 +304,7 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
                         schedule_path=opts.schedule_path)
     scenarios = shard_of(selection, opts.shard)
     # No more slices than scenarios; one slice runs in this process (and ``--keep`` needs it).
-    opts.parallel = 1 if opts.keep else max(1, min(opts.parallel, len(scenarios)))
+    opts = replace(opts, parallel=1 if opts.keep else max(1, min(opts.parallel, len(scenarios))))
     stack = None if opts.parallel > 1 else make_stack(
         opts.stack_kind, pg_dsn=opts.pg_dsn, temporal_address=opts.temporal_address,
         timers=opts.temporal_timers)

@@ -31,16 +31,12 @@ RECONCILE = {"DURABLE_AGENT_RECONCILE_TENANTS": json.dumps([TENANT]),
 
 def _wait(ctx: ScenarioContext, what: str, check: Any, timeout_s: float = 30.0,
           kind: str = "wait_sweep") -> None:
-    with ctx.waiting(kind):
-        _poll(what, check, timeout_s)
-
-
-def _poll(what: str, check: Any, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise HarnessError(f"{what}: not within {timeout_s} s")
-        time.sleep(0.05)
+    with ctx.waiting(kind):
+        while not check():
+            if time.monotonic() > deadline:
+                raise HarnessError(f"{what}: not within {timeout_s} s")
+            time.sleep(0.05)
 
 
 def _accepted_then_api_dies(ctx: ScenarioContext) -> str:
