@@ -19,6 +19,9 @@ class Patch:
     path: str
     old: str
     new: str
+    #: When set, the patch applies to the text after this anchor (which must occur exactly
+    #: once): a revision carries both the definition its downgrade restores and its own.
+    after: str = ""
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,16 @@ class Mutant:
 
 
 GUARD_ALL_WRITES = "qimpl/db/migrations/versions/20261205_090000_guard_all_writes.py"
+#: Where that revision's own guard starts (the guard before it, which its downgrade
+#: restores, comes first in the file).
+_NEW_GUARD = '\nGUARD_SQL = f"""'
+
+
+def _guard(old: str, new: str) -> Patch:
+    """A patch to the guards 20261205_090000_guard_all_writes installs."""
+    return Patch(GUARD_ALL_WRITES, old, new, after=_NEW_GUARD)
+
+
 _CHECKPOINT_TRIGGER = ("\nCREATE TRIGGER run_checkpoints_guard BEFORE INSERT OR UPDATE OR DELETE ON"
                        " public.run_checkpoints\n"
                        "    FOR EACH ROW EXECUTE FUNCTION public.run_checkpoints_guard();\n")
@@ -80,7 +93,7 @@ CATALOG: tuple[Mutant, ...] = (
         "resume-past-unknown-outcome", "reconciliation before resume (R-RESUME-3)",
         (Patch("qimpl/api/routers/controls.py", '    unsettled = await journal_db.unsettled(conn, str(row["run_id"]))',
                "    unsettled: list[dict[str, Any]] = []"),
-         Patch(GUARD_ALL_WRITES,
+         _guard(
                "    IF OLD.state = 'awaiting_input' AND NEW.generation > OLD.generation",
                "    IF false AND OLD.state = 'awaiting_input' AND NEW.generation > OLD.generation")),
         "tool-reply-lost", "a normal resume answers 409 run_reconciliation_required"),
@@ -151,13 +164,13 @@ CATALOG: tuple[Mutant, ...] = (
         "happy-path", "every write by its owner"),
     Mutant(
         "guard-lets-an-attempt-go-back", "transition guard: fencing token only goes forward (R-EXEC-7)",
-        (Patch(GUARD_ALL_WRITES,
+        (_guard(
                "    IF NEW.generation = OLD.generation AND OLD.owner_attempt IS NOT NULL\n",
                "    IF false AND NEW.generation = OLD.generation AND OLD.owner_attempt IS NOT NULL\n"),),
         "stale-writers-refused", "the guard refuses an attempt taking its generation back (QG008)"),
     Mutant(
         "guard-expires-early", "transition guard: no expiry before the deadline (R-EXEC-12)",
-        (Patch(GUARD_ALL_WRITES,
+        (_guard(
                "IF NEW.state = 'expired' AND clock_timestamp() < OLD.deadline_at THEN",
                "IF false THEN"),),
         "stale-writers-refused", "the guard refuses expired before the deadline (QG007)"),
@@ -227,7 +240,7 @@ CATALOG: tuple[Mutant, ...] = (
                '            "UPDATE runs SET row_version = row_version + 1, checkpoint_step = %(step)s,"'),
          # The database's own checkpoint guard (QG015) refuses the split too: off, so that
          # this proves the harness's check, which watches what the database accepted.
-         Patch(GUARD_ALL_WRITES, _CHECKPOINT_TRIGGER, "\n")),
+         _guard(_CHECKPOINT_TRIGGER, "\n")),
         "happy-path", "every row committed in its write's transaction"),
     Mutant(
         "watcher-never-fails-a-token", "lease-driven takeover by the owner's task token (R-EXEC-13)",
@@ -251,38 +264,38 @@ CATALOG: tuple[Mutant, ...] = (
         "the watcher failed the swallowed retry (started, never run) within 10 s (heartbeat timeout 30 s)"),
     Mutant(
         "guard-skips-inserts", "the transition guard runs on INSERT too (R-STATE-1)",
-        (Patch(GUARD_ALL_WRITES,
+        (_guard(
                "CREATE TRIGGER runs_transition_guard BEFORE INSERT OR UPDATE ON public.runs",
                "CREATE TRIGGER runs_transition_guard BEFORE UPDATE ON public.runs"),),
         "stale-writers-refused",
         "the guard refuses a run inserted straight into completed at row version 7 by qimpl_api (QG014)"),
     Mutant(
         "guard-blind-to-null", "the fencing attempt cannot go back through NULL (R-EXEC-7)",
-        (Patch(GUARD_ALL_WRITES,
+        (_guard(
                "       AND (NEW.owner_attempt IS NULL OR NEW.owner_attempt < OLD.owner_attempt) THEN",
                "       AND NEW.owner_attempt < OLD.owner_attempt THEN"),),
         "stale-writers-refused", "the guard refuses an attempt going back through NULL (QG008)"),
     Mutant(
         "guard-lets-the-prompt-change", "a run's request is immutable after acceptance (R-STATE-1)",
-        (Patch(GUARD_ALL_WRITES,
+        (_guard(
                "OR NEW.agent_id IS DISTINCT FROM OLD.agent_id OR NEW.prompt IS DISTINCT FROM OLD.prompt",
                "OR NEW.agent_id IS DISTINCT FROM OLD.agent_id"),),
         "stale-writers-refused", "the guard refuses a changed prompt (QG004)"),
     Mutant(
         "guard-lets-generations-jump", "a generation steps by exactly one (R-STATE-1)",
-        (Patch(GUARD_ALL_WRITES,
+        (_guard(
                "OR NEW.generation IS NULL OR NEW.generation NOT IN (OLD.generation, OLD.generation + 1) THEN",
                "OR NEW.generation < OLD.generation THEN"),),
         "stale-writers-refused", "the guard refuses a generation that jumps (QG004)"),
     Mutant(
         "checkpoint-guard-off", "a checkpoint only from its run's owner (R-EXEC-4, R-EXEC-7)",
-        (Patch(GUARD_ALL_WRITES, _CHECKPOINT_TRIGGER, "\n"),),
+        (_guard(_CHECKPOINT_TRIGGER, "\n"),),
         "stale-writers-refused",
         "the checkpoint guard refuses a checkpoint of step 99 outside the owner's fenced write (QG015)"),
     Mutant(
         "checkpoint-guard-ignores-the-transaction",
         "a checkpoint only in the transaction of its owner's fenced write (R-EXEC-3)",
-        (Patch(GUARD_ALL_WRITES,
+        (_guard(
                "       OR NOT EXISTS (SELECT 1 FROM public.run_transitions t\n",
                "       OR false AND NOT EXISTS (SELECT 1 FROM public.run_transitions t\n"),),
         "stale-writers-refused",
@@ -349,14 +362,14 @@ CATALOG: tuple[Mutant, ...] = (
         "one-approval-one-call", "identical call 2 waited for an approval of its own, 1 run so far"),
     Mutant(
         "guard-lets-a-late-run-resume", "after its deadline a run may only end (QG006 alone, R-EXEC-8)",
-        (Patch(GUARD_ALL_WRITES,
+        (_guard(
                "    IF OLD.lifecycle_version = 2 AND clock_timestamp() >= OLD.deadline_at\n",
                "    IF false AND OLD.lifecycle_version = 2 AND clock_timestamp() >= OLD.deadline_at\n"),),
         "stale-writers-refused",
         "the guard refuses a new generation after the deadline: the run may only end (QG006)"),
     Mutant(
         "guard-lets-a-resume-past-an-unknown-outcome", "no new generation over an unsettled tool call (QG010 alone, R-RESUME-3)",
-        (Patch(GUARD_ALL_WRITES,
+        (_guard(
                "    IF OLD.state = 'awaiting_input' AND NEW.generation > OLD.generation\n",
                "    IF false AND OLD.state = 'awaiting_input' AND NEW.generation > OLD.generation\n"),),
         "tool-reply-lost", "the guard refuses a new generation while a tool outcome is unknown (QG010)"),

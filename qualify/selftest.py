@@ -41,15 +41,17 @@ MUTANT_TIMEOUT_S = 600
 
 def apply_mutant(mutant: Mutant, dest: Path, root: Path = ROOT) -> None:
     """Copy ``qimpl`` and ``qualify`` from ``root`` to ``dest`` and apply the mutant's
-    patches there. UsageError when a patch does not apply exactly once (a stale catalog)."""
+    patches there (each within the text after its ``after`` anchor, when it has one).
+    UsageError when a patch does not apply exactly once (a stale catalog)."""
     for part in ("qimpl", "qualify"):
         shutil.copytree(root / part, dest / part, ignore=shutil.ignore_patterns("__pycache__"))
     for patch in mutant.patches:
         target = dest / patch.path
         text = target.read_text()
-        if text.count(patch.old) != 1:
+        head, anchor, tail = text.partition(patch.after) if patch.after else ("", "", text)
+        if (patch.after and text.count(patch.after) != 1) or tail.count(patch.old) != 1:
             raise UsageError(f"mutant {mutant.name} no longer applies to {patch.path}: update the catalog")
-        target.write_text(text.replace(patch.old, patch.new))
+        target.write_text(head + anchor + tail.replace(patch.old, patch.new))
 
 
 def _qualify(scenarios: Sequence[str], *, seed: int, cwd: Path, reports: Path, parallel: int = 1,

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 from alembic import command
 from alembic.config import Config
 
-__all__ = ["BASELINE", "HEAD", "alembic_config", "downgrade", "load_revision", "upgrade"]
+__all__ = ["BASELINE", "HEAD", "alembic_config", "downgrade", "upgrade"]
 
 HEAD = "20261208_090000_state_deltas"
 BASELINE = "20261001_000000_baseline"
@@ -22,18 +20,6 @@ def alembic_config(dsn: str) -> Config:
     cfg.set_main_option("script_location", str(_DIR))
     cfg.set_main_option("sqlalchemy.url", dsn.replace("%", "%%"))
     return cfg
-
-
-def load_revision(revision: str) -> ModuleType:
-    """The module of migration ``revision`` (a revision builds on its predecessor's SQL:
-    the guard function, the transition table), loaded from its file."""
-    path = _DIR / "versions" / f"{revision}.py"
-    spec = importlib.util.spec_from_file_location(f"qimpl_migration_{revision}", path)
-    if spec is None or spec.loader is None:
-        raise FileNotFoundError(path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def upgrade(dsn: str, revision: str = "head") -> None:

@@ -70,7 +70,7 @@ def test_a_migration_patch_hits_the_definition_in_effect(mutant: Mutant) -> None
             continue
         path = Path(patch.path).name
         text = (_VERSIONS / path).read_text()
-        defined = _defined_at(text, text.index(patch.old))
+        defined = _defined_at(text, text.index(patch.old, text.index(patch.after) if patch.after else 0))
         later_revisions = [v for v in sorted(_VERSIONS.glob("*.py")) if v.name > path]
         if defined is None:  # SQL composed from pieces in Python: the patched text must not recur later
             name, later = None, [v.name for v in later_revisions if patch.old in v.read_text()]

@@ -23,7 +23,8 @@ STATES = (
     "completed", "failed", "expired", "cancelled",
 )
 
-# Mirrors qimpl.lifecycle.TRANSITIONS (+ LEGACY_TRANSITIONS); tests keep them equal.
+# The transitions at this revision (the head's table, in qimpl/db/schema.sql, is kept equal
+# to qimpl.lifecycle.TRANSITIONS by tests/unit/test_migration_table.py).
 ALLOWED = (
     ("accepted", "queued"), ("accepted", "cancelled"), ("accepted", "expired"),
     ("accepted", "failed"),

@@ -32,47 +32,207 @@ Create Date: 2026-12-01 10:00:00
 
 from alembic import op
 
-from qimpl.db.migrate import load_revision
-
 revision = "20261201_100000_hardening"
 down_revision = "20261130_160000_tool_journal"
 branch_labels = None
 depends_on = None
 
 
-_PREV = load_revision(down_revision)
-STATES = _PREV.STATES
-ALLOWED = _PREV.ALLOWED  # no transition changes in this revision
-PREVIOUS_GUARD_SQL = _PREV.GUARD_SQL
-
 #: Every trigger and SECURITY DEFINER function's search path: temporary relations last.
 SAFE_PATH = "SET search_path = pg_catalog, public, pg_temp"
 
 
-def _qualified(sql: str, replacements: tuple[tuple[str, str], ...]) -> str:
-    for old, new in replacements:
-        assert old in sql, old
-        sql = sql.replace(old, new)
-    return sql
+#: The transition guard as 20261130_160000_tool_journal left it (restored by the downgrade).
+PREVIOUS_GUARD_SQL = """
+CREATE OR REPLACE FUNCTION runs_transition_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.state IN ('completed', 'failed', 'expired', 'cancelled') THEN
+        RAISE EXCEPTION 'run % is terminal (%)', OLD.run_id, OLD.state
+            USING ERRCODE = 'QG001';
+    END IF;
+    IF NEW.row_version IS DISTINCT FROM OLD.row_version + 1 THEN
+        RAISE EXCEPTION 'run %: row_version must go from % to %, not %',
+            OLD.run_id, OLD.row_version, OLD.row_version + 1, NEW.row_version
+            USING ERRCODE = 'QG003';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM run_allowed_transitions
+                   WHERE from_state = OLD.state AND to_state = NEW.state) THEN
+        RAISE EXCEPTION 'run %: transition % -> % is not allowed', OLD.run_id, OLD.state, NEW.state
+            USING ERRCODE = 'QG002';
+    END IF;
+    IF NEW.run_id <> OLD.run_id OR NEW.tenant_id <> OLD.tenant_id
+       OR NEW.principal_id <> OLD.principal_id OR NEW.accepted_at <> OLD.accepted_at
+       OR NEW.deadline_at <> OLD.deadline_at OR NEW.lifecycle_version <> OLD.lifecycle_version
+       OR NEW.generation < OLD.generation THEN
+        RAISE EXCEPTION 'run %: identity, deadline and generation are immutable', OLD.run_id
+            USING ERRCODE = 'QG004';
+    END IF;
+    IF NEW.state = 'expired' AND clock_timestamp() < OLD.deadline_at THEN
+        RAISE EXCEPTION 'run %: expired before its deadline (% < %)',
+            OLD.run_id, clock_timestamp(), OLD.deadline_at
+            USING ERRCODE = 'QG007';
+    END IF;
+    IF OLD.lifecycle_version = 2 AND clock_timestamp() >= OLD.deadline_at
+       AND NEW.state NOT IN ('expired', 'failed', 'cancelled') THEN
+        RAISE EXCEPTION 'run %: deadline % passed; it may only end', OLD.run_id, OLD.deadline_at
+            USING ERRCODE = 'QG006';
+    END IF;
+    IF NEW.generation = OLD.generation AND NEW.owner_attempt < OLD.owner_attempt THEN
+        RAISE EXCEPTION 'run %: attempt % may not take generation % back from attempt %',
+            OLD.run_id, NEW.owner_attempt, OLD.generation, OLD.owner_attempt
+            USING ERRCODE = 'QG008';
+    END IF;
+    IF OLD.state = 'awaiting_input' AND NEW.generation > OLD.generation
+       AND EXISTS (SELECT 1 FROM tool_invocations t WHERE t.run_id = OLD.run_id
+                   AND t.status IN ('intent', 'requested')) THEN
+        RAISE EXCEPTION 'run %: unsettled tool invocations; reconcile the journal first', OLD.run_id
+            USING ERRCODE = 'QG010';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+"""
 
+#: The same guard with a pinned search path and ``public.``-qualified relations.
+GUARD_SQL = """
+CREATE OR REPLACE FUNCTION public.runs_transition_guard() RETURNS trigger LANGUAGE plpgsql
+    SET search_path = pg_catalog, public, pg_temp AS $$
+BEGIN
+    IF OLD.state IN ('completed', 'failed', 'expired', 'cancelled') THEN
+        RAISE EXCEPTION 'run % is terminal (%)', OLD.run_id, OLD.state
+            USING ERRCODE = 'QG001';
+    END IF;
+    IF NEW.row_version IS DISTINCT FROM OLD.row_version + 1 THEN
+        RAISE EXCEPTION 'run %: row_version must go from % to %, not %',
+            OLD.run_id, OLD.row_version, OLD.row_version + 1, NEW.row_version
+            USING ERRCODE = 'QG003';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM public.run_allowed_transitions
+                   WHERE from_state = OLD.state AND to_state = NEW.state) THEN
+        RAISE EXCEPTION 'run %: transition % -> % is not allowed', OLD.run_id, OLD.state, NEW.state
+            USING ERRCODE = 'QG002';
+    END IF;
+    IF NEW.run_id <> OLD.run_id OR NEW.tenant_id <> OLD.tenant_id
+       OR NEW.principal_id <> OLD.principal_id OR NEW.accepted_at <> OLD.accepted_at
+       OR NEW.deadline_at <> OLD.deadline_at OR NEW.lifecycle_version <> OLD.lifecycle_version
+       OR NEW.generation < OLD.generation THEN
+        RAISE EXCEPTION 'run %: identity, deadline and generation are immutable', OLD.run_id
+            USING ERRCODE = 'QG004';
+    END IF;
+    IF NEW.state = 'expired' AND clock_timestamp() < OLD.deadline_at THEN
+        RAISE EXCEPTION 'run %: expired before its deadline (% < %)',
+            OLD.run_id, clock_timestamp(), OLD.deadline_at
+            USING ERRCODE = 'QG007';
+    END IF;
+    IF OLD.lifecycle_version = 2 AND clock_timestamp() >= OLD.deadline_at
+       AND NEW.state NOT IN ('expired', 'failed', 'cancelled') THEN
+        RAISE EXCEPTION 'run %: deadline % passed; it may only end', OLD.run_id, OLD.deadline_at
+            USING ERRCODE = 'QG006';
+    END IF;
+    IF NEW.generation = OLD.generation AND NEW.owner_attempt < OLD.owner_attempt THEN
+        RAISE EXCEPTION 'run %: attempt % may not take generation % back from attempt %',
+            OLD.run_id, NEW.owner_attempt, OLD.generation, OLD.owner_attempt
+            USING ERRCODE = 'QG008';
+    END IF;
+    IF OLD.state = 'awaiting_input' AND NEW.generation > OLD.generation
+       AND EXISTS (SELECT 1 FROM public.tool_invocations t WHERE t.run_id = OLD.run_id
+                   AND t.status IN ('intent', 'requested')) THEN
+        RAISE EXCEPTION 'run %: unsettled tool invocations; reconcile the journal first', OLD.run_id
+            USING ERRCODE = 'QG010';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+"""
 
-GUARD_SQL = _qualified(PREVIOUS_GUARD_SQL, (
-    ("CREATE OR REPLACE FUNCTION runs_transition_guard() RETURNS trigger LANGUAGE plpgsql AS $$",
-     "CREATE OR REPLACE FUNCTION public.runs_transition_guard() RETURNS trigger LANGUAGE plpgsql\n"
-     f"    {SAFE_PATH} AS $$"),
-    ("FROM run_allowed_transitions", "FROM public.run_allowed_transitions"),
-    ("FROM tool_invocations t", "FROM public.tool_invocations t"),
-))
-_JOURNAL_GUARD = _PREV.JOURNAL_SQL[_PREV.JOURNAL_SQL.index("CREATE FUNCTION tool_invocations_guard()"):]
-PREVIOUS_JOURNAL_GUARD_SQL = _JOURNAL_GUARD[:_JOURNAL_GUARD.index("$$;\n") + 4].replace(
-    "CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
-JOURNAL_GUARD_SQL = _qualified(PREVIOUS_JOURNAL_GUARD_SQL, (
-    ("CREATE OR REPLACE FUNCTION tool_invocations_guard() RETURNS trigger LANGUAGE plpgsql AS $$",
-     "CREATE OR REPLACE FUNCTION public.tool_invocations_guard() RETURNS trigger LANGUAGE plpgsql\n"
-     f"    {SAFE_PATH} AS $$"),
-    ("r runs%ROWTYPE;", "r public.runs%ROWTYPE;"),
-    ("SELECT * INTO r FROM runs WHERE", "SELECT * INTO r FROM public.runs WHERE"),
-))
+#: The tool journal's guard as 20261130_160000_tool_journal created it.
+PREVIOUS_JOURNAL_GUARD_SQL = """CREATE OR REPLACE FUNCTION tool_invocations_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    r runs%ROWTYPE;
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'tool invocation %/% may not be deleted', OLD.run_id, OLD.call_id
+            USING ERRCODE = 'QG011';
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        IF OLD.status NOT IN ('intent', 'requested') THEN
+            RAISE EXCEPTION 'tool invocation %/% is settled (%)', OLD.run_id, OLD.call_id, OLD.status
+                USING ERRCODE = 'QG011';
+        END IF;
+        IF NEW.run_id <> OLD.run_id OR NEW.call_id <> OLD.call_id OR NEW.tool <> OLD.tool
+           OR NEW.kind <> OLD.kind OR NEW.arguments <> OLD.arguments
+           OR NEW.arguments_digest <> OLD.arguments_digest OR NEW.step <> OLD.step
+           OR NEW.generation <> OLD.generation OR NEW.position <> OLD.position
+           OR NEW.intent_row_version IS DISTINCT FROM OLD.intent_row_version
+           OR NEW.intent_attempt IS DISTINCT FROM OLD.intent_attempt THEN
+            RAISE EXCEPTION 'tool invocation %/%: what was asked is immutable', OLD.run_id, OLD.call_id
+                USING ERRCODE = 'QG011';
+        END IF;
+    END IF;
+    SELECT * INTO r FROM runs WHERE run_id = NEW.run_id;
+    IF NEW.settled_by IS NULL OR NEW.settled_by = 'worker' THEN
+        -- The owner's write: same transaction as its fenced UPDATE of the run.
+        IF r.state IS DISTINCT FROM 'running' OR r.generation <> NEW.generation
+           OR r.owner_attempt IS DISTINCT FROM NEW.intent_attempt
+           OR r.row_version <> coalesce(NEW.outcome_row_version, NEW.intent_row_version) THEN
+            RAISE EXCEPTION 'tool invocation %/%: written by no owner (run % g% a% v%)',
+                NEW.run_id, NEW.call_id, r.state, r.generation, r.owner_attempt, r.row_version
+                USING ERRCODE = 'QG009';
+        END IF;
+    ELSIF TG_OP = 'INSERT' OR r.state IN ('accepted', 'queued', 'running', 'awaiting_approval') THEN
+        RAISE EXCEPTION 'tool invocation %/%: settled by % while the run is %',
+            NEW.run_id, NEW.call_id, NEW.settled_by, r.state
+            USING ERRCODE = 'QG009';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+"""
+
+#: The same journal guard with a pinned search path and qualified relations.
+JOURNAL_GUARD_SQL = """CREATE OR REPLACE FUNCTION public.tool_invocations_guard() RETURNS trigger LANGUAGE plpgsql
+    SET search_path = pg_catalog, public, pg_temp AS $$
+DECLARE
+    r public.runs%ROWTYPE;
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'tool invocation %/% may not be deleted', OLD.run_id, OLD.call_id
+            USING ERRCODE = 'QG011';
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        IF OLD.status NOT IN ('intent', 'requested') THEN
+            RAISE EXCEPTION 'tool invocation %/% is settled (%)', OLD.run_id, OLD.call_id, OLD.status
+                USING ERRCODE = 'QG011';
+        END IF;
+        IF NEW.run_id <> OLD.run_id OR NEW.call_id <> OLD.call_id OR NEW.tool <> OLD.tool
+           OR NEW.kind <> OLD.kind OR NEW.arguments <> OLD.arguments
+           OR NEW.arguments_digest <> OLD.arguments_digest OR NEW.step <> OLD.step
+           OR NEW.generation <> OLD.generation OR NEW.position <> OLD.position
+           OR NEW.intent_row_version IS DISTINCT FROM OLD.intent_row_version
+           OR NEW.intent_attempt IS DISTINCT FROM OLD.intent_attempt THEN
+            RAISE EXCEPTION 'tool invocation %/%: what was asked is immutable', OLD.run_id, OLD.call_id
+                USING ERRCODE = 'QG011';
+        END IF;
+    END IF;
+    SELECT * INTO r FROM public.runs WHERE run_id = NEW.run_id;
+    IF NEW.settled_by IS NULL OR NEW.settled_by = 'worker' THEN
+        -- The owner's write: same transaction as its fenced UPDATE of the run.
+        IF r.state IS DISTINCT FROM 'running' OR r.generation <> NEW.generation
+           OR r.owner_attempt IS DISTINCT FROM NEW.intent_attempt
+           OR r.row_version <> coalesce(NEW.outcome_row_version, NEW.intent_row_version) THEN
+            RAISE EXCEPTION 'tool invocation %/%: written by no owner (run % g% a% v%)',
+                NEW.run_id, NEW.call_id, r.state, r.generation, r.owner_attempt, r.row_version
+                USING ERRCODE = 'QG009';
+        END IF;
+    ELSIF TG_OP = 'INSERT' OR r.state IN ('accepted', 'queued', 'running', 'awaiting_approval') THEN
+        RAISE EXCEPTION 'tool invocation %/%: settled by % while the run is %',
+            NEW.run_id, NEW.call_id, NEW.settled_by, r.state
+            USING ERRCODE = 'QG009';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+"""
 
 #: The audit trail, written with the owner's rights (R-Q-5): the application cannot.
 AUDIT_SQL = f"""

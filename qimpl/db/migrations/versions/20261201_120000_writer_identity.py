@@ -25,20 +25,15 @@ generation and attempt must be the run's, and the lock must be held
 
 from alembic import op
 
-from qimpl.db.migrate import load_revision
-
 revision = "20261201_120000_writer_identity"
 down_revision = "20261201_100000_hardening"
 branch_labels = None
 depends_on = None
 
+#: Every trigger and SECURITY DEFINER function's search path, temporary relations last
+#: (as since 20261201_100000_hardening).
+SAFE_PATH = "SET search_path = pg_catalog, public, pg_temp"
 
-_PREV = load_revision(down_revision)
-STATES = _PREV.STATES
-ALLOWED = _PREV.ALLOWED  # no transition changes in this revision
-GUARD_SQL = _PREV.GUARD_SQL
-SAFE_PATH = _PREV.SAFE_PATH
-TENANT_TABLES = _PREV.TENANT_TABLES
 
 #: The run's advisory lock as ``pg_locks`` shows a bigint key: high half in ``classid``,
 #: low half in ``objid`` (both unsigned), ``objsubid = 1``.
@@ -74,7 +69,20 @@ $$;
 REVOKE ALL ON FUNCTION public.runs_record_transition() FROM PUBLIC;
 """
 
-WRITER_DOWN_SQL = _PREV.AUDIT_SQL[:_PREV.AUDIT_SQL.index("REVOKE ALL ON FUNCTION")] + """
+#: The audit trigger as 20261201_100000_hardening wrote it, and the writer's columns gone.
+WRITER_DOWN_SQL = """
+CREATE OR REPLACE FUNCTION public.runs_record_transition() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
+BEGIN
+    INSERT INTO public.run_transitions (run_id, tenant_id, row_version, old_state, new_state,
+                                        generation, owner_attempt, checkpoint_step)
+    VALUES (NEW.run_id, NEW.tenant_id, NEW.row_version,
+            CASE WHEN TG_OP = 'UPDATE' THEN OLD.state END,
+            NEW.state, NEW.generation, NEW.owner_attempt, NEW.checkpoint_step);
+    RETURN NULL;
+END;
+$$;
+
 ALTER TABLE public.run_transitions
     DROP COLUMN writer_pid, DROP COLUMN writer_role, DROP COLUMN writer_token,
     DROP COLUMN writer_lock;

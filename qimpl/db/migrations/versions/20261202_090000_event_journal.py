@@ -36,19 +36,15 @@ are the run record's, R-EVENT-3), and ``usage`` (reserved: written by a later re
 
 from alembic import op
 
-from qimpl.db.migrate import load_revision
-
 revision = "20261202_090000_event_journal"
 down_revision = "20261201_120000_writer_identity"
 branch_labels = None
 depends_on = None
 
-_PREV = load_revision(down_revision)
-STATES = _PREV.STATES
-ALLOWED = _PREV.ALLOWED  # no transition changes in this revision
-GUARD_SQL = _PREV.GUARD_SQL
-SAFE_PATH = _PREV.SAFE_PATH
-TENANT_TABLES = (*_PREV.TENANT_TABLES, "run_events")
+#: Every trigger and SECURITY DEFINER function's search path, temporary relations last
+#: (as since 20261201_100000_hardening).
+SAFE_PATH = "SET search_path = pg_catalog, public, pg_temp"
+
 
 #: Event kinds the journal accepts (``usage`` is reserved for observed usage, R-Q34-2).
 KINDS = ("state", "checkpoint", "tool_call", "tool_result", "output", "usage", "terminal")

@@ -31,20 +31,15 @@ with a pinned search path and names its relations ``public.``-qualified.
 
 from alembic import op
 
-from qimpl.db.migrate import load_revision
-
 revision = "20261202_100000_provider_calls"
 down_revision = "20261202_090000_event_journal"
 branch_labels = None
 depends_on = None
 
+#: Every trigger and SECURITY DEFINER function's search path, temporary relations last
+#: (as since 20261201_100000_hardening).
+SAFE_PATH = "SET search_path = pg_catalog, public, pg_temp"
 
-_PREV = load_revision(down_revision)
-STATES = _PREV.STATES
-ALLOWED = _PREV.ALLOWED  # no transition changes in this revision
-GUARD_SQL = _PREV.GUARD_SQL
-SAFE_PATH = _PREV.SAFE_PATH
-TENANT_TABLES = (*_PREV.TENANT_TABLES, "provider_calls")
 
 PROVIDER_CALLS_SQL = f"""
 CREATE TABLE public.provider_calls (

@@ -17,19 +17,15 @@ so no usage event; the totals of the next usage event, and the run record, count
 
 from alembic import op
 
-from qimpl.db.migrate import load_revision
-
 revision = "20261202_110000_usage_events"
 down_revision = "20261202_100000_provider_calls"
 branch_labels = None
 depends_on = None
 
-_PREV = load_revision(down_revision)
-STATES = _PREV.STATES
-ALLOWED = _PREV.ALLOWED  # no transition changes in this revision
-GUARD_SQL = _PREV.GUARD_SQL
-SAFE_PATH = _PREV.SAFE_PATH
-TENANT_TABLES = _PREV.TENANT_TABLES
+#: Every trigger and SECURITY DEFINER function's search path, temporary relations last
+#: (as since 20261201_100000_hardening).
+SAFE_PATH = "SET search_path = pg_catalog, public, pg_temp"
+
 
 USAGE_EVENTS_SQL = f"""
 CREATE FUNCTION public.provider_calls_usage_event() RETURNS trigger LANGUAGE plpgsql

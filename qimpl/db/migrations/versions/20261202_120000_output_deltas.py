@@ -22,19 +22,15 @@ owner stops (R-EXEC-7). The run's tenant must be the session's (row-level securi
 
 from alembic import op
 
-from qimpl.db.migrate import load_revision
-
 revision = "20261202_120000_output_deltas"
 down_revision = "20261202_110000_usage_events"
 branch_labels = None
 depends_on = None
 
-_PREV = load_revision(down_revision)
-STATES = _PREV.STATES
-ALLOWED = _PREV.ALLOWED  # no transition changes in this revision
-GUARD_SQL = _PREV.GUARD_SQL
-SAFE_PATH = _PREV.SAFE_PATH
-TENANT_TABLES = _PREV.TENANT_TABLES
+#: Every trigger and SECURITY DEFINER function's search path, temporary relations last
+#: (as since 20261201_100000_hardening).
+SAFE_PATH = "SET search_path = pg_catalog, public, pg_temp"
+
 
 #: The largest delta one call appends (characters); a provider's pieces are far smaller.
 MAX_DELTA_CHARS = 65536

@@ -28,19 +28,15 @@ harness judges only stamped rows (``qualify.checkers.writes_committed_whole``).
 
 from alembic import op
 
-from qimpl.db.migrate import load_revision
-
 revision = "20261203_090000_write_xacts"
 down_revision = "20261202_120000_output_deltas"
 branch_labels = None
 depends_on = None
 
-_PREV = load_revision(down_revision)
-STATES = _PREV.STATES
-ALLOWED = _PREV.ALLOWED  # no transition changes in this revision
-GUARD_SQL = _PREV.GUARD_SQL
-SAFE_PATH = _PREV.SAFE_PATH
-TENANT_TABLES = _PREV.TENANT_TABLES
+#: Every trigger and SECURITY DEFINER function's search path, temporary relations last
+#: (as since 20261201_100000_hardening).
+SAFE_PATH = "SET search_path = pg_catalog, public, pg_temp"
+
 
 #: Insert-only tables whose rows carry their inserting transaction in ``xact_id``.
 STAMPED = ("run_transitions", "run_checkpoints", "run_events")

@@ -21,19 +21,15 @@ Create Date: 2026-12-04 09:00:00
 
 from alembic import op
 
-from qimpl.db.migrate import load_revision
-
 revision = "20261204_090000_owner_task_token"
 down_revision = "20261203_090000_write_xacts"
 branch_labels = None
 depends_on = None
 
-_PREV = load_revision(down_revision)
-STATES = _PREV.STATES
-ALLOWED = _PREV.ALLOWED  # no transition changes in this revision
-GUARD_SQL = _PREV.GUARD_SQL
-SAFE_PATH = _PREV.SAFE_PATH
-TENANT_TABLES = _PREV.TENANT_TABLES
+#: Every trigger and SECURITY DEFINER function's search path, temporary relations last
+#: (as since 20261201_100000_hardening).
+SAFE_PATH = "SET search_path = pg_catalog, public, pg_temp"
+
 
 UP_SQL = f"""
 ALTER TABLE public.runs ADD COLUMN owner_task_token bytea;

@@ -22,19 +22,15 @@ The function is written whole (the head schema is in ``qimpl/db/schema.sql``).
 
 from alembic import op
 
-from qimpl.db.migrate import load_revision
-
 revision = "20261206_090000_claim_events"
 down_revision = "20261205_090000_guard_all_writes"
 branch_labels = None
 depends_on = None
 
-_PREV = load_revision(down_revision)
-STATES = _PREV.STATES
-ALLOWED = _PREV.ALLOWED
-SAFE_PATH = _PREV.SAFE_PATH
-TENANT_TABLES = _PREV.TENANT_TABLES
-GUARD_SQL = _PREV.GUARD_SQL
+#: Every trigger and SECURITY DEFINER function's search path, temporary relations last
+#: (as since 20261201_100000_hardening).
+SAFE_PATH = "SET search_path = pg_catalog, public, pg_temp"
+
 
 OLD_KINDS = ("state", "checkpoint", "tool_call", "tool_result", "output", "usage", "terminal")
 KINDS = (*OLD_KINDS, "claim", "failure")

@@ -24,19 +24,15 @@ Create Date: 2026-12-07 09:00:00
 
 from alembic import op
 
-from qimpl.db.migrate import load_revision
-
 revision = "20261207_090000_key_admin"
 down_revision = "20261206_090000_claim_events"
 branch_labels = None
 depends_on = None
 
-_PREV = load_revision(down_revision)
-STATES = _PREV.STATES
-ALLOWED = _PREV.ALLOWED  # no transition changes in this revision
-GUARD_SQL = _PREV.GUARD_SQL
-SAFE_PATH = _PREV.SAFE_PATH
-TENANT_TABLES = _PREV.TENANT_TABLES
+#: Every trigger and SECURITY DEFINER function's search path, temporary relations last
+#: (as since 20261201_100000_hardening).
+SAFE_PATH = "SET search_path = pg_catalog, public, pg_temp"
+
 
 
 def _authenticate(expiry: bool) -> str:

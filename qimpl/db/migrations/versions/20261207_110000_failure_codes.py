@@ -16,19 +16,15 @@ provider's text) into ``runs.last_failure_code`` in the same fenced UPDATE, and
 
 from alembic import op
 
-from qimpl.db.migrate import load_revision
-
 revision = "20261207_110000_failure_codes"
 down_revision = "20261207_100000_unknown_tokens"
 branch_labels = None
 depends_on = None
 
-_PREV = load_revision(down_revision)
-STATES = _PREV.STATES
-ALLOWED = _PREV.ALLOWED  # no transition changes in this revision
-GUARD_SQL = _PREV.GUARD_SQL
-SAFE_PATH = _PREV.SAFE_PATH
-TENANT_TABLES = _PREV.TENANT_TABLES
+#: Every trigger and SECURITY DEFINER function's search path, temporary relations last
+#: (as since 20261201_100000_hardening).
+SAFE_PATH = "SET search_path = pg_catalog, public, pg_temp"
+
 
 
 def _record_events(codes: bool) -> str:

@@ -12,28 +12,27 @@ rotate`` writes one naming the old and the new ``key_id``.
 
 from alembic import op
 
-from qimpl.db.migrate import load_revision
-
 revision = "20261207_120000_audit_deletes"
 down_revision = "20261207_110000_failure_codes"
 branch_labels = None
 depends_on = None
 
-_PREV = load_revision(down_revision)
-STATES = _PREV.STATES
-ALLOWED = _PREV.ALLOWED  # no transition changes in this revision
-GUARD_SQL = _PREV.GUARD_SQL
-SAFE_PATH = _PREV.SAFE_PATH
-TENANT_TABLES = _PREV.TENANT_TABLES
+#: Every trigger and SECURITY DEFINER function's search path, temporary relations last
+#: (as since 20261201_100000_hardening).
+SAFE_PATH = "SET search_path = pg_catalog, public, pg_temp"
+
 
 OLD_ACTIONS = ("created", "disabled", "expiry_set", "tenant_assigned", "tenant_unassigned")
 ACTIONS = (*OLD_ACTIONS, "deleted", "rotated")
 
 
-def _actions_check(actions: tuple[str, ...]) -> str:
+def _actions_check(actions: tuple[str, ...], *, valid: bool = True) -> str:
+    """The audit's action check over ``actions``; ``valid=False`` adds it NOT VALID."""
     listed = ", ".join(f"'{a}'" for a in actions)
+    not_valid = "" if valid else " NOT VALID"
     return ("ALTER TABLE public.api_key_audit DROP CONSTRAINT api_key_audit_action_check;\n"
-            f"ALTER TABLE public.api_key_audit ADD CONSTRAINT api_key_audit_action_check CHECK (action IN ({listed}));\n")
+            "ALTER TABLE public.api_key_audit ADD CONSTRAINT api_key_audit_action_check"
+            f" CHECK (action IN ({listed})){not_valid};\n")
 
 
 def _audit(deletes: bool) -> str:
@@ -82,4 +81,4 @@ def upgrade() -> None:
 def downgrade() -> None:
     # Audit rows of the new kinds stay: the audit is append-only (QG017), so the old check
     # is restored NOT VALID (it holds for every new row).
-    op.execute(_audit(deletes=False) + _actions_check(OLD_ACTIONS).replace("));\n", ")) NOT VALID;\n"))
+    op.execute(_audit(deletes=False) + _actions_check(OLD_ACTIONS, valid=False))

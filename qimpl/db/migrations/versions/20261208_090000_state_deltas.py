@@ -20,19 +20,11 @@ PL/pgSQL), then drops the column.
 
 from alembic import op
 
-from qimpl.db.migrate import load_revision
-
 revision = "20261208_090000_state_deltas"
 down_revision = "20261207_120000_audit_deletes"
 branch_labels = None
 depends_on = None
 
-_PREV = load_revision(down_revision)
-STATES = _PREV.STATES
-ALLOWED = _PREV.ALLOWED  # no transition changes in this revision
-GUARD_SQL = _PREV.GUARD_SQL
-SAFE_PATH = _PREV.SAFE_PATH
-TENANT_TABLES = _PREV.TENANT_TABLES
 
 UPGRADE = """
 ALTER TABLE public.run_checkpoints ADD COLUMN state_delta jsonb;
