@@ -250,7 +250,7 @@ CATALOG: tuple[Mutant, ...] = (
         "takeover-after-sigkill", "the watcher ended the killed attempt by its task token"),
     Mutant(
         "no-takeover-watcher", "lease-driven takeover (R-EXEC-13): the watcher off by default",
-        (Patch("qimpl/settings.py",
+        (Patch("qimpl/settings/worker.py",
                "    takeover_watch: bool = Field(\n        default=True,",
                "    takeover_watch: bool = Field(\n        default=False,"),),
         "takeover-after-sigkill",

@@ -1,0 +1,129 @@
+"""``Settings``, what every process that reaches PostgreSQL and Temporal shares (the
+one-shot sweep's model), and the provider fields the API and the worker share."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode
+
+from qimpl.backoff import DEFAULT_BASE_S as DEFAULT_BACKOFF_S
+from qimpl.backoff import DEFAULT_MAX_S as DEFAULT_BACKOFF_MAX_S
+from qimpl.settings._fields import (
+    _CONFIG,
+    PROVIDER_SHORTCUTS,
+    _check_dsn,
+    _example,
+    _import_path,
+    _json_value,
+)
+
+__all__ = ["Settings"]
+
+
+class Settings(BaseSettings):
+    """What every process shares. ``QIMPL_DATABASE_URL`` has no default: a process never
+    guesses a database."""
+
+    model_config = _CONFIG
+
+    database_url: str = Field(
+        description="PostgreSQL DSN of the process's login role (a member of `qimpl_app`; never the owner or a superuser)",
+        json_schema_extra=_example("postgresql://qimpl_api:secret@127.0.0.1:5432/qimpl"))
+    temporal_address: str = Field(
+        default="127.0.0.1:7233", description="Temporal frontend `host:port`",
+        json_schema_extra=_example("127.0.0.1:7233"))
+    temporal_namespace: str = Field(default="default", description="Temporal namespace",
+                                    json_schema_extra=_example("default"))
+    temporal_search_attributes: bool = Field(
+        default=True,
+        description="each run's workflows set the Temporal search attributes `QimplTenant`, `QimplRunId`, `QimplGeneration` and `QimplRunState` (find a run's workflows by tenant and outcome with Temporal's own tools, docs/operations.md). Register them in the namespace first (a deploy step, like the migrations): a worker with this on checks at start and exits 64 naming the missing ones. Set it alike on the API and the workers",
+        json_schema_extra=_example("true"))
+    task_queue: str = Field(default="agent-runs",
+                            description="the queue workers poll and the API dispatches to",
+                            json_schema_extra=_example("agent-runs"))
+    heartbeat_timeout_s: float = Field(
+        default=2.0, gt=0,
+        description="activity heartbeat timeout **and** the ownership lease, seconds (see \"The ownership lease\"); set it alike on the API and the workers (R-EXEC-2)",
+        json_schema_extra=_example("2"))
+    lease_s: float | None = Field(
+        default=None, gt=0, le=600,
+        description="the ownership lease, seconds: how long a run's advisory lock outlives its owner's last statement, and so how soon a paused or cut-off owner is taken over (R-EXEC-11, R-EXEC-13); unset: the heartbeat timeout. Set it alike on the API and the workers",
+        json_schema_extra=_example("2"))
+    provider_max_failures: int = Field(
+        default=5, ge=1,
+        description="provider failures (counted in the run) before it ends `failed` (R-EXEC-6); also the most times one step is asked of the provider, however its asks ended (a counted failure, or the attempt's death after the answer: `agent_step_asks_exhausted`, R-EXEC-12)",
+        json_schema_extra=_example("5"))
+    provider_backoff_s: float = Field(
+        default=DEFAULT_BACKOFF_S, ge=0,
+        description="seconds a run waits after its first counted provider failure before it asks again, doubling per failure up to `QIMPL_PROVIDER_BACKOFF_MAX_S`; a provider's `Retry-After` is waited for when longer, never past the deadline. With the defaults and 5 failures the last ask is 45 s after the first failure: a shorter model-server outage costs only time (R-EXEC-6)",
+        json_schema_extra=_example("3"))
+    provider_backoff_max_s: float = Field(
+        default=DEFAULT_BACKOFF_MAX_S, ge=0,
+        description="the longest wait between two asks after counted provider failures, seconds",
+        json_schema_extra=_example("30"))
+    dispatch_timeout_s: float = Field(
+        default=5.0, gt=0,
+        description="how long the API waits for Temporal before answering 503 `durable_dispatch_unknown` (R-CREATE-5); a key whose first request is unanswered for this long + 1 s stops answering 409 `idempotency_key_in_flight`",
+        json_schema_extra=_example("5"))
+    workflow_task_timeout_s: float = Field(
+        default=3.0, ge=1, le=120,
+        description="Temporal workflow task timeout of each dispatched run, seconds (Temporal's default is 10): a paused worker's outstanding poll holds a new run's first workflow task this long before a live worker gets it",
+        json_schema_extra=_example("3"))
+    concurrency_limit: int = Field(
+        default=0, ge=0, validation_alias=AliasChoices("AGENT_CONCURRENCY_LIMIT", "QIMPL_CONCURRENCY_LIMIT"),
+        description="execution slots per tenant (`running` + `awaiting_approval`); 0: no limit (R-EXEC-9)",
+        json_schema_extra=_example("10"))
+    api_lock_timeout_s: float = Field(
+        default=5.0, gt=0,
+        description="longest an API request or a sweep waits for a run's row lock; the API then answers 503 `run_busy` (retryable). Keep it above the lease",
+        json_schema_extra=_example("5"))
+    idempotency_retention_s: int = Field(
+        default=86400, gt=0,
+        description="how long `Idempotency-Key`s are remembered, seconds (pruned by the reconciler, R-CREATE-2)",
+        json_schema_extra=_example("86400"))
+    event_retention_s: int = Field(
+        default=604800, ge=0,
+        description="how long a run's event stream is kept after its terminal event, seconds; then the reconciler prunes it (at most 100 runs per tenant per sweep) and reading it answers 410 `event_stream_pruned` (R-EVENT-5)",
+        json_schema_extra=_example("604800"))
+    reconcile_grace_s: float = Field(
+        default=6.0, ge=0,
+        description="a generation is dispatched by the reconciler only this long after it was handed to dispatch (creation, resume, approval); a live run's workflow is checked only this long after its dispatch was confirmed",
+        json_schema_extra=_example("6"))
+    crash_points: str = Field(
+        default="", description="harness only: crash-point directive `name:action[,name:action]`; inert when empty (R-Q-4)",
+        json_schema_extra=_example("activity.after_claim:kill"))
+    control_dir: str = Field(
+        default="", description="harness only: where crash points leave evidence and wait for release",
+        json_schema_extra=_example("/tmp/qualify-control"))
+
+    @field_validator("database_url")
+    @classmethod
+    def _dsn(cls, value: str) -> str:
+        return _check_dsn(value)
+
+
+class _ProviderSettings(BaseSettings):
+    """The provider, read by both the API (legacy inline path, ``/v1/answer``) and the
+    worker (durable runs): set it alike on both (R-EXEC-1)."""
+
+    model_config = _CONFIG
+
+    provider: str = Field(
+        default="qimpl.provider:EchoProvider",
+        description="provider plugin `module:factory` (`qimpl/provider.py`), or a shortcut: `echo`, `openai` (an OpenAI-compatible chat-completions server, `QIMPL_OPENAI_*`); loaded and validated at start by **both** the API (legacy paths, `/v1/answer`) and the worker: set it alike on both. The default echoes the prompt",
+        json_schema_extra=_example("qualify.fakes.synthetic:SyntheticProvider"))
+    provider_config: Annotated[dict[str, Any], NoDecode] = Field(
+        default_factory=dict, description="JSON object given to the provider factory (echo: `{\"steps\": 3}`)",
+        json_schema_extra=_example('{"steps": 3}'))
+
+    @field_validator("provider")
+    @classmethod
+    def _provider_path(cls, value: str) -> str:
+        return _import_path(PROVIDER_SHORTCUTS.get(value, value))
+
+    @field_validator("provider_config", mode="before")
+    @classmethod
+    def _provider_json(cls, value: Any) -> Any:
+        return _json_value(value, dict)
