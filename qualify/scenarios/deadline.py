@@ -15,7 +15,7 @@ from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess, faketime_env
 from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted
-from qualify.scenarios.reconciler import _wait
+from qualify.scenarios.sweeps import poll_until
 from qualify.schedule import SKEW_S
 
 #: When each resume is sent relative to its run's deadline (seconds, database clock); a
@@ -54,7 +54,7 @@ def resume_at_the_deadline(ctx: ScenarioContext) -> None:
     # steps to run, so it too meets its deadline mid-step.
     script = make_prompt(steps=3, delay_ms=600, park={"step": 1, "kind": "input"})
     runs = [accepted(ctx, api, prompt=script, deadline_seconds=6) for _ in OFFSETS]
-    _wait(ctx, "all parked", lambda: all(ctx.read_run(api, r)["state"] == "awaiting_input" for r in runs),
+    poll_until(ctx, "all parked", lambda: all(ctx.read_run(api, r)["state"] == "awaiting_input" for r in runs),
           timeout_s=4.5)
     offset = _db_clock_offset(ctx)
     deadlines = {r: datetime.fromisoformat(ctx.read_run(api, r)["deadline_at"]).timestamp() for r in runs}

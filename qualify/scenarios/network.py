@@ -145,7 +145,7 @@ def owner_partitioned_from_temporal(ctx: ScenarioContext) -> None:
     faults=("one DescribeWorkflowExecution answered NOT_FOUND",),
 )
 def reconciler_sees_one_not_found(ctx: ScenarioContext) -> None:
-    from qualify.scenarios.reconciler import RECONCILE
+    from qualify.scenarios.sweeps import RECONCILE
 
     proxy, via = ctx.temporal_proxy("reconciler-1<->temporal", grpc=True)
     api = ctx.processes.api()
@@ -318,7 +318,7 @@ POOL_LOSS_BOUND_S = 10.0
 def api_pool_connections_killed(ctx: ScenarioContext) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from qualify.scenarios.reconciler import RECONCILE
+    from qualify.scenarios.sweeps import RECONCILE
 
     api = ctx.processes.api()
     ctx.processes.worker(**RECONCILE)  # a create whose dispatch is unknown is the reconciler's

@@ -13,9 +13,12 @@ from qimpl.client.stream import StreamEvent, parse_sse
 from qualify.processes import ManagedProcess
 from qualify.scenarios.base import ScenarioContext
 
-__all__ = ["PATH", "read_stream", "record_stream_event"]
+__all__ = ["NOTIFY_ONLY", "PATH", "read_stream", "record_stream_event"]
 
 PATH = "/v1/agents/agent-1/runs/{run_id}/events"
+#: No fallback read within a scenario: a stream learns of new events only from NOTIFY
+#: (or the catch-up after its listener resubscribes).
+NOTIFY_ONLY = {"QIMPL_EVENT_FALLBACK_POLL_S": "600"}
 
 
 def read_stream(ctx: ScenarioContext, api: ManagedProcess, run_id: str, key: str, *,

@@ -1,0 +1,262 @@
+"""Open event streams at scale and their bounds: two hundred streams on one API while the
+control routes are used, at most N streams per run, and the browser's short-lived stream
+token (R-EVENT-2..4, R-EVENT-6, R-AUTH-3)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from qimpl.client.stream import parse_sse
+from qualify.errors import HarnessError
+from qualify.fakes.synthetic import make_prompt
+from qualify.processes import ManagedProcess
+from qualify.procs import wait_until
+from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
+from qualify.scenarios.lifecycle import accepted
+from qualify.scenarios.streams import NOTIFY_ONLY, PATH, record_stream_event
+
+
+@scenario(
+    "two-hundred-open-streams",
+    title="200 event streams open on one API instance while the control routes (create, cancel, "
+          "resume) are used: every control call is answered, every stream ends with its run's "
+          "terminal event, and the API holds no pooled connection per stream (p99 is a figure; "
+          "its bound is measured in bench/streams.py)",
+    requirements=("R-EVENT-2", "R-EVENT-3", "R-EVENT-4"),
+)
+def two_hundred_open_streams(ctx: ScenarioContext) -> None:
+    import asyncio
+    import statistics
+
+    api = ctx.processes.api(**NOTIFY_ONLY)
+    ctx.processes.worker()
+    runs = []
+    for i in range(20):
+        resp = ctx.create_run(api, prompt=make_prompt(steps=12, delay_ms=250, answer=f"s{i}"))
+        if resp is None or resp.status_code != 202:
+            raise HarnessError("a streamed run was not accepted")
+        runs.append((resp.json()["run_id"], resp.json()["stream_key"]))
+    ended: list[str] = []
+    opened = threading.Event()
+
+    async def follow(run_id: str, key: str, client: httpx.AsyncClient, started: list[int]) -> None:
+        last = "?"
+        async with client.stream("GET", PATH.format(run_id=run_id), headers={"X-Stream-Key": key}) as resp:
+            started.append(resp.status_code)
+            if len(started) == 200:
+                opened.set()
+            async for line in resp.aiter_lines():
+                if line.startswith("event:"):
+                    last = line.removeprefix("event:").strip()
+        ended.append(last)
+
+    async def streams() -> None:
+        limits = httpx.Limits(max_connections=250, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=api.base_url, timeout=120, limits=limits) as client:
+            started: list[int] = []
+            await asyncio.gather(*(follow(*runs[i % 20], client, started) for i in range(200)))
+
+    reader = threading.Thread(target=lambda: asyncio.run(streams()), daemon=True)
+    reader.start()
+    if not opened.wait(60):
+        raise HarnessError("200 streams did not open within 60 s")
+    sessions = ctx.sql("SELECT count(*) FROM pg_stat_activity WHERE usename = 'qimpl_api'"
+                       " AND datname = current_database()")[0][0]
+    took: list[float] = []
+    codes: list[int] = []
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    for i in range(15):
+        t0 = time.monotonic()
+        parked = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs", timeout=30, headers={
+            **auth, "Idempotency-Key": f"control-{i}"}, json={
+            "prompt": make_prompt(steps=2, park={"step": 1, "kind": "input"}), "durable_temporal": True})
+        took.append(time.monotonic() - t0)
+        codes.append(parked.status_code)
+        if parked.status_code != 202:
+            continue
+        run_id = parked.json()["run_id"]
+        ctx.history.record("client", op="create", phase="ok", run_id=run_id, key=f"control-{i}")
+        base = f"{api.base_url}/v1/agents/agent-1/runs/{run_id}"
+        if i % 2:
+            ctx.wait_state(api, run_id, "awaiting_input")
+            t0 = time.monotonic()
+            resumed = httpx.post(f"{base}/resume", timeout=30, json={"additional_prompt": "go"},
+                                 headers={**auth, "Idempotency-Key": f"resume-{i}"})
+            took.append(time.monotonic() - t0)
+            codes.append(resumed.status_code)
+        t0 = time.monotonic()
+        cancelled = httpx.post(f"{base}/cancel", timeout=30, headers=auth)
+        took.append(time.monotonic() - t0)
+        codes.append(cancelled.status_code)
+    reader.join(timeout=120)
+    ctx.figures["control_p99_s_with_200_streams"] = round(statistics.quantiles(took, n=100)[98], 3)
+    ctx.figures["api_db_sessions_with_200_streams"] = float(sessions)
+    ctx.expect("every control call with 200 streams open was answered without a server error",
+               all(c < 500 for c in codes) and codes.count(202) >= 15, str(sorted(set(codes))), "R-EVENT-4")
+    ctx.expect("every one of the 200 streams ended with its run's terminal event",
+               len(ended) == 200 and set(ended) == {"terminal"},
+               f"{len(ended)} ended; last events {sorted(set(ended))}", "R-EVENT-2", "R-EVENT-3")
+    ctx.expect("no pooled connection per stream: the API's sessions stay within its pool and listener",
+               sessions <= 12, f"{sessions} sessions of qimpl_api with 200 streams open", "R-EVENT-2")
+    for run_id, _ in runs:
+        ctx.wait_terminal(api, run_id, timeout_s=60)
+
+
+def _open_status(client: httpx.Client, url: str, headers: dict[str, str]) -> tuple[int, str | None]:
+    """The status of one more stream, and its error code if it was refused; the stream
+    itself (if one was opened) is closed at once, never read."""
+    with client.stream("GET", url, headers=headers) as resp:
+        if resp.headers.get("content-type", "").startswith("application/json"):
+            return resp.status_code, json.loads(resp.read()).get("code")
+        return resp.status_code, None
+
+
+@scenario(
+    "streams-per-run-bounded",
+    title="With QIMPL_EVENT_STREAMS_PER_RUN=2, two streams of a live run are open: a third is "
+          "429 too_many_streams (a leaked stream key cannot open unbounded streams); once one "
+          "closes, a new stream opens again",
+    requirements=("R-EVENT-2",),
+)
+def streams_per_run_bounded(ctx: ScenarioContext) -> None:
+    import contextlib
+
+    api = ctx.processes.api(QIMPL_EVENT_STREAMS_PER_RUN="2", QIMPL_EVENT_PING_S="0.3")
+    ctx.processes.worker()
+    resp = ctx.create_run(api, prompt=make_prompt(steps=3, answer="bounded",
+                                                  barrier={"step": 2, "name": "held"}))
+    if resp is None or resp.status_code != 202:
+        raise HarnessError("the run was not accepted")
+    run_id, key = resp.json()["run_id"], resp.json()["stream_key"]
+    ctx.wait_barrier("held")
+    url, headers = f"{api.base_url}{PATH.format(run_id=run_id)}", {"X-Stream-Key": key}
+    with httpx.Client(timeout=httpx.Timeout(10.0, read=5.0)) as client:
+        streams = [contextlib.ExitStack() for _ in range(2)]
+        opened, readers = [], []
+        for stack in streams:
+            stream = stack.enter_context(client.stream("GET", url, headers=headers))
+            # The reader is kept: closing it would close the stream.
+            readers.append(lines := stream.iter_lines())
+            first = ""
+            for _ in range(100):  # the first non-empty line (a stream that ends gives "")
+                if first := next(lines, ""):
+                    break
+            opened.append((stream.status_code, first.split(":")[0]))
+        ctx.expect("two streams of the run open", all(s == 200 for s, _ in opened), str(opened),
+                   "R-EVENT-2")
+        third = _open_status(client, url, headers)
+        ctx.expect("a third stream of the run is 429 too_many_streams",
+                   third == (429, "too_many_streams"), str(third), "R-EVENT-2")
+        streams[0].close()
+        deadline = time.monotonic() + 10
+        again = _open_status(client, url, headers)
+        while again[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            again = _open_status(client, url, headers)
+        ctx.expect("once one closes, a new stream opens", again[0] == 200, str(again), "R-EVENT-2")
+        streams[1].close()
+    ctx.release_barrier("held")
+    run = ctx.wait_terminal(api, run_id)
+    ctx.expect("the run completes", run["state"] == "completed", str(run["state"]))
+
+
+BROWSER_ORIGIN = "http://app.example.test"
+
+
+def _token(api: ManagedProcess, run_id: str, ttl_s: int = 300) -> httpx.Response:
+    return httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/stream-token", json={"ttl_s": ttl_s},
+                      headers={"Authorization": f"Bearer {API_KEY}"}, timeout=15)
+
+
+def _by_token(ctx: ScenarioContext, api: ManagedProcess, run_id: str, token: str, *,
+              last_event_id: str | None = None, client: str = "browser") -> tuple[int, list[dict[str, Any]], str]:
+    """``(status, events, body)`` of one token-authenticated stream, read to its end,
+    recorded in the history as a stream client."""
+    headers = {"Origin": BROWSER_ORIGIN, **({"Last-Event-ID": last_event_id} if last_event_id else {})}
+    ctx.history.record("stream_open", run_id=run_id, client=client, process=api.name,
+                       after=int(last_event_id) if last_event_id else 0)
+    got: list[dict[str, Any]] = []
+    with httpx.stream("GET", f"{api.base_url}{PATH.format(run_id=run_id)}", params={"stream_token": token},
+                      headers=headers, timeout=60) as resp:
+        if resp.status_code != 200:
+            return resp.status_code, [], resp.read().decode()[:200]
+        for event in parse_sse(resp.iter_lines()):
+            record_stream_event(ctx, run_id, event, api.name, client)
+            got.append({"id": str(event.id), "event": event.event})
+    return 200, got, ""
+
+
+@scenario(
+    "browser-stream-token",
+    title="A browser's path to a run's events (EventSource cannot send headers): a stream token "
+          "minted by the run's owner in the query, from an allowed origin: every event once, "
+          "ending with the terminal event, then 204; another run's, a forged or an expired "
+          "token is 401; an origin not on the allow-list gets no CORS grant; the token never "
+          "reaches the access log",
+    requirements=("R-EVENT-6", "R-EVENT-2", "R-AUTH-3"),
+)
+def browser_stream_token(ctx: ScenarioContext) -> None:
+    api = ctx.processes.spawn_api("api-1", env={"QIMPL_CORS_ORIGINS": json.dumps([BROWSER_ORIGIN])},
+                                  access_log=True).wait_ready()
+    ctx.processes.worker()
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=3, answer="to the browser"))
+    other = accepted(ctx, api, prompt=make_prompt(steps=1, answer="another run"))
+    minted = _token(api, run_id)
+    token = minted.json().get("token", "") if minted.status_code == 200 else ""
+    key = ctx.sql("SELECT stream_key FROM runs WHERE run_id = %s", run_id)[0][0]
+    ctx.expect("the run's owner gets a stream token that does not carry the stream key",
+               minted.status_code == 200 and bool(token) and key not in token
+               and minted.json().get("events_path", "").endswith(f"stream_token={token}"),
+               f"{minted.status_code}", "R-EVENT-6")
+    status, events, body = _by_token(ctx, api, run_id, token)
+    journal = [str(i) for (i,) in ctx.sql("SELECT seq FROM run_events WHERE run_id = %s ORDER BY seq", run_id)]
+    ctx.expect("with the token in the query: every event once, in order, ending with the terminal event",
+               status == 200 and [e["id"] for e in events] == journal and events[-1]["event"] == "terminal",
+               f"{status} {body} {[e['id'] for e in events]} vs {journal}", "R-EVENT-6", "R-EVENT-2",
+               judged=len(journal))
+    again, _, _ = _by_token(ctx, api, run_id, token, last_event_id=journal[-1] if journal else "0",
+                            client="browser-reconnect")
+    ctx.expect("the browser's reconnection after the terminal event gets 204 (EventSource stops)",
+               again == 204, str(again), "R-EVENT-6")
+    unknown, _, body = _by_token(ctx, api, run_id, token, last_event_id="99999999", client="browser-unknown")
+    ctx.expect("a Last-Event-ID the run never issued is refused", unknown in (204, 400), f"{unknown} {body}",
+               "R-EVENT-6")
+    theirs = _token(api, other).json().get("token", "")
+    forged = token[:-2] + ("AA" if not token.endswith("AA") else "BB")
+    short = _token(api, run_id, ttl_s=1).json().get("token", "")
+    wait_until(lambda: ctx.sql("SELECT extract(epoch FROM clock_timestamp()) > %s", int(short.split(".")[3]))[0][0],
+               timeout_s=10, what="the short token's expiry on the database's clock")
+    refusals = {}
+    for name, bad in (("another run's token", theirs), ("a forged token", forged), ("an expired token", short),
+                      ("no credential at all", "")):
+        params = {"stream_token": bad} if bad else {}
+        resp = httpx.get(f"{api.base_url}{PATH.format(run_id=run_id)}", params=params, timeout=15)
+        refusals[name] = f"{resp.status_code} {resp.json().get('code') if resp.status_code != 200 else ''}"
+    want = {"another run's token": "401 stream_token_invalid", "a forged token": "401 stream_token_invalid",
+            "an expired token": "401 stream_token_expired", "no credential at all": "401 stream_key_required"}
+    ctx.expect("another run's, a forged and an expired token, and none, are refused with their codes",
+               refusals == want, str(refusals), "R-EVENT-6", "R-AUTH-3", judged=len(want))
+    allowed = httpx.options(f"{api.base_url}{PATH.format(run_id=run_id)}", timeout=15, headers={
+        "Origin": BROWSER_ORIGIN, "Access-Control-Request-Method": "GET",
+        "Access-Control-Request-Headers": "last-event-id"})
+    stranger = httpx.get(f"{api.base_url}/healthz", headers={"Origin": "http://evil.example.test"}, timeout=15)
+    friend = httpx.get(f"{api.base_url}/healthz", headers={"Origin": BROWSER_ORIGIN}, timeout=15)
+    ctx.expect("CORS: the allowed origin's preflight and request are granted; another origin is not",
+               allowed.status_code == 200
+               and allowed.headers.get("access-control-allow-origin") == BROWSER_ORIGIN
+               and "last-event-id" in allowed.headers.get("access-control-allow-headers", "").lower()
+               and friend.headers.get("access-control-allow-origin") == BROWSER_ORIGIN
+               and "access-control-allow-origin" not in stranger.headers,
+               f"preflight {allowed.status_code} {dict(allowed.headers).get('access-control-allow-origin')}; "
+               f"stranger {dict(stranger.headers).get('access-control-allow-origin')}", "R-EVENT-6")
+    log = api.log_path.read_text(errors="replace")
+    logged = log.count("stream_token=<redacted>")
+    ctx.expect("the access log shows each token request redacted, never a token",
+               logged >= 3 and token not in log and short not in log and theirs not in log,
+               f"{logged} redacted request lines", "R-EVENT-6", judged=logged)
+    ctx.wait_terminal(api, other)
