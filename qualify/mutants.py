@@ -44,6 +44,15 @@ def _guard(old: str, new: str) -> Patch:
     return Patch(GUARD_ALL_WRITES, old, new, after=_NEW_GUARD)
 
 
+LATE_CHECKPOINTS = "qimpl/db/migrations/versions/20261209_090000_late_checkpoints.py"
+
+
+def _checkpoint_guard(old: str, new: str) -> Patch:
+    """A patch to the checkpoint guard 20261209_090000_late_checkpoints installs (the one
+    in effect; the guard it replaces comes first in that file)."""
+    return Patch(LATE_CHECKPOINTS, old, new, after=_NEW_GUARD)
+
+
 _CHECKPOINT_TRIGGER = ("\nCREATE TRIGGER run_checkpoints_guard BEFORE INSERT OR UPDATE OR DELETE ON"
                        " public.run_checkpoints\n"
                        "    FOR EACH ROW EXECUTE FUNCTION public.run_checkpoints_guard();\n")
@@ -295,11 +304,18 @@ CATALOG: tuple[Mutant, ...] = (
     Mutant(
         "checkpoint-guard-ignores-the-transaction",
         "a checkpoint only in the transaction of its owner's fenced write (R-EXEC-3)",
-        (_guard(
+        (_checkpoint_guard(
                "       OR NOT EXISTS (SELECT 1 FROM public.run_transitions t\n",
                "       OR false AND NOT EXISTS (SELECT 1 FROM public.run_transitions t\n"),),
         "stale-writers-refused",
         "the checkpoint guard refuses a checkpoint of step 1 outside the owner's fenced write (QG015)"),
+    Mutant(
+        "checkpoint-guard-ignores-the-deadline",
+        "no checkpoint row past its run's deadline, whenever the run's own write was (R-EXEC-8)",
+        (_checkpoint_guard("    IF r.lifecycle_version = 2 AND NEW.created_at >= r.deadline_at THEN\n",
+                           "    IF false THEN\n"),),
+        "stale-writers-refused",
+        "the checkpoint guard refuses a checkpoint row after the deadline, its run's write before it (QG006)"),
     Mutant(
         "stream-accepts-unknown-event-ids", "a Last-Event-ID the run never sent is refused (R-EVENT-2)",
         (Patch("qimpl/api/routers/events.py",

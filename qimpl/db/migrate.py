@@ -9,7 +9,7 @@ from alembic.config import Config
 
 __all__ = ["BASELINE", "HEAD", "alembic_config", "downgrade", "upgrade"]
 
-HEAD = "20261208_090000_state_deltas"
+HEAD = "20261209_090000_late_checkpoints"
 BASELINE = "20261001_000000_baseline"
 _DIR = Path(__file__).with_name("migrations")
 

@@ -461,6 +461,13 @@ BEGIN
             NEW.step, NEW.run_id, r.state, r.generation, r.owner_attempt, r.row_version,
             r.checkpoint_step USING ERRCODE = 'QG015';
     END IF;
+    -- The row's time is the time of this check: a checkpoint is stamped before its run's
+    -- deadline or not written at all (the run's own guard checked an earlier instant).
+    NEW.created_at := pg_catalog.clock_timestamp();
+    IF r.lifecycle_version = 2 AND NEW.created_at >= r.deadline_at THEN
+        RAISE EXCEPTION 'checkpoint % of run %: deadline % passed; the run may only end',
+            NEW.step, NEW.run_id, r.deadline_at USING ERRCODE = 'QG006';
+    END IF;
     NEW.committed_by := current_user;
     RETURN NEW;
 END;

@@ -177,6 +177,36 @@ def _stray_checkpoint_probe(dsn: str, run_id: str, tenant: str, owner: dict[str,
             return str(exc.sqlstate)
 
 
+def _late_checkpoint_probe(dsn: str, run_id: str, tenant: str) -> str:
+    """The owner's two checkpoint statements with the deadline between them, by the worker
+    role: the fenced ``UPDATE`` of the running run while its deadline is ahead (the run's
+    guard lets it through), then, once the deadline passed by the database's clock, the
+    checkpoint row for that write in the same transaction. The SQLSTATE the ``INSERT``
+    raised, or ``written`` (then rolled back); ``early: <SQLSTATE>`` if the ``UPDATE``
+    itself was refused (the deadline came too soon for the probe)."""
+    with psycopg.connect(dsn, autocommit=True, application_name="qualify-probe") as conn:
+        conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
+        try:
+            with conn.transaction():
+                try:
+                    (row_version, step, generation, attempt), = conn.execute(
+                        "UPDATE runs SET row_version = row_version + 1, checkpoint_step = checkpoint_step + 1"
+                        " WHERE run_id = %s AND state = 'running'"
+                        " RETURNING row_version, checkpoint_step, generation, owner_attempt", (run_id,)).fetchall()
+                except psycopg.Error as exc:
+                    return f"early: {exc.sqlstate}"
+                conn.execute("SELECT pg_sleep(greatest(0, extract(epoch FROM deadline_at - clock_timestamp()))"
+                             " + 0.05) FROM runs WHERE run_id = %s", (run_id,))
+                conn.execute(
+                    "INSERT INTO run_checkpoints (run_id, step, generation, attempt, row_version, state_json)"
+                    " VALUES (%s, %s, %s, %s, %s, '{}')", (run_id, step, generation, attempt, row_version))
+                raise _RolledBack("written")
+        except _RolledBack:
+            return "written"
+        except psycopg.Error as exc:
+            return str(exc.sqlstate)
+
+
 def _rls_probes(dsn: str, run_id: str, victim: str, intruder: str) -> dict[str, str]:
     """What a session scoped to ``intruder`` sees and may do to ``victim``'s run."""
     out: dict[str, str] = {}
@@ -312,6 +342,23 @@ def stale_writers_refused(ctx: ScenarioContext) -> None:
     ended = ctx.cancel_run(api, late_id)
     ctx.expect("that run, cancelled after its deadline, ends expired",
                ctx.wait_terminal(api, late_id)["state"] == "expired", str(ended)[:200], "R-EXEC-8")
+
+    # QG006 from the checkpoint guard: a fenced write that passed the run's guard before
+    # the deadline, and its checkpoint row a moment after it (the owner's two statements
+    # with a slow round trip between them). A 4 s deadline: time to reach the barrier.
+    held = ctx.create_run(api, prompt=make_prompt(steps=3, barrier={"step": 2, "name": "late-checkpoint"}),
+                          deadline_seconds=4)
+    assert held is not None and held.status_code == 202, held
+    held_id = held.json()["run_id"]
+    ctx.wait_barrier("late-checkpoint")
+    answer = _late_checkpoint_probe(worker_dsn, held_id, "t-dev")
+    ctx.history.record("probe", mechanism="checkpoint guard", case="checkpoint after the deadline",
+                       run_id=held_id, answer=answer)
+    ctx.expect("the checkpoint guard refuses a checkpoint row after the deadline, its run's write "
+               "before it (QG006)", answer == "QG006", answer, "R-EXEC-8")
+    ctx.release_barrier("late-checkpoint")
+    ctx.expect("that run ends expired", ctx.wait_terminal(api, held_id)["state"] == "expired",
+               held_id, "R-EXEC-8")
 
 
 @scenario(

@@ -40,7 +40,7 @@ _VERSIONS = Path(__file__).resolve().parents[2] / "qimpl" / "db" / "migrations" 
 #: A definition in SQL text (a function, a trigger, a table's policy), or one a migration
 #: composes in Python from a ``("name(signature)", returns, body)`` tuple (the hardening
 #: revision's definers).
-_DEFINES = re.compile(r"CREATE (?:OR REPLACE )?(?:FUNCTION|TRIGGER) (?:public\.)?(\w+)"
+_DEFINES = re.compile(r"CREATE (?:OR REPLACE )?(FUNCTION|TRIGGER) (?:public\.)?(\w+)"
                       r"|CREATE POLICY (\w+ ON) (?:public\.)?(\w+)|\(\"(\w+)\(")
 
 
@@ -51,11 +51,13 @@ def _defined_at(text: str, at: int) -> tuple[str, str] | None:
     if not found:
         return None
     m = found[-1]
-    if m.group(2):
-        name = f"{m.group(2)} {m.group(3)}"
-        return name, rf"CREATE POLICY {m.group(2)} (?:public\.)?{m.group(3)}\b"
-    name = m.group(1) or m.group(4)
-    return name, rf"CREATE (?:OR REPLACE )?(?:FUNCTION|TRIGGER) (?:public\.)?{name}\b|\(\"{name}\("
+    if m.group(3):
+        name = f"{m.group(3)} {m.group(4)}"
+        return name, rf"CREATE POLICY {m.group(3)} (?:public\.)?{m.group(4)}\b"
+    if m.group(1) == "TRIGGER":  # a trigger may share its function's name: only a trigger redefines it
+        return f"trigger {m.group(2)}", rf"CREATE TRIGGER {m.group(2)}\b"
+    name = m.group(2) or m.group(5)
+    return name, rf"CREATE (?:OR REPLACE )?FUNCTION (?:public\.)?{name}\b|\(\"{name}\("
 
 
 @pytest.mark.req("R-Q-9")
@@ -70,7 +72,9 @@ def test_a_migration_patch_hits_the_definition_in_effect(mutant: Mutant) -> None
             continue
         path = Path(patch.path).name
         text = (_VERSIONS / path).read_text()
-        defined = _defined_at(text, text.index(patch.old, text.index(patch.after) if patch.after else 0))
+        # The definition the patch's text ends in: its own, when it starts one (a trigger).
+        at = text.index(patch.old, text.index(patch.after) if patch.after else 0) + len(patch.old)
+        defined = _defined_at(text, at)
         later_revisions = [v for v in sorted(_VERSIONS.glob("*.py")) if v.name > path]
         if defined is None:  # SQL composed from pieces in Python: the patched text must not recur later
             name, later = None, [v.name for v in later_revisions if patch.old in v.read_text()]
