@@ -25,6 +25,7 @@ from qualify.scenarios import (  # noqa: F401  (registers)
     security,
     stream_bounds,
     takeover,
+    tool_kinds,
     tools,
 )
 from qualify.scenarios.base import REGISTRY, Scenario, ScenarioContext, scenario

@@ -16,9 +16,12 @@ the evidence: no row matched (the fence), the guard's SQLSTATE, or row-level sec
   before the deadline, an attempt going back (also through NULL), a changed deadline,
   prompt or stream key, a generation that jumps; any write to a terminal run; raw
   INSERTs by the API and worker roles of a run that is not new (``QG014``).
-- **Checkpoint guard (R-EXEC-4, R-EXEC-7):** a checkpoint row with the owner's own token
-  written outside the owner's fenced write (``QG015``), which the next attempt would
-  otherwise restore.
+- **Checkpoint guard (R-EXEC-4, R-EXEC-7, R-EXEC-8):** a checkpoint row with the owner's own
+  token written outside the owner's fenced write (``QG015``), which the next attempt would
+  otherwise restore; and one landing after the deadline, a round trip after its run's
+  write passed the guard just before it (``QG006``).
+
+The writers themselves are in ``qualify.scenarios.writers``.
 - **Row-level security (R-AUTH-4):** sessions of the API and worker roles scoped to
   another tenant read the run, its checkpoints and audit (nothing visible), update it
   (no row) and insert a run into the first tenant (refused, ``42501``).
@@ -26,19 +29,23 @@ the evidence: no row matched (the fence), the guard's SQLSTATE, or row-level sec
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from typing import Any
-
-import psycopg
 
 from qualify.fakes.synthetic import make_prompt
 from qualify.procs import wait_until
 from qualify.scenarios.base import ScenarioContext, scenario
 from qualify.scenarios.lifecycle import writes_by_others_until
+from qualify.scenarios.writers import (
+    fence_probe,
+    guard_probe,
+    insert_probe,
+    late_checkpoint_probe,
+    rls_probes,
+    stray_checkpoint_probe,
+)
 
-__all__ = ["FENCE_CASES", "GUARD_CASES", "INSERT_CASES", "guard_probe"]
+__all__ = ["FENCE_CASES", "GUARD_CASES", "INSERT_CASES"]
 
 #: (case, how the token differs from the owner's): each is refused only by its predicate.
 FENCE_CASES = (
@@ -76,171 +83,6 @@ def _owner_row(ctx: ScenarioContext, run_id: str) -> dict[str, Any]:
     return dict(zip(("row_version", "generation", "owner_attempt", "state"), row, strict=True))
 
 
-def _fence_probe(dsn: str, run_id: str, tenant: str, token: dict[str, int], step: int,
-                 write: str = "checkpoint") -> str:
-    """Write ``step``'s checkpoint (or, ``write="output delta"``, a piece of its streamed
-    output) through ``RunOwner`` with ``token``; returns how the database answered:
-    ``refused`` (no row matched: LostOwnership), ``guard:<SQLSTATE>`` or ``written``."""
-    from qimpl.db.owner import RunOwner
-    from qimpl.errors import LostOwnership
-
-    async def probe() -> str:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True,
-                                                         application_name="qualify-probe") as conn:
-            await conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
-            owner = RunOwner(conn, run_id=run_id, deadline_left_s=3600.0, **token)
-            try:
-                if write == "checkpoint":
-                    await owner.checkpoint(step, state={"probe": True}, usage={})
-                else:
-                    await owner.output_delta(step, "probe")
-            except LostOwnership as exc:
-                cause = exc.__cause__
-                code = getattr(cause, "sqlstate", None)
-                return f"guard:{code}" if code else "refused"
-            return "written"
-
-    # The owner's refusal log is the evidence a real stale writer leaves: capture it here
-    # (and keep it off the harness's console).
-    logger = logging.getLogger("qimpl.owner")
-    seen: list[logging.LogRecord] = []
-    handler = _Capture(seen)
-    logger.addHandler(handler)
-    propagate, logger.propagate = logger.propagate, False
-    try:
-        answer = asyncio.run(probe())
-    finally:
-        logger.removeHandler(handler)
-        logger.propagate = propagate
-    logged = [getattr(r, "how", "") for r in seen if getattr(r, "event", "") == "owner.write_refused"]
-    if answer != "written" and f"{'fenced' if answer == 'refused' else answer}" not in logged:
-        return f"{answer} (but no owner.write_refused logged)"
-    return answer
-
-
-class _Capture(logging.Handler):
-    def __init__(self, into: list[logging.LogRecord]) -> None:
-        super().__init__(logging.WARNING)
-        self.into = into
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.into.append(record)
-
-
-def guard_probe(dsn: str, run_id: str, tenant: str, set_clause: str) -> str:
-    """One raw UPDATE of the run by the worker role: the SQLSTATE it raised, or ``written``."""
-    with psycopg.connect(dsn, autocommit=True, application_name="qualify-probe") as conn:
-        conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
-        try:
-            cur = conn.execute(f"UPDATE runs SET {set_clause} WHERE run_id = %s", (run_id,))
-        except psycopg.Error as exc:
-            return str(exc.sqlstate)
-        return "written" if cur.rowcount else "no row"
-
-
-def _insert_probe(dsn: str, tenant: str, state: str, version: int, generation: int,
-                  attempt: int | None) -> str:
-    """One raw INSERT of a run in ``tenant`` by the session's role: the SQLSTATE it raised,
-    or ``written`` (then rolled back)."""
-    with psycopg.connect(dsn, autocommit=True, application_name="qualify-probe") as conn:
-        conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
-        try:
-            with conn.transaction():
-                conn.execute(
-                    "INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,"
-                    " stream_key, deadline_at, row_version, generation, owner_attempt)"
-                    " VALUES (gen_random_uuid(), %s, 'p', 'a', %s, 'x', 'k', now() + interval '1 hour',"
-                    " %s, %s, %s)", (tenant, state, version, generation, attempt))
-                raise _RolledBack("written")
-        except _RolledBack:
-            return "written"
-        except psycopg.Error as exc:
-            return str(exc.sqlstate)
-
-
-def _stray_checkpoint_probe(dsn: str, run_id: str, tenant: str, owner: dict[str, int], step: int) -> str:
-    """A raw checkpoint row by the worker role carrying the owner's own token, outside the
-    owner's fenced write (the row a buggy or hostile session would plant for the next
-    attempt to restore): the SQLSTATE it raised, or ``written`` (then rolled back)."""
-    with psycopg.connect(dsn, autocommit=True, application_name="qualify-probe") as conn:
-        conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
-        try:
-            with conn.transaction():
-                conn.execute(
-                    "INSERT INTO run_checkpoints (run_id, step, generation, attempt, row_version,"
-                    " state_json, committed_by) VALUES (%s, %s, %s, %s, %s, '{}', 'operator')",
-                    (run_id, step, owner["generation"], owner["attempt"], owner["row_version"]))
-                raise _RolledBack("written")
-        except _RolledBack:
-            return "written"
-        except psycopg.Error as exc:
-            return str(exc.sqlstate)
-
-
-def _late_checkpoint_probe(dsn: str, run_id: str, tenant: str) -> str:
-    """The owner's two checkpoint statements with the deadline between them, by the worker
-    role: the fenced ``UPDATE`` of the running run while its deadline is ahead (the run's
-    guard lets it through), then, once the deadline passed by the database's clock, the
-    checkpoint row for that write in the same transaction. The SQLSTATE the ``INSERT``
-    raised, or ``written`` (then rolled back); ``early: <SQLSTATE>`` if the ``UPDATE``
-    itself was refused (the deadline came too soon for the probe)."""
-    with psycopg.connect(dsn, autocommit=True, application_name="qualify-probe") as conn:
-        conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
-        try:
-            with conn.transaction():
-                try:
-                    (row_version, step, generation, attempt), = conn.execute(
-                        "UPDATE runs SET row_version = row_version + 1, checkpoint_step = checkpoint_step + 1"
-                        " WHERE run_id = %s AND state = 'running'"
-                        " RETURNING row_version, checkpoint_step, generation, owner_attempt", (run_id,)).fetchall()
-                except psycopg.Error as exc:
-                    return f"early: {exc.sqlstate}"
-                conn.execute("SELECT pg_sleep(greatest(0, extract(epoch FROM deadline_at - clock_timestamp()))"
-                             " + 0.05) FROM runs WHERE run_id = %s", (run_id,))
-                conn.execute(
-                    "INSERT INTO run_checkpoints (run_id, step, generation, attempt, row_version, state_json)"
-                    " VALUES (%s, %s, %s, %s, %s, '{}')", (run_id, step, generation, attempt, row_version))
-                raise _RolledBack("written")
-        except _RolledBack:
-            return "written"
-        except psycopg.Error as exc:
-            return str(exc.sqlstate)
-
-
-def _rls_probes(dsn: str, run_id: str, victim: str, intruder: str) -> dict[str, str]:
-    """What a session scoped to ``intruder`` sees and may do to ``victim``'s run."""
-    out: dict[str, str] = {}
-    with psycopg.connect(dsn, autocommit=True, application_name="qualify-probe") as conn:
-        conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (intruder,))
-        # Tables that hold rows of this run (the tool journal has none here).
-        for table in ("runs", "run_checkpoints", "run_transitions", "idempotency_records",
-                      "provider_calls"):
-            row = conn.execute(f"SELECT count(*) FROM {table} WHERE run_id = %s", (run_id,)).fetchone()
-            out[f"read {table}"] = f"{row[0] if row else '?'} rows"
-        try:
-            cur = conn.execute("UPDATE runs SET row_version = row_version + 1 WHERE run_id = %s",
-                               (run_id,))
-            out["update runs"] = f"{cur.rowcount} rows"
-        except psycopg.Error as exc:
-            out["update runs"] = f"error {exc.sqlstate}"
-        try:
-            with conn.transaction():
-                conn.execute(
-                    "INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,"
-                    " stream_key, deadline_at) VALUES (gen_random_uuid(), %s, 'p', 'a', 'accepted',"
-                    " 'x', 'k', now() + interval '1 hour')", (victim,))
-                raise _RolledBack("written")
-        except _RolledBack:
-            out["insert into runs"] = "written (rolled back)"
-        except psycopg.Error as exc:
-            out["insert into runs"] = f"error {exc.sqlstate}"
-    return out
-
-
-class _RolledBack(Exception):
-    pass
-
-
 @scenario(
     "stale-writers-refused",
     title="With the owner alive at a barrier, live sessions of the worker and API roles write "
@@ -262,11 +104,11 @@ def stale_writers_refused(ctx: ScenarioContext) -> None:
 
     for case, delta in FENCE_CASES:
         token = {k: v + delta.get(k, 0) for k, v in owner.items()}
-        answer = _fence_probe(worker_dsn, run_id, "t-dev", token, step=2)
+        answer = fence_probe(worker_dsn, run_id, "t-dev", token, step=2)
         ctx.history.record("probe", mechanism="fence", case=case, run_id=run_id, answer=answer)
         ctx.expect(f"the fence refuses {case}", answer == "refused",
                    f"{answer} (token {token}, owner {owner})", "R-EXEC-7")
-        streamed = _fence_probe(worker_dsn, run_id, "t-dev", token, step=2, write="output delta")
+        streamed = fence_probe(worker_dsn, run_id, "t-dev", token, step=2, write="output delta")
         ctx.history.record("probe", mechanism="output fence", case=case, run_id=run_id, answer=streamed)
         ctx.expect(f"the output fence refuses a delta from {case} (QG013)", streamed == "guard:QG013",
                    f"{streamed} (token {token}, owner {owner})", "R-EXEC-7", "R-EVENT-1")
@@ -279,7 +121,7 @@ def stale_writers_refused(ctx: ScenarioContext) -> None:
 
     for role in ("qimpl_api", "qimpl_worker"):
         for case, state, version, generation, attempt in INSERT_CASES:
-            answer = _insert_probe(ctx.deployment.app_dsn(role), "t-dev", state, version, generation,
+            answer = insert_probe(ctx.deployment.app_dsn(role), "t-dev", state, version, generation,
                                    attempt)
             ctx.history.record("probe", mechanism="insert guard", case=case, role=role, answer=answer)
             ctx.expect(f"the guard refuses {case} by {role} (QG014)", answer == "QG014", answer,
@@ -289,14 +131,14 @@ def stale_writers_refused(ctx: ScenarioContext) -> None:
     # transaction condition (the owner's fenced write in this very transaction) refuses it.
     owner_step = int(ctx.sql("SELECT checkpoint_step FROM runs WHERE run_id = %s", run_id)[0][0])
     for step in (99, owner_step):
-        answer = _stray_checkpoint_probe(worker_dsn, run_id, "t-dev", owner, step)
+        answer = stray_checkpoint_probe(worker_dsn, run_id, "t-dev", owner, step)
         ctx.history.record("probe", mechanism="checkpoint guard", case=f"step {step}", run_id=run_id,
                            answer=answer)
         ctx.expect(f"the checkpoint guard refuses a checkpoint of step {step} outside the owner's "
                    "fenced write (QG015)", answer == "QG015", answer, "R-EXEC-4", "R-EXEC-7")
 
     for role in ("qimpl_api", "qimpl_worker"):
-        seen = _rls_probes(ctx.deployment.app_dsn(role), run_id, victim="t-dev", intruder="t-other")
+        seen = rls_probes(ctx.deployment.app_dsn(role), run_id, victim="t-dev", intruder="t-other")
         ctx.history.record("probe", mechanism="rls", role=role, run_id=run_id, answers=seen)
         for what, answer in seen.items():
             want = "error 42501" if what.startswith("insert") else "0 rows"
@@ -317,7 +159,7 @@ def stale_writers_refused(ctx: ScenarioContext) -> None:
     final = _owner_row(ctx, run_id)
     last = {"row_version": int(final["row_version"]), "generation": int(final["generation"]),
             "attempt": int(final["owner_attempt"])}
-    answer = _fence_probe(worker_dsn, run_id, "t-dev", last, step=4)
+    answer = fence_probe(worker_dsn, run_id, "t-dev", last, step=4)
     ctx.expect("the last owner's own token writes nothing to its completed run",
                answer in ("refused", "guard:QG001"), answer, "R-STATE-1")
     answer = guard_probe(worker_dsn, run_id, "t-dev", "row_version = row_version + 1")
@@ -351,7 +193,7 @@ def stale_writers_refused(ctx: ScenarioContext) -> None:
     assert held is not None and held.status_code == 202, held
     held_id = held.json()["run_id"]
     ctx.wait_barrier("late-checkpoint")
-    answer = _late_checkpoint_probe(worker_dsn, held_id, "t-dev")
+    answer = late_checkpoint_probe(worker_dsn, held_id, "t-dev")
     ctx.history.record("probe", mechanism="checkpoint guard", case="checkpoint after the deadline",
                        run_id=held_id, answer=answer)
     ctx.expect("the checkpoint guard refuses a checkpoint row after the deadline, its run's write "

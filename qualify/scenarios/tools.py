@@ -1,6 +1,7 @@
 """The tool invocation journal under faults (R-TOOL-1..5, R-RESUME-3, R-Q34-3): the worker
 struck at each gap of one call, a lost reply, an approved tool struck after its side
-effect, developer-hosted results, a finalising tool, and a cancel while a call is out.
+effect, a cancel while a call is out, and every outcome of a call (developer-hosted
+results, finalising tools and one approval per call are in ``qualify.scenarios.tool_kinds``).
 
 The side-effect sink (``qualify.fakes.sink``) is the independent record: a real
 subprocess that counts every request and execution by call id.
@@ -20,8 +21,8 @@ from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
 from qualify.scenarios.base import ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted
-from qualify.scenarios.probes import guard_probe
 from qualify.scenarios.streams import read_stream
+from qualify.scenarios.writers import guard_probe
 
 BEFORE_INTENT = "tool.before_intent_commit"
 AFTER_INTENT = "tool.after_intent_commit"
@@ -39,7 +40,8 @@ def sink_lines(ctx: ScenarioContext, name: str, run_id: str) -> list[dict[str, A
     return [d for d in map(json.loads, filter(str.strip, lines)) if d.get("run_id") == run_id]
 
 
-def _auth(key: str = "dev-key") -> dict[str, str]:
+def bearer(key: str = "dev-key") -> dict[str, str]:
+    """The ``Authorization`` header of ``key`` (the tenant t-dev client key by default)."""
     return {"Authorization": f"Bearer {key}"}
 
 
@@ -48,7 +50,7 @@ def resume(ctx: ScenarioContext, api: ManagedProcess, run_id: str,
     key = f"resume-{run_id}-{time.monotonic_ns()}"
     ctx.history.record("client", op="resume", phase="invoke", run_id=run_id, key=key)
     resp = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", json=body or {},
-                      headers={**_auth(), "Idempotency-Key": key}, timeout=30)
+                      headers={**bearer(), "Idempotency-Key": key}, timeout=30)
     ctx.history.record("client", op="resume", phase="ok" if resp.status_code == 202 else "fail",
                        run_id=run_id, status=resp.status_code)
     return resp
@@ -60,12 +62,12 @@ def resolve(api: ManagedProcess, run_id: str, call_id: str, outcome: str,
     if result is not None:
         body["result"] = result
     return httpx.post(f"{api.base_url}/v1/operator/runs/{run_id}/tool-invocations/{call_id}/resolution",
-                      json=body, headers=_auth(key), timeout=30)
+                      json=body, headers=bearer(key), timeout=30)
 
 
 def unsettled(api: ManagedProcess, run_id: str, key: str = OPERATOR_KEY) -> httpx.Response:
     return httpx.get(f"{api.base_url}/v1/operator/runs/{run_id}/tool-invocations",
-                     headers=_auth(key), timeout=30)
+                     headers=bearer(key), timeout=30)
 
 
 def settles(ctx: ScenarioContext, api: ManagedProcess, run_id: str, *,
@@ -95,7 +97,7 @@ def _parked_unknown(ctx: ScenarioContext, api: ManagedProcess, run_id: str) -> d
 def _awaiting_reconciliation(api: ManagedProcess) -> list[str]:
     """Run ids the operator's listing shows as awaiting reconciliation (R-READ-5)."""
     resp = httpx.get(f"{api.base_url}/v1/operator/runs", params={"awaiting_reconciliation": "true"},
-                     headers=_auth(OPERATOR_KEY), timeout=30)
+                     headers=bearer(OPERATOR_KEY), timeout=30)
     if resp.status_code != 200:
         raise HarnessError(f"GET /v1/operator/runs: {resp.status_code} {resp.text[:200]}")
     return [r["run_id"] for r in resp.json()["runs"] if r["awaiting_reconciliation"]]
@@ -243,7 +245,7 @@ def approved_tool_killed_after_effect(ctx: ScenarioContext) -> None:
     pending = (run["result_json"] or {}).get("pending_approval") or {}
     yes = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/tool-approval/{pending.get('approval_id')}",
                      json={"approved": True, "action_version": pending.get("action_version")},
-                     headers=_auth(), timeout=30)
+                     headers=bearer(), timeout=30)
     ctx.expect("the approval is accepted", yes.status_code == 200, yes.text[:160], "R-APPROVAL-1")
     evidence = ctx.wait_crash_point(AFTER_REPLY, doomed)
     assert doomed.proc is not None
@@ -255,150 +257,6 @@ def approved_tool_killed_after_effect(ctx: ScenarioContext) -> None:
     ctx.figures["sink_executions"] = len(execs)
     ctx.expect("the approved tool executed exactly once, with the approved arguments",
                len(execs) == 1 and execs[0].get("tool") == "send_email", str(execs), "R-APPROVAL-1")
-
-
-def _submit(api: ManagedProcess, run_id: str, call_id: str, result: Any) -> httpx.Response:
-    return httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/tool-results/{call_id}",
-                      json={"result": result}, headers=_auth(), timeout=30)
-
-
-@scenario(
-    "developer-hosted-tool",
-    title="Two developer-hosted calls park tool_result_required; results come out of order, "
-          "one invalid (422), an unknown call id 409; resume is refused until both are "
-          "settled, then the run completes with both results",
-    requirements=("R-TOOL-4", "R-READ-2"),
-)
-def developer_hosted_tool(ctx: ScenarioContext) -> None:
-    api = ctx.processes.api()
-    ctx.processes.worker()
-    calls = [{"tool": "lookup_customer", "arguments": {"customer": c}} for c in ("c-1", "c-2")]
-    run_id = accepted(ctx, api, prompt=make_prompt(steps=3, answer="looked up", tools={"1": calls}))
-    run = ctx.wait_state(api, run_id, "awaiting_input")
-    pending = (run["result_json"] or {}).get("pending_input") or {}
-    asked = pending.get("calls") or []
-    ctx.expect("pending_input.kind is tool_result_required with both call ids and schemas",
-               pending.get("kind") == "tool_result_required" and len(asked) == 2
-               and all({"call_id", "arguments_schema", "result_schema"} <= set(c) for c in asked),
-               str(pending)[:300], "R-TOOL-4")
-    if len(asked) != 2:
-        raise HarnessError(f"expected two pending calls: {pending}")
-    first, second = asked[0]["call_id"], asked[1]["call_id"]
-    early = resume(ctx, api, run_id)
-    ctx.expect("resume before any result is 409 tool_results_pending",
-               early.status_code == 409 and early.json().get("code") == "tool_results_pending",
-               early.text[:160], "R-TOOL-4")
-    ok2 = _submit(api, run_id, second, {"name": "Bo", "tier": "pro"})
-    ctx.expect("the second call's result, first: 200 with the first still pending",
-               ok2.status_code == 200 and ok2.json().get("pending") == [first], ok2.text[:160], "R-TOOL-4")
-    bad = _submit(api, run_id, first, {"name": 1, "tier": "gold"})
-    fields = {tuple(e.get("loc", []))[-1:] for e in (bad.json().get("errors") or [])} if bad.status_code == 422 else set()
-    ctx.expect("an invalid result is 422 tool_result_invalid naming each field",
-               bad.status_code == 422 and bad.json().get("code") == "tool_result_invalid"
-               and {("name",), ("tier",)} <= fields, bad.text[:200], "R-TOOL-4")
-    unknown = _submit(api, run_id, "tc-00000000-0000-0000-0000-000000000000", {"name": "x", "tier": "free"})
-    ctx.expect("an unknown call id is 409 tool_call_not_found",
-               unknown.status_code == 409 and unknown.json().get("code") == "tool_call_not_found",
-               unknown.text[:160], "R-TOOL-4")
-    still = resume(ctx, api, run_id)
-    ctx.expect("resume with one call unsettled is still 409", still.status_code == 409, still.text[:160],
-               "R-TOOL-4")
-    ok1 = _submit(api, run_id, first, {"name": "Al", "tier": "free"})
-    same = _submit(api, run_id, first, {"name": "Al", "tier": "free"})
-    other = _submit(api, run_id, first, {"name": "Cy", "tier": "free"})
-    ctx.expect("both settled; the same result again is 200, another one 409 tool_call_settled",
-               ok1.status_code == 200 and ok1.json().get("pending") == [] and same.status_code == 200
-               and other.status_code == 409 and other.json().get("code") == "tool_call_settled",
-               f"{ok1.status_code} {same.status_code} {other.status_code}", "R-TOOL-4")
-    go = resume(ctx, api, run_id)
-    ctx.expect("then an explicit resume is accepted", go.status_code == 202, go.text[:160], "R-TOOL-4")
-    run = ctx.wait_terminal(api, run_id)
-    answer = str((run["result_json"] or {}).get("answer"))
-    ctx.expect("the run completes fed both results", run["state"] == "completed"
-               and answer.count("lookup_customer:succeeded") == 2, answer, "R-TOOL-4")
-    ctx.expect("a developer-hosted call never reaches the sink", not sink_lines(ctx, "requests", run_id),
-               "", "R-TOOL-4")
-
-
-@scenario(
-    "finalising-tool-needs-approval",
-    title="A finalising tool (merge a pull request) never runs without a matching approval: "
-          "the run parks awaiting_approval; denied, nothing runs and the run completes; "
-          "approved on a second run, it runs once",
-    requirements=("R-TOOL-5", "R-APPROVAL-1"),
-)
-def finalising_tool_needs_approval(ctx: ScenarioContext) -> None:
-    api = ctx.processes.api()
-    ctx.processes.worker()
-    tools = {"1": [{"tool": "merge_pull_request", "arguments": {"pr": 42}}]}
-    for approved in (False, True):
-        run_id = accepted(ctx, api, prompt=make_prompt(steps=3, answer="merged", tools=tools))
-        run = settles(ctx, api, run_id)
-        pending = (run["result_json"] or {}).get("pending_approval") or {}
-        if not ctx.expect("the finalising call waits for an approval and has not run",
-                          run["state"] == "awaiting_approval" and pending.get("tool") == "merge_pull_request"
-                          and not sink_lines(ctx, "requests", run_id),
-                          f"{run['state']} {pending}", "R-TOOL-5"):
-            raise HarnessError(f"run {run_id} is {run['state']}, not waiting for an approval")
-        decided = httpx.post(
-            f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/tool-approval/{pending.get('approval_id')}",
-            json={"approved": approved, "action_version": pending.get("action_version")},
-            headers=_auth(), timeout=30)
-        ctx.expect("the decision is accepted", decided.status_code == 200, decided.text[:160], "R-APPROVAL-1")
-        run = ctx.wait_terminal(api, run_id)
-        status = "succeeded" if approved else "denied"
-        execs = sink_lines(ctx, "executions", run_id)
-        ctx.expect(f"{'approved' if approved else 'denied'}: the run completes fed {status}, "
-                   f"the sink executed it {int(approved)} time(s)",
-                   run["state"] == "completed"
-                   and f"merge_pull_request:{status}" in str((run["result_json"] or {}).get("answer"))
-                   and len(execs) == int(approved),
-                   f"{run['state']} {(run['result_json'] or {}).get('answer')} executions {len(execs)}",
-                   "R-TOOL-5")
-
-
-@scenario(
-    "one-approval-one-call",
-    title="One run asks for the same finalising call (merge pull request 42) at two steps: each "
-          "call waits for an approval of its own, the first approval never serves the second, "
-          "and each runs exactly once",
-    requirements=("R-TOOL-5", "R-APPROVAL-1"),
-)
-def one_approval_one_call(ctx: ScenarioContext) -> None:
-    api = ctx.processes.api()
-    ctx.processes.worker()
-    call = {"tool": "merge_pull_request", "arguments": {"pr": 42}}
-    run_id = accepted(ctx, api, prompt=make_prompt(steps=4, answer="merged twice",
-                                                   tools={"1": [call], "2": [call]}))
-    approvals: list[str | None] = []
-    for n in (1, 2):
-        run = settles(ctx, api, run_id)
-        pending = (run["result_json"] or {}).get("pending_approval") or {}
-        ran = len(sink_lines(ctx, "executions", run_id))
-        if not ctx.expect(f"identical call {n} waited for an approval of its own, {n - 1} run so far",
-                          run["state"] == "awaiting_approval" and pending.get("tool") == call["tool"]
-                          and pending.get("approval_id") not in approvals and ran == n - 1,
-                          f"{run['state']} {pending} after {ran} executions; earlier approvals {approvals}",
-                          "R-TOOL-5", "R-APPROVAL-1"):
-            break
-        approvals.append(pending.get("approval_id"))
-        decided = httpx.post(
-            f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/tool-approval/{pending.get('approval_id')}",
-            json={"approved": True, "action_version": pending.get("action_version")},
-            headers=_auth(), timeout=30)
-        ctx.expect(f"approval {n} accepted", decided.status_code == 200, decided.text[:160], "R-APPROVAL-1")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # until the decided approval is no longer the pending one
-            now = ctx.read_run(api, run_id)
-            if ((now["result_json"] or {}).get("pending_approval") or {}).get("approval_id") != approvals[-1]:
-                break
-            time.sleep(0.05)
-    run = ctx.wait_terminal(api, run_id)
-    used = ctx.sql("SELECT call_id, approval_id FROM tool_invocations WHERE run_id = %s ORDER BY step", run_id)
-    ctx.expect("both calls ran once each, each under its own approval",
-               run["state"] == "completed" and len(sink_lines(ctx, "executions", run_id)) == 2
-               and len(used) == 2 and len({a for _, a in used}) == 2 and {a for _, a in used} == set(approvals),
-               f"{run['state']}; journal {used}; approvals {approvals}", "R-TOOL-5", "R-APPROVAL-1")
 
 
 @scenario(
