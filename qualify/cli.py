@@ -12,23 +12,14 @@ import secrets
 import shlex
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape as esc
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from qualify import interrupt
+from qualify.console import TALLY, console, finish, progress
 from qualify.errors import HarnessError, UsageError
 from qualify.up import UpOptions
 
@@ -37,117 +28,10 @@ EXIT_USAGE = 64
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Fault-injection qualification of durable agent runs.")
-console = Console(highlight=False, soft_wrap=True)
-
-_STYLE = {"pass": "green", "fail": "bold red", "crashed": "bold magenta", "unknown": "yellow",
-          "vacuous": "yellow", "flaky": "yellow"}
 #: What the ``up`` loop waits on between checks of its children (never set: a pause that
 #: a signal still interrupts at once, as the handler raises in the main thread).
 _PAUSE = threading.Event()
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "corpus.jsonl"
-
-
-class _Tally:
-    """How far a session is: ``k/N``, elapsed and an ETA (the mean time per finished
-    scenario times those left), printed at the start of each result line; on a terminal
-    also a rich progress bar under the lines (CI logs, not a terminal, get the lines only)."""
-
-    def __init__(self) -> None:
-        self.total = 0
-        self.done = 0
-        self.t0 = time.monotonic()
-        self.bar: Progress | None = None
-        self.task: Any = None
-
-    def plan(self, total: int) -> None:
-        self.total, self.done, self.t0 = total, 0, time.monotonic()
-        if console.is_terminal and total > 1:
-            self.bar = Progress(TextColumn("qualify"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                console=console, transient=True)
-            self.task = self.bar.add_task("scenarios", total=total)
-            self.bar.start()
-
-    def finished(self) -> str:
-        """Count one finished scenario; its ``[k/N mm:ss ETA mm:ss]`` prefix."""
-        self.done += 1
-        if self.bar is not None:
-            self.bar.advance(self.task)
-        elapsed = time.monotonic() - self.t0
-        if not self.total:
-            return ""
-        left = elapsed / self.done * max(self.total - self.done, 0)
-        return f"[{self.done}/{self.total} {_clock(elapsed)} ETA {_clock(left)}] "
-
-    def stop(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-            self.bar = None
-
-
-def _clock(seconds: float) -> str:
-    minutes, secs = divmod(round(seconds), 60)
-    return f"{minutes}:{secs:02d}"
-
-
-_TALLY = _Tally()
-
-
-def _progress(kind: str, data: Any) -> None:
-    if kind == "seed":
-        console.print(f"seed {data}")
-    elif kind == "plan":
-        _TALLY.plan(int(data["total"]))
-    elif kind == "stack":
-        console.print(f"stack {data.kind}: PostgreSQL {data.postgres_version}, "
-                      f"Temporal {data.temporal_version}, booted in {data.boot_s:.2f} s"
-                      + (f"; timers tuned ({', '.join(f'{k}={v}' for k, v in data.temporal_config.items())})"
-                         if data.temporal_config else ""))
-    elif kind == "slice":
-        ids = data["scenarios"]
-        shown = ", ".join(ids) if len(ids) <= 12 else f"{', '.join(ids[:3])}, … {ids[-1]} ({len(ids)} scenarios)"
-        console.print(f"slice {data['index']}: {shown}")
-    elif kind == "refused":
-        console.print(f"  {esc(data.id)} [yellow]refused[/]: it restarts PostgreSQL or Temporal, "
-                      "which this stack did not start")
-    elif kind == "scenario_start":
-        pass  # the line is printed whole when the scenario ends (a live bar would tear a half line)
-    elif kind == "scenario_end":
-        v = data["status"]
-        rate = f", reproduced {data['reproduction']}" if data.get("reproduction") else ""
-        console.print(f"  {_TALLY.finished()}{esc(data['id'])} … [{_STYLE.get(v, 'white')}]{v}[/]"
-                      f" ({data['duration_s']:.1f} s{rate})")
-        for c in data["checks"]:
-            if c["ok"] is not True:
-                console.print(f"    [red]✗[/] {esc(c['name'])}: {esc(c['detail'])}")
-        if data["error"]:
-            console.print(f"    [magenta]{esc(data['error'].splitlines()[-1])}[/]")
-    elif kind == "keep":
-        console.print("[yellow]--keep: the stack stays up; Ctrl-C to tear it down[/]")
-        console.print(f"  psql {data['pg_dsn']}    (databases: {data['databases']})")
-        console.print(f"  temporal workflow list --address {data['temporal_address']}")
-        console.print("  attach an API and a worker to a scenario's database (<db> from psql's \\l):")
-        for role, command in (("qimpl_worker", "python -m qimpl.workflows.worker"),
-                              ("qimpl_api", "uvicorn --factory qimpl.api.app:create_app --port 8000")):
-            dsn = data["pg_dsn"].split("://", 1)[1].split("@", 1)[-1].rsplit("/", 1)[0]
-            console.print(f"    QIMPL_DATABASE_URL=postgresql://{role}@{dsn}/<db> QIMPL_TEMPORAL_ADDRESS="
-                          f"{data['temporal_address']} QIMPL_TASK_QUEUE=<queue> {command}")
-    elif kind in ("shrunk", "shrink_try"):
-        console.print(f"  shrink: {kind} size={data['size']} {data.get('verdict', '')}")
-
-
-def _finish(summary: dict[str, Any], report_dir: Path, code: int) -> int:
-    _TALLY.stop()
-    v = summary["verdict"]
-    console.print(f"verdict [{_STYLE.get(v, 'white')}]{v.upper()}[/] in {summary['duration_s']:.1f} s "
-                  f"({len(summary['scenarios'])} scenarios, {summary.get('scenarios_per_hour', 0)} an hour)")
-    if summary.get("error"):
-        console.print(f"  [red]{esc(summary['error'])}[/]")
-    for s in summary["scenarios"]:
-        if s["status"] != "pass":
-            console.print(f"  repro: {s['repro']}")
-    console.print(f"report: {report_dir}  ({report_dir / 'report.html'})")
-    return code
 
 
 StackOpt = Annotated[str, typer.Option("--stack", help="embedded | system | existing | testcontainers")]
@@ -189,7 +73,7 @@ def run(
 
     def session() -> int:
         opts.shard = parse_shard(shard) if shard is not None else None
-        return _finish(*run_session(opts, _progress))
+        return finish(*run_session(opts, progress))
 
     raise typer.Exit(_guarded(session))
 
@@ -203,7 +87,7 @@ def merge(
     the shards together are the whole selection)."""
     from qualify.merge import merge_reports
 
-    raise typer.Exit(_guarded(lambda: _finish(*merge_reports(shard_dirs, reports_dir))))
+    raise typer.Exit(_guarded(lambda: finish(*merge_reports(shard_dirs, reports_dir))))
 
 
 @app.command()
@@ -237,7 +121,7 @@ def _guarded(body: Any) -> int:
         console.print(f"[magenta]harness error:[/] {esc(str(exc))}")
         return 2
     finally:
-        _TALLY.stop()
+        TALLY.stop()
 
 
 def _determinism(seed: int | None, stack: str, reports_dir: Path) -> int:
@@ -293,13 +177,13 @@ def repro(
                           keep=keep and not shrink)
 
     def body() -> int:
-        summary, report_dir, code = run_session(opts, _progress)
+        summary, report_dir, code = run_session(opts, progress)
         failed = [s for s in summary["scenarios"] if s["status"] in ("fail", "flaky")]
         if failed and save_corpus:
             _save_corpus(failed[0], summary["seed"])
         if failed and shrink:
             return _shrink(failed[0], summary, report_dir, runs, stack)
-        return _finish(summary, report_dir, code)
+        return finish(summary, report_dir, code)
 
     raise typer.Exit(_guarded(body))
 
@@ -324,7 +208,7 @@ def _shrink(doc: dict[str, Any], summary: dict[str, Any], report_dir: Path, runs
     try:
         stack.start()
         minimal, tried = do_shrink(stack, start, seed=summary["seed"], out_dir=report_dir / "shrink",
-                                   runs=runs, on_event=_progress)
+                                   runs=runs, on_event=progress)
     finally:
         stack.stop()
     path = report_dir / "repro.json"

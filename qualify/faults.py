@@ -1,6 +1,10 @@
 """Nemeses: faults that strike the real processes, each recording evidence that it
 landed (R-Q-2). A fault whose evidence says it hit nothing makes the scenario
-``vacuous``, never ``pass``."""
+``vacuous``, never ``pass``.
+
+Why one module of about 450 lines: it is the nemesis, Jepsen's one place for every fault
+the harness can strike (processes, database sessions, servers, Temporal workflows), each
+method recording the same kind of evidence; a new fault is one method beside its peers."""
 
 from __future__ import annotations
 

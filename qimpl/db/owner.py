@@ -17,6 +17,11 @@ refused for the deadline raises ``DeadlinePassed``, and the owner then expires t
 The deadline is measured on the database's clock: the claim reads the seconds left
 (``deadline_at - clock_timestamp()``) and the owner counts them down on the monotonic
 clock, so a worker whose wall clock is ahead or behind neither stops early nor late.
+
+Why one module of about 470 lines: it is the fence. Every write an owner makes is a
+method of ``RunOwner`` and goes through ``_write`` and ``_refusal`` here, so a reviewer
+audits the whole fence, and every refusal it maps, in one file; splitting the methods
+by kind (provider calls, tools, checkpoints, endings) would spread it.
 """
 
 from __future__ import annotations

@@ -5,6 +5,12 @@ The activity owner's fenced writes live with its fencing token in
 ``qimpl.db.owner`` (R-EXEC-7). A write the guard refuses because the run's
 deadline passed (SQLSTATE ``QG006``) raises ``DeadlinePassed``: the caller expires the
 run (``expire_if_overdue``) instead of retrying (R-EXEC-8).
+
+Why one module of about 460 lines: it holds every write of a run that no owner makes
+(creation with its idempotency record, dispatch confirmation, cancel, resume, approval,
+ending an unowned run), each guarded only by the transition guard and its own ``WHERE``;
+one file is the one place to audit what the API and the reconciler may write, as
+``qimpl.db.owner`` is for owners.
 """
 
 from __future__ import annotations

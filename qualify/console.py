@@ -1,0 +1,133 @@
+"""The terminal output of a ``qualify`` session: one line per finished scenario with its
+``[k/N elapsed ETA]`` prefix and failed checks, a rich progress bar on a terminal, and the
+verdict with each failed scenario's repro command."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape as esc
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+__all__ = ["STYLE", "TALLY", "Tally", "clock", "console", "finish", "progress"]
+
+console = Console(highlight=False, soft_wrap=True)
+STYLE = {"pass": "green", "fail": "bold red", "crashed": "bold magenta", "unknown": "yellow",
+          "vacuous": "yellow", "flaky": "yellow"}
+
+
+class Tally:
+    """How far a session is: ``k/N``, elapsed and an ETA (the mean time per finished
+    scenario times those left), printed at the start of each result line; on a terminal
+    also a rich progress bar under the lines (CI logs, not a terminal, get the lines only)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.done = 0
+        self.t0 = time.monotonic()
+        self.bar: Progress | None = None
+        self.task: Any = None
+
+    def plan(self, total: int) -> None:
+        self.total, self.done, self.t0 = total, 0, time.monotonic()
+        if console.is_terminal and total > 1:
+            self.bar = Progress(TextColumn("qualify"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                console=console, transient=True)
+            self.task = self.bar.add_task("scenarios", total=total)
+            self.bar.start()
+
+    def finished(self) -> str:
+        """Count one finished scenario; its ``[k/N mm:ss ETA mm:ss]`` prefix."""
+        self.done += 1
+        if self.bar is not None:
+            self.bar.advance(self.task)
+        elapsed = time.monotonic() - self.t0
+        if not self.total:
+            return ""
+        left = elapsed / self.done * max(self.total - self.done, 0)
+        return f"[{self.done}/{self.total} {clock(elapsed)} ETA {clock(left)}] "
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+def clock(seconds: float) -> str:
+    """``seconds`` as ``m:ss``."""
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}:{secs:02d}"
+
+
+TALLY = Tally()
+
+
+def progress(kind: str, data: Any) -> None:
+    """Print one event of a session (``run_session``'s ``on_event``): its seed, plan,
+    stack, slices and each scenario's result line with its failed checks."""
+    if kind == "seed":
+        console.print(f"seed {data}")
+    elif kind == "plan":
+        TALLY.plan(int(data["total"]))
+    elif kind == "stack":
+        console.print(f"stack {data.kind}: PostgreSQL {data.postgres_version}, "
+                      f"Temporal {data.temporal_version}, booted in {data.boot_s:.2f} s"
+                      + (f"; timers tuned ({', '.join(f'{k}={v}' for k, v in data.temporal_config.items())})"
+                         if data.temporal_config else ""))
+    elif kind == "slice":
+        ids = data["scenarios"]
+        shown = ", ".join(ids) if len(ids) <= 12 else f"{', '.join(ids[:3])}, … {ids[-1]} ({len(ids)} scenarios)"
+        console.print(f"slice {data['index']}: {shown}")
+    elif kind == "refused":
+        console.print(f"  {esc(data.id)} [yellow]refused[/]: it restarts PostgreSQL or Temporal, "
+                      "which this stack did not start")
+    elif kind == "scenario_start":
+        pass  # the line is printed whole when the scenario ends (a live bar would tear a half line)
+    elif kind == "scenario_end":
+        v = data["status"]
+        rate = f", reproduced {data['reproduction']}" if data.get("reproduction") else ""
+        console.print(f"  {TALLY.finished()}{esc(data['id'])} … [{STYLE.get(v, 'white')}]{v}[/]"
+                      f" ({data['duration_s']:.1f} s{rate})")
+        for c in data["checks"]:
+            if c["ok"] is not True:
+                console.print(f"    [red]✗[/] {esc(c['name'])}: {esc(c['detail'])}")
+        if data["error"]:
+            console.print(f"    [magenta]{esc(data['error'].splitlines()[-1])}[/]")
+    elif kind == "keep":
+        console.print("[yellow]--keep: the stack stays up; Ctrl-C to tear it down[/]")
+        console.print(f"  psql {data['pg_dsn']}    (databases: {data['databases']})")
+        console.print(f"  temporal workflow list --address {data['temporal_address']}")
+        console.print("  attach an API and a worker to a scenario's database (<db> from psql's \\l):")
+        for role, command in (("qimpl_worker", "python -m qimpl.workflows.worker"),
+                              ("qimpl_api", "uvicorn --factory qimpl.api.app:create_app --port 8000")):
+            dsn = data["pg_dsn"].split("://", 1)[1].split("@", 1)[-1].rsplit("/", 1)[0]
+            console.print(f"    QIMPL_DATABASE_URL=postgresql://{role}@{dsn}/<db> QIMPL_TEMPORAL_ADDRESS="
+                          f"{data['temporal_address']} QIMPL_TASK_QUEUE=<queue> {command}")
+    elif kind in ("shrunk", "shrink_try"):
+        console.print(f"  shrink: {kind} size={data['size']} {data.get('verdict', '')}")
+
+
+def finish(summary: dict[str, Any], report_dir: Path, code: int) -> int:
+    """Print the verdict, each failed scenario's repro and the report; returns ``code``."""
+    TALLY.stop()
+    v = summary["verdict"]
+    console.print(f"verdict [{STYLE.get(v, 'white')}]{v.upper()}[/] in {summary['duration_s']:.1f} s "
+                  f"({len(summary['scenarios'])} scenarios, {summary.get('scenarios_per_hour', 0)} an hour)")
+    if summary.get("error"):
+        console.print(f"  [red]{esc(summary['error'])}[/]")
+    for s in summary["scenarios"]:
+        if s["status"] != "pass":
+            console.print(f"  repro: {s['repro']}")
+    console.print(f"report: {report_dir}  ({report_dir / 'report.html'})")
+    return code
