@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import psutil
 
+from qualify import http
 from qualify.errors import HarnessError
 from qualify.procs import Child, free_port, kill_tree, spawn, wait_until
 from qualify.timing import spent
@@ -156,7 +156,7 @@ class ManagedProcess:
         return self
 
     def _healthy(self) -> bool:
-        return httpx.get(f"{self.base_url}/healthz", timeout=1.0).status_code == 200
+        return http.get(f"{self.base_url}/healthz", timeout=1.0).status_code == 200
 
     def _logged(self, event: str, offset: int) -> bool:
         with open(self.log_path, "rb") as fh:

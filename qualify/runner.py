@@ -186,6 +186,7 @@ def _run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_di
         error = "".join(traceback.format_exception(exc))[-4000:]
     finally:
         with interrupt.deferred(), spent("teardown"):
+            ctx.close()
             try:
                 processes.stop_all()
             except HarnessError as exc:

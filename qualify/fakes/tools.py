@@ -27,9 +27,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
-
 from qimpl.tool_journal.seam import Invoke, ToolContext, ToolFailed, ToolKind, ToolSpec
+from qualify import http
 
 __all__ = ["TIMEOUT_S", "sink_tools"]
 
@@ -46,7 +45,7 @@ def _invoker(base_url: str, route: str, tool: str, timeout_s: float) -> Invoke:
     async def invoke(ctx: ToolContext, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
         body = {"run_id": ctx.run_id, "tool": tool, "arguments": dict(arguments),
                 "attempt": ctx.attempt, "pid": os.getpid()}
-        async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s) as client:
+        async with http.async_client(base_url=base_url, timeout=timeout_s) as client:
             resp = await client.post(f"/{route}/{ctx.call_id}", json=body)
         if resp.status_code == 422:
             raise ToolFailed(str(resp.json().get("code", "refused")))

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from qualify import http
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
 from qualify.scenarios.base import ScenarioContext, scenario
@@ -18,7 +19,7 @@ from qualify.scenarios.lifecycle import accepted
 
 def _decide(api: ManagedProcess, run_id: str, approval_id: str, approved: bool, version: str,
             key: str = "dev-key") -> httpx.Response:
-    return httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/tool-approval/{approval_id}",
+    return http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/tool-approval/{approval_id}",
                       json={"approved": approved, "action_version": version}, timeout=30,
                       headers={"Authorization": f"Bearer {key}"})
 

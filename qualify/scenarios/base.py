@@ -7,10 +7,12 @@ and may add scenario-specific checks; the runner adds the generic checkers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -20,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from qualify import interrupt
+from qualify import http, interrupt
 from qualify.checkers import Check
 from qualify.errors import HarnessError, InvariantViolation
 from qualify.faults import Nemesis
@@ -108,6 +110,10 @@ class ScenarioContext:
     #: Network proxies the scenario put between a process and a server (R-Q-11); the
     #: runner stops them after the processes.
     proxies: list[Any] = field(default_factory=list)
+    #: The scenario's own database session for ``sql`` (opened on first use, reopened when
+    #: the server closed it; the runner closes it at teardown).
+    _db: Any = field(default=None, repr=False)
+    _db_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def waiting(self, kind: str) -> Any:
         """A span of the scenario's time of ``kind`` (``qualify.timing.KINDS``): ``with
@@ -167,7 +173,7 @@ class ScenarioContext:
         self.history.record("client", op="create", phase="invoke", key=key, process=api.name,
                             deadline_seconds=body.get("deadline_seconds", SPEC_DEFAULT_DEADLINE_S))
         try:
-            resp = httpx.post(f"{api.base_url}/v1/agents/{agent_id}/runs", json=body,
+            resp = http.post(f"{api.base_url}/v1/agents/{agent_id}/runs", json=body,
                               headers={"Authorization": f"Bearer {API_KEY}", "Idempotency-Key": key},
                               timeout=timeout_s)
         except httpx.HTTPError as exc:
@@ -188,7 +194,7 @@ class ScenarioContext:
         deadline = time.monotonic() + retry_s
         while True:
             try:
-                resp = httpx.get(f"{api.base_url}/v1/agents/{agent_id}/runs/{run_id}",
+                resp = http.get(f"{api.base_url}/v1/agents/{agent_id}/runs/{run_id}",
                                  headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
             except httpx.HTTPError:
                 resp = None
@@ -303,14 +309,35 @@ class ScenarioContext:
         return float(self.sql("SELECT extract(epoch FROM clock_timestamp())::float8")[0][0])
 
     def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
+        """Run ``query`` (autocommit) as the schema owner and return its rows; raises what
+        psycopg raises. One session serves the whole scenario (a connection per call cost
+        a backend start and a SCRAM exchange each, and scenarios poll): it is reopened
+        when the server has closed it (a restart, a terminated session: its socket turned
+        readable while idle), and a call that breaks it raises and the next reconnects."""
         import psycopg
 
-        with psycopg.connect(self.deployment.dsn, autocommit=True) as conn:
-            return conn.execute(query, params).fetchall()
+        with self._db_lock:
+            if self._db is not None and (self._db.closed or _closed_by_server(self._db)):
+                self.close()
+            if self._db is None:
+                self._db = psycopg.connect(self.deployment.dsn, autocommit=True)
+            try:
+                return self._db.execute(query, params).fetchall()  # type: ignore[no-any-return]
+            except psycopg.OperationalError:
+                if self._db.broken:
+                    self.close()
+                raise
+
+    def close(self) -> None:
+        """Close the scenario's database session (idempotent)."""
+        db, self._db = self._db, None
+        if db is not None:
+            with contextlib.suppress(Exception):
+                db.close()
 
     def cancel_run(self, api: ManagedProcess, run_id: str, agent_id: str = "agent-1") -> dict[str, Any]:
         self.history.record("client", op="cancel", phase="invoke", run_id=run_id)
-        resp = httpx.post(f"{api.base_url}/v1/agents/{agent_id}/runs/{run_id}/cancel",
+        resp = http.post(f"{api.base_url}/v1/agents/{agent_id}/runs/{run_id}/cancel",
                           headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
         doc = _json(resp)
         self.history.record("client", op="cancel", phase="ok" if resp.status_code == 200 else "fail",
@@ -387,6 +414,17 @@ _SECRET = re.compile(r"""(["']?stream_key["']?\s*[:=]\s*["']?)[A-Za-z0-9_\-]{8,}
 def redact(text: str) -> str:
     """``text`` with stream keys replaced by ``<redacted>``."""
     return _SECRET.sub(r"\1<redacted>", text)
+
+
+def _closed_by_server(conn: Any) -> bool:
+    """Whether an idle autocommit session's socket has something to read: nothing is
+    owed to it between statements (no LISTEN), so that is the server closing it."""
+    import select
+
+    try:
+        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
 
 
 def _json(resp: httpx.Response) -> dict[str, Any]:

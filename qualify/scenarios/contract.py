@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from qimpl.lifecycle import workflow_id
+from qualify import http
 from qualify.fakes.synthetic import make_prompt
 from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted
@@ -30,7 +31,7 @@ def same_key_twenty_requests(ctx: ScenarioContext) -> None:
     body = {"prompt": make_prompt(steps=2, answer="once"), "durable_temporal": True}
 
     def post(i: int) -> httpx.Response:
-        return httpx.post(f"{apis[i % 2].base_url}/v1/agents/agent-1/runs", json=body, timeout=30,
+        return http.post(f"{apis[i % 2].base_url}/v1/agents/agent-1/runs", json=body, timeout=30,
                           headers={**AUTH, "Idempotency-Key": "the-one-key"})
 
     # Truly concurrent: each client's connection is open before a start barrier that all
@@ -39,7 +40,7 @@ def same_key_twenty_requests(ctx: ScenarioContext) -> None:
     spans: list[tuple[float, float]] = []
 
     def racing_post(i: int) -> httpx.Response:
-        with httpx.Client(base_url=apis[i % 2].base_url, timeout=30) as client:
+        with http.client(base_url=apis[i % 2].base_url, timeout=30) as client:
             client.get("/healthz")
             start.wait(timeout=30)
             t0 = time.monotonic()
@@ -76,7 +77,7 @@ def same_key_twenty_requests(ctx: ScenarioContext) -> None:
     ctx.expect("a later replay returns the original receipt with Idempotent-Replayed",
                replay.status_code == 202 and replay.json()["run_id"] == run_id
                and replay.headers.get("idempotent-replayed") == "true", replay.text[:200], "R-CREATE-2")
-    other = httpx.post(f"{apis[1].base_url}/v1/agents/agent-1/runs", timeout=10,
+    other = http.post(f"{apis[1].base_url}/v1/agents/agent-1/runs", timeout=10,
                        json={**body, "prompt": "another body"}, headers={**AUTH, "Idempotency-Key": "the-one-key"})
     ctx.expect("the same key with another body is 422 idempotency_key_reused",
                other.status_code == 422 and other.json().get("code") == "idempotency_key_reused",
@@ -101,7 +102,7 @@ def concurrent_resumes(ctx: ScenarioContext) -> None:
                == "input", str(parked["result_json"]), "R-READ-2")
 
     def resume(i: int) -> httpx.Response:
-        return httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", timeout=30,
+        return http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", timeout=30,
                           json={"additional_prompt": f"input {i}"},
                           headers={**AUTH, "Idempotency-Key": f"resume-{i}"})
 
@@ -124,7 +125,7 @@ def concurrent_resumes(ctx: ScenarioContext) -> None:
                    again.status_code == 202 and again.json()["run_id"] == first["run_id"]
                    and again.json()["deadline_at"] == first["deadline_at"]
                    and again.headers.get("idempotent-replayed") == "true", again.text[:200], "R-RESUME-1")
-    terminal = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", timeout=10,
+    terminal = http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", timeout=10,
                           json={"additional_prompt": "more"}, headers={**AUTH, "Idempotency-Key": "late"})
     ctx.expect("a terminal run answers 409 run_terminal",
                terminal.status_code == 409 and terminal.json().get("code") == "run_terminal",
@@ -150,14 +151,14 @@ def contract_probes(ctx: ScenarioContext) -> None:
         "unknown_field": {"prompt": "x", "durable_temporal": True, "extra": 1},
     }
     for code, body in bad.items():
-        resp = httpx.post(url, json=body, headers={**AUTH, "Idempotency-Key": f"bad-{code}"}, timeout=10)
+        resp = http.post(url, json=body, headers={**AUTH, "Idempotency-Key": f"bad-{code}"}, timeout=10)
         ctx.expect(f"422 {code}", resp.status_code == 422 and resp.json().get("code") == code,
                    resp.text[:160], "R-CREATE-1")
-    garbage = httpx.post(url, content=b"{not json", timeout=10,
+    garbage = http.post(url, content=b"{not json", timeout=10,
                          headers={**AUTH, "Idempotency-Key": "bad-json", "Content-Type": "application/json"})
     ctx.expect("422 malformed_body", garbage.status_code == 422 and garbage.json().get("code") == "malformed_body",
                garbage.text[:160], "R-CREATE-1")
-    nokey = httpx.post(url, json={"prompt": "x", "durable_temporal": True}, headers=AUTH, timeout=10)
+    nokey = http.post(url, json={"prompt": "x", "durable_temporal": True}, headers=AUTH, timeout=10)
     ctx.expect("400 idempotency_key_required", nokey.status_code == 400
                and nokey.json().get("code") == "idempotency_key_required", nokey.text[:160], "R-CREATE-2")
     written = ctx.sql("SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM idempotency_records)")[0]
@@ -165,21 +166,21 @@ def contract_probes(ctx: ScenarioContext) -> None:
     run_id = accepted(ctx, api, prompt=make_prompt(steps=2, answer="done"))
     for path in ("pause", "handoff", "checkpoints", "checkpoints/1/rollback", "checkpoints/1/branch",
                  "checkpoints/1/resume"):
-        resp = httpx.post(f"{url}/{run_id}/{path}", headers=AUTH, timeout=10)
+        resp = http.post(f"{url}/{run_id}/{path}", headers=AUTH, timeout=10)
         ctx.expect(f"legacy {path}: 409 durable_lifecycle_conflict", resp.status_code == 409
                    and resp.json().get("code") == "durable_lifecycle_conflict", resp.text[:160], "R-LEGACY-1")
     ctx.wait_terminal(api, run_id)
     late = ctx.cancel_run(api, run_id)
     ctx.expect("cancel of a completed run: cancelled false", late["cancelled"] is False, str(late), "R-CANCEL-1")
-    other = httpx.get(f"{url}/{run_id}", headers={"Authorization": "Bearer nobody"}, timeout=10)
+    other = http.get(f"{url}/{run_id}", headers={"Authorization": "Bearer nobody"}, timeout=10)
     ctx.expect("an unknown key is 401 unauthenticated", other.status_code == 401
                and other.json().get("code") == "unauthenticated", other.text[:160], "R-AUTH-1")
-    missing = httpx.get(f"{url}/00000000-0000-0000-0000-000000000000", headers=AUTH, timeout=10)
+    missing = http.get(f"{url}/00000000-0000-0000-0000-000000000000", headers=AUTH, timeout=10)
     ctx.expect("an unknown run is 404 run_not_found", missing.status_code == 404
                and missing.json().get("code") == "run_not_found", missing.text[:160], "R-AUTH-1")
     busy = accepted(ctx, api, prompt=make_prompt(steps=50, delay_ms=100))
     ctx.wait_state(api, busy, "running")
-    active = httpx.post(f"{url}/{busy}/resume", json={"additional_prompt": "x"}, timeout=10,
+    active = http.post(f"{url}/{busy}/resume", json={"additional_prompt": "x"}, timeout=10,
                         headers={**AUTH, "Idempotency-Key": "busy"})
     ctx.expect("resume of a running run is 409 run_active",
                active.status_code == 409 and active.json().get("code") == "run_active",
@@ -260,7 +261,7 @@ def tenant_isolation(ctx: ScenarioContext) -> None:
     run = ctx.wait_terminal(api, run_id)
     ctx.expect("run completed", run["state"] == "completed", run["state"])
     bodies.append(str(run))
-    with httpx.stream("GET", f"{api.base_url}{base}/events", timeout=30,
+    with http.stream("GET", f"{api.base_url}{base}/events", timeout=30,
                       headers={"X-Stream-Key": created.json()["stream_key"]}) as events:
         bodies.append("".join(events.iter_text()))
     worker.stop()

@@ -8,8 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
-import httpx
-
+from qualify import http
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess, faketime_env
@@ -64,7 +63,7 @@ def resume_at_the_deadline(ctx: ScenarioContext) -> None:
         while time.time() < at:
             time.sleep(0.0005)
         ctx.history.record("client", op="resume", phase="invoke", run_id=run_id, offset_s=delta)
-        resp = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume",
+        resp = http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume",
                           headers={"Authorization": f"Bearer {API_KEY}", "Idempotency-Key": f"edge-{run_id}"},
                           json={"additional_prompt": "just in time?"}, timeout=15)
         body = resp.json()

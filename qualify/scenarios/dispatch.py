@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from qimpl.lifecycle import workflow_id
+from qualify import http
 from qualify.checkers import slot_holders
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
@@ -68,7 +69,7 @@ def _resume(ctx: ScenarioContext, api: ManagedProcess, run_id: str, key: str,
             body: dict[str, Any] | None, timeout_s: float = 30.0) -> httpx.Response:
     """POST a resume (``body`` None: no body at all, R-RESUME-2's dispatch retry)."""
     ctx.history.record("client", op="resume", phase="invoke", run_id=run_id, key=key, process=api.name)
-    resp = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", json=body,
+    resp = http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", json=body,
                       headers={"Authorization": f"Bearer {API_KEY}", "Idempotency-Key": key},
                       timeout=timeout_s)
     ctx.history.record("client", op="resume", phase="ok" if resp.status_code == 202 else "fail",
@@ -90,7 +91,7 @@ def _warnings(port: int, kind: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        text = http.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     except httpx.HTTPError:
         return 0.0
     return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
@@ -408,7 +409,7 @@ def reconciler_holds_no_lock_over_temporal(ctx: ScenarioContext) -> None:
         ctx.history.record("client", op="cancel", phase="invoke", run_id=run_id)
         t0 = time.monotonic()
         try:
-            cancel = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/cancel",
+            cancel = http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/cancel",
                                 headers={"Authorization": f"Bearer {API_KEY}"}, timeout=15)
             status, body = cancel.status_code, cancel.text
         except httpx.HTTPError as exc:

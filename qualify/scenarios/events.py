@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from qimpl.client.stream import FollowResult, StreamEvent, follow_run
+from qualify import http
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import delta_piece, make_prompt
 from qualify.processes import ManagedProcess
@@ -110,7 +111,7 @@ def _keep_alive(api: ManagedProcess, run_id: str, key: str, *, after: int) -> st
     written: a keep-alive comment (``: ping …``) if the API sends them; else what came."""
     headers = {"X-Stream-Key": key, "Last-Event-ID": str(after)}
     try:
-        with httpx.stream("GET", f"{api.base_url}{PATH.format(run_id=run_id)}", headers=headers,
+        with http.stream("GET", f"{api.base_url}{PATH.format(run_id=run_id)}", headers=headers,
                           timeout=httpx.Timeout(10.0, read=5.0)) as resp:
             for line in resp.iter_lines():
                 if line:
@@ -183,14 +184,14 @@ def event_stream(ctx: ScenarioContext) -> None:
     borrowed = read_stream(ctx, apis[0], other, key)
     ctx.expect("this run's stream key is refused for another run (404)",
                bool(borrowed) and borrowed[0].get("status") == 404, str(borrowed)[:120], "R-AUTH-3")
-    foreign = httpx.post(f"{apis[0].base_url}/v1/agents/agent-1/runs", timeout=15,
+    foreign = http.post(f"{apis[0].base_url}/v1/agents/agent-1/runs", timeout=15,
                          json={"prompt": make_prompt(steps=1), "durable_temporal": True},
                          headers={"Authorization": "Bearer other-key", "Idempotency-Key": "foreign"})
     tenant_key = foreign.json().get("stream_key", "")
     crossed = read_stream(ctx, apis[0], run_id, tenant_key)
     ctx.expect("another tenant's stream key is refused (404)",
                bool(crossed) and crossed[0].get("status") == 404, str(crossed)[:120], "R-AUTH-3")
-    nokey = httpx.get(f"{apis[0].base_url}{PATH.format(run_id=run_id)}", timeout=10)
+    nokey = http.get(f"{apis[0].base_url}{PATH.format(run_id=run_id)}", timeout=10)
     ctx.expect("no stream key: 401 stream_key_required",
                nokey.status_code == 401 and nokey.json().get("code") == "stream_key_required",
                nokey.text[:120], "R-AUTH-3")
@@ -262,7 +263,7 @@ def stream_survives_listener_loss(ctx: ScenarioContext) -> None:
     for what, unknown in (("one past the journal", str(so_far + 1)), ("a 20-digit number", "9" * 20)):
         # Only the status and, for a JSON answer, its code: a stream (the defect) is left
         # at its headers, never read.
-        with httpx.stream("GET", f"{api.base_url}{PATH.format(run_id=run_id)}", timeout=10.0,
+        with http.stream("GET", f"{api.base_url}{PATH.format(run_id=run_id)}", timeout=10.0,
                           headers={"X-Stream-Key": key, "Last-Event-ID": unknown}) as resp:
             json_answer = resp.headers.get("content-type", "").startswith("application/json")
             code = json.loads(resp.read()).get("code") if json_answer else None

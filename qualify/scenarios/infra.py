@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import time
 
-import httpx
-
 from qimpl.lifecycle import workflow_id
+from qualify import http
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.faults import owned_runs
@@ -90,7 +89,7 @@ def dispatch_unknown(ctx: ScenarioContext) -> None:
     state = ctx.sql("SELECT state FROM runs WHERE run_id = %s", run_id)
     ctx.expect("the run stays accepted", state == [("accepted",)], str(state), "R-CREATE-5")
     ctx.nemesis.start_temporal(ctx.stack)
-    resume = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume",
+    resume = http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume",
                         headers={"Authorization": f"Bearer {API_KEY}", "Idempotency-Key": "redispatch"},
                         timeout=30)
     ctx.history.record("client", op="resume", phase="ok" if resume.status_code == 202 else "fail",

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from qualify import http
 from qualify.fakes.synthetic import make_prompt
 from qualify.scenarios.base import ScenarioContext, scenario
 from qualify.scenarios.matrix import KINDS, create_with_key, error_code, runs_not_ended
@@ -77,7 +78,7 @@ def idempotency_per_field(ctx: ScenarioContext) -> None:
         ctx.expect(f"same key, {change.field} changed: 422 idempotency_key_reused",
                    resp.status_code == 422 and error_code(resp) == "idempotency_key_reused",
                    f"{resp.status_code} {resp.text[:160]}", "R-CREATE-2")
-    other_agent = httpx.post(f"{url}/v1/agents/agent-2/runs", json=body, timeout=30,
+    other_agent = http.post(f"{url}/v1/agents/agent-2/runs", json=body, timeout=30,
                              headers={"Authorization": owner, "Idempotency-Key": "the-key"})
     ctx.expect("same key, the agent in the path changed: 422 idempotency_key_reused",
                other_agent.status_code == 422 and error_code(other_agent) == "idempotency_key_reused",
@@ -91,14 +92,14 @@ def idempotency_per_field(ctx: ScenarioContext) -> None:
                "R-CREATE-2")
     if peer.status_code == 202:
         ctx.history.record("client", op="create", phase="ok", run_id=peer.json()["run_id"], status=202)
-        httpx.post(f"{url}/v1/agents/agent-1/runs/{peer.json()['run_id']}/cancel", timeout=30,
+        http.post(f"{url}/v1/agents/agent-1/runs/{peer.json()['run_id']}/cancel", timeout=30,
                    headers={"Authorization": str(KINDS["peer"])})
 
     # Twenty identical resumes with one key, released together.
     start = threading.Barrier(20)
 
     def resume(_: int) -> httpx.Response:
-        with httpx.Client(base_url=url, timeout=30) as client:
+        with http.client(base_url=url, timeout=30) as client:
             client.get("/healthz")
             start.wait(timeout=30)
             return client.post(f"/v1/agents/agent-1/runs/{run_id}/resume", json={"additional_prompt": "go"},
@@ -146,7 +147,7 @@ def same_key_resume_loses_the_race(ctx: ScenarioContext) -> None:
     ctx.wait_state(api, run_id, "awaiting_input")
 
     def resume() -> httpx.Response:
-        return httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", timeout=60,
+        return http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", timeout=60,
                           json={"additional_prompt": "go"},
                           headers={"Authorization": owner, "Idempotency-Key": "raced-key"})
 

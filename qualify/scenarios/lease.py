@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from qualify import http
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
@@ -170,7 +171,7 @@ def owner_paused_inside_claim_transaction(ctx: ScenarioContext) -> None:
     ctx.history.record("client", op="cancel", phase="invoke", run_id=run_id)
     t0 = time.monotonic()
     try:
-        resp = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/cancel",
+        resp = http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/cancel",
                           headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
         answer: dict[str, Any] = resp.json() if resp.status_code == 200 else {"status": resp.status_code}
     except httpx.HTTPError as exc:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 
-import httpx
-
+from qualify import http
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
@@ -21,7 +20,7 @@ def legacy_paths(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
     auth = {"Authorization": f"Bearer {API_KEY}"}
     ctx.history.record("client", op="create-legacy", phase="invoke")
-    resp = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs", headers=auth, timeout=10,
+    resp = http.post(f"{api.base_url}/v1/agents/agent-1/runs", headers=auth, timeout=10,
                       json={"prompt": make_prompt(steps=2, answer="inline")})
     if resp.status_code != 202:
         raise HarnessError(f"legacy create answered {resp.status_code}: {resp.text[:200]}")
@@ -37,10 +36,10 @@ def legacy_paths(ctx: ScenarioContext) -> None:
     wf = ctx.sql("SELECT workflow_id FROM runs WHERE run_id = %s", receipt["run_id"])[0][0]
     ctx.expect("no workflow for a legacy run", wf is None, str(wf), "R-CREATE-6")
     prompt = make_prompt(steps=3, answer="synchronous")
-    plain = httpx.post(f"{api.base_url}/v1/answer", headers=auth, json={"prompt": prompt}, timeout=10)
+    plain = http.post(f"{api.base_url}/v1/answer", headers=auth, json={"prompt": prompt}, timeout=10)
     ctx.expect("/v1/answer JSON", plain.status_code == 200 and plain.json().get("answer") == "synchronous",
                plain.text[:200], "R-CREATE-7")
-    sse = httpx.post(f"{api.base_url}/v1/answer", json={"prompt": prompt}, timeout=10,
+    sse = http.post(f"{api.base_url}/v1/answer", json={"prompt": prompt}, timeout=10,
                      headers={**auth, "Accept": "text/event-stream"})
     events = [line.removeprefix("event: ").strip() for line in sse.text.splitlines()
               if line.startswith("event:")]

@@ -10,9 +10,8 @@ import time
 from collections import Counter
 from typing import Any
 
-import httpx
-
 from qimpl.lifecycle import workflow_id
+from qualify import http
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
@@ -408,7 +407,7 @@ def expiry_mid_run(ctx: ScenarioContext) -> None:
     ckpts = ctx.sql("SELECT count(*) FROM run_checkpoints WHERE run_id = %s", run_id)[0][0]
     ctx.expect("some steps were checkpointed before the deadline", ckpts > 0, f"{ckpts} checkpoints")
     # Expired by its own workflow, not by the reconciler: the deadline metric counts it.
-    text = httpx.get(f"{api.base_url}/metrics", timeout=10,
+    text = http.get(f"{api.base_url}/metrics", timeout=10,
                      headers={"Authorization": "Bearer ops-key"}).text  # an operator of t-dev
     found = re.search(r'^qimpl_deadline_expired_runs_total\{tenant="t-dev"\} ([0-9.e+]+)$', text, re.M)
     ctx.expect("the deadline metric counts the run its own workflow expired",

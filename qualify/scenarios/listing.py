@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
+from qualify import http
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.procs import wait_until
@@ -25,7 +24,7 @@ def pages(api_url: str, path: str, key: str, **params: Any) -> list[list[dict[st
     cursor = None
     while len(out) < 50:
         query = {**params, **({"cursor": cursor} if cursor else {})}
-        resp = httpx.get(f"{api_url}{path}", params=query, headers={"Authorization": f"Bearer {key}"},
+        resp = http.get(f"{api_url}{path}", params=query, headers={"Authorization": f"Bearer {key}"},
                          timeout=30)
         if resp.status_code != 200:
             raise HarnessError(f"GET {path} {query}: {resp.status_code} {resp.text[:200]}")
@@ -69,7 +68,7 @@ def runs_listed(ctx: ScenarioContext) -> None:
     wait_until(lambda: ctx.sql("SELECT clock_timestamp() - min(accepted_at) >= interval '2 s' FROM runs")[0][0],
                timeout_s=15, what="the first runs 2 s old on the database's clock")
     fresh = accepted(ctx, api, prompt=make_prompt(steps=1, answer="fresh"))
-    peer = httpx.post(f"{url}/v1/agents/agent-1/runs", timeout=30,
+    peer = http.post(f"{url}/v1/agents/agent-1/runs", timeout=30,
                       json={"prompt": make_prompt(steps=1, answer="peer"), "durable_temporal": True},
                       headers={"Authorization": f"Bearer {PEER}", "Idempotency-Key": "peer-run"})
     if peer.status_code != 202:

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from qimpl.lifecycle import TERMINAL
+from qualify import http
 from qualify.fakes.synthetic import make_prompt
 from qualify.procs import wait_until
 from qualify.scenarios.base import ScenarioContext, scenario
@@ -164,7 +165,7 @@ def error_code(resp: httpx.Response) -> str | None:
 
 def create_with_key(api_url: str, auth: str, key: str, body: dict[str, Any]) -> httpx.Response:
     """POST a create of agent-1 with ``auth`` and the ``Idempotency-Key`` ``key``."""
-    return httpx.post(f"{api_url}/v1/agents/agent-1/runs", json=body, timeout=30,
+    return http.post(f"{api_url}/v1/agents/agent-1/runs", json=body, timeout=30,
                       headers={"Authorization": auth, "Idempotency-Key": key})
 
 
@@ -223,7 +224,7 @@ def api_contract_matrix(ctx: ScenarioContext) -> None:
     before = ctx.sql("SELECT row_version, state, (SELECT count(*) FROM run_events e WHERE e.run_id = r.run_id)"
                      " FROM runs r WHERE run_id = %s", run_id)[0]
 
-    routes = route_table(httpx.get(f"{url}/openapi.json", timeout=10).json())
+    routes = route_table(http.get(f"{url}/openapi.json", timeout=10).json())
     unknown = [f"{m} {p}" for m, p in routes if any(expected(m, p, k) is None for k in KINDS)]
     ctx.expect("every route of the API has its row in the matrix", not unknown,
                f"{len(routes)} routes; without expected answers: {unknown}", "R-AUTH-1", judged=len(routes))
@@ -241,7 +242,7 @@ def api_contract_matrix(ctx: ScenarioContext) -> None:
             headers.pop("Authorization", None)
             if kind in stream_keys:
                 headers["X-Stream-Key"] = stream_keys[kind]
-            with httpx.stream("GET", f"{url}{_fill(path, run_id)}", headers=headers, timeout=15) as resp:
+            with http.stream("GET", f"{url}{_fill(path, run_id)}", headers=headers, timeout=15) as resp:
                 resp.read() if resp.status_code != 200 else None
                 got = Answer(resp.status_code, error_code(resp) if resp.status_code != 200 else None)
         else:

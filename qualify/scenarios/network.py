@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from qimpl.lifecycle import workflow_id
+from qualify import http
 from qualify.fakes.synthetic import make_prompt
 from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted, writes_by_others_until
@@ -332,10 +333,10 @@ def api_pool_connections_killed(ctx: ScenarioContext) -> None:
         auth = {"Authorization": f"Bearer {API_KEY}"}
         try:
             if i % 2:
-                resp = httpx.get(f"{api.base_url}/v1/agents/agent-1/runs/{done[i % len(done)]}",
+                resp = http.get(f"{api.base_url}/v1/agents/agent-1/runs/{done[i % len(done)]}",
                                  headers=auth, timeout=30)
             else:
-                resp = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs", timeout=30,
+                resp = http.post(f"{api.base_url}/v1/agents/agent-1/runs", timeout=30,
                                   json={"prompt": make_prompt(steps=1), "durable_temporal": True},
                                   headers={**auth, "Idempotency-Key": f"pool-{i}"})
         except httpx.HTTPError as exc:

@@ -9,9 +9,8 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
-
 from qimpl.lifecycle import workflow_id
+from qualify import http
 from qualify.checkers import slot_holders
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
@@ -153,7 +152,7 @@ def parked_runs_expire(ctx: ScenarioContext) -> None:
         run = ctx.wait_terminal(api, run_id, timeout_s=20)
         ctx.expect(f"{'input' if run_id == waiting else 'approval'} run expired",
                    run["state"] == "expired", run["state"], "R-EXEC-8")
-    resp = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{waiting}/resume",
+    resp = http.post(f"{api.base_url}/v1/agents/agent-1/runs/{waiting}/resume",
                       headers={"Authorization": f"Bearer {API_KEY}", "Idempotency-Key": "late"},
                       json={"additional_prompt": "too late"}, timeout=10)
     ctx.history.record("client", op="resume", phase="fail", run_id=waiting, status=resp.status_code)
@@ -230,7 +229,7 @@ def tenant_slots(ctx: ScenarioContext) -> None:
 
 
 def _oldest_accepted_age(api: ManagedProcess) -> float:
-    text = httpx.get(f"{api.base_url}/metrics", timeout=10,  # an operator key (R-OPS-7)
+    text = http.get(f"{api.base_url}/metrics", timeout=10,  # an operator key (R-OPS-7)
                      headers={"Authorization": f"Bearer {OPERATOR_KEY}"}).text
     found = re.search(rf'qimpl_oldest_accepted_run_age_seconds{{tenant="{TENANT}"}} ([0-9.e+-]+)', text)
     return float(found.group(1)) if found else 0.0

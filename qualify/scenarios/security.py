@@ -8,6 +8,7 @@ import re
 
 import httpx
 
+from qualify import http
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
 from qualify.scenarios.base import ScenarioContext, scenario
@@ -18,7 +19,7 @@ TENANTS = (("dev-key", "t-dev", "ops-key"), ("other-key", "t-other", "ops-other-
 
 def _metrics(api: ManagedProcess, key: str | None) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.get(f"{api.base_url}/metrics", headers=headers, timeout=15)
+    return http.get(f"{api.base_url}/metrics", headers=headers, timeout=15)
 
 
 def _tenants_named(text: str) -> set[str]:
@@ -36,7 +37,7 @@ def metrics_need_an_operator(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
     created: list[tuple[str, str]] = []
     for client_key, tenant, _ in TENANTS:
-        resp = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs", timeout=15,
+        resp = http.post(f"{api.base_url}/v1/agents/agent-1/runs", timeout=15,
                           json={"prompt": make_prompt(steps=1), "durable_temporal": True},
                           headers={"Authorization": f"Bearer {client_key}",
                                    "Idempotency-Key": f"metrics-{tenant}"})
@@ -71,7 +72,7 @@ def metrics_need_an_operator(ctx: ScenarioContext) -> None:
                    named == {tenant}, f"tenants named: {sorted(named)}", "R-OPS-7", "R-AUTH-4")
     ctx.figures["tenants_in_anonymous_scrape"] = len(_tenants_named(anonymous.text))
     for client_key, run_id in created:  # every accepted run ends
-        httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/cancel", timeout=15,
+        http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/cancel", timeout=15,
                    headers={"Authorization": f"Bearer {client_key}"}).raise_for_status()
 
 
@@ -116,7 +117,7 @@ def replay_after_revoke(ctx: ScenarioContext) -> None:
                fresh is not None and fresh.status_code == 403
                and fresh.json().get("code") == "workspace_access_denied",
                "unknown" if fresh is None else f"{fresh.status_code} {fresh.text[:120]}", "R-AUTH-2")
-    resumed = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", timeout=15,
+    resumed = http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", timeout=15,
                          json={"additional_prompt": "go on"},
                          headers={"Authorization": "Bearer dev-key", "Idempotency-Key": f"{key}-r"})
     ctx.expect("a resume after the revoke: 403 workspace_access_revoked",

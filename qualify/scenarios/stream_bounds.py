@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from qimpl.client.stream import parse_sse
+from qualify import http
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
@@ -57,7 +58,7 @@ def two_hundred_open_streams(ctx: ScenarioContext) -> None:
 
     async def streams() -> None:
         limits = httpx.Limits(max_connections=250, max_keepalive_connections=0)
-        async with httpx.AsyncClient(base_url=api.base_url, timeout=120, limits=limits) as client:
+        async with http.async_client(base_url=api.base_url, timeout=120, limits=limits) as client:
             started: list[int] = []
             await asyncio.gather(*(follow(*runs[i % 20], client, started) for i in range(200)))
 
@@ -72,7 +73,7 @@ def two_hundred_open_streams(ctx: ScenarioContext) -> None:
     auth = {"Authorization": f"Bearer {API_KEY}"}
     for i in range(15):
         t0 = time.monotonic()
-        parked = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs", timeout=30, headers={
+        parked = http.post(f"{api.base_url}/v1/agents/agent-1/runs", timeout=30, headers={
             **auth, "Idempotency-Key": f"control-{i}"}, json={
             "prompt": make_prompt(steps=2, park={"step": 1, "kind": "input"}), "durable_temporal": True})
         took.append(time.monotonic() - t0)
@@ -85,12 +86,12 @@ def two_hundred_open_streams(ctx: ScenarioContext) -> None:
         if i % 2:
             ctx.wait_state(api, run_id, "awaiting_input")
             t0 = time.monotonic()
-            resumed = httpx.post(f"{base}/resume", timeout=30, json={"additional_prompt": "go"},
+            resumed = http.post(f"{base}/resume", timeout=30, json={"additional_prompt": "go"},
                                  headers={**auth, "Idempotency-Key": f"resume-{i}"})
             took.append(time.monotonic() - t0)
             codes.append(resumed.status_code)
         t0 = time.monotonic()
-        cancelled = httpx.post(f"{base}/cancel", timeout=30, headers=auth)
+        cancelled = http.post(f"{base}/cancel", timeout=30, headers=auth)
         took.append(time.monotonic() - t0)
         codes.append(cancelled.status_code)
     reader.join(timeout=120)
@@ -135,7 +136,7 @@ def streams_per_run_bounded(ctx: ScenarioContext) -> None:
     run_id, key = resp.json()["run_id"], resp.json()["stream_key"]
     ctx.wait_barrier("held")
     url, headers = f"{api.base_url}{PATH.format(run_id=run_id)}", {"X-Stream-Key": key}
-    with httpx.Client(timeout=httpx.Timeout(10.0, read=5.0)) as client:
+    with http.client(timeout=httpx.Timeout(10.0, read=5.0)) as client:
         streams = [contextlib.ExitStack() for _ in range(2)]
         opened, readers = [], []
         for stack in streams:
@@ -169,7 +170,7 @@ BROWSER_ORIGIN = "http://app.example.test"
 
 
 def _token(api: ManagedProcess, run_id: str, ttl_s: int = 300) -> httpx.Response:
-    return httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/stream-token", json={"ttl_s": ttl_s},
+    return http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/stream-token", json={"ttl_s": ttl_s},
                       headers={"Authorization": f"Bearer {API_KEY}"}, timeout=15)
 
 
@@ -181,7 +182,7 @@ def _by_token(ctx: ScenarioContext, api: ManagedProcess, run_id: str, token: str
     ctx.history.record("stream_open", run_id=run_id, client=client, process=api.name,
                        after=int(last_event_id) if last_event_id else 0)
     got: list[dict[str, Any]] = []
-    with httpx.stream("GET", f"{api.base_url}{PATH.format(run_id=run_id)}", params={"stream_token": token},
+    with http.stream("GET", f"{api.base_url}{PATH.format(run_id=run_id)}", params={"stream_token": token},
                       headers=headers, timeout=60) as resp:
         if resp.status_code != 200:
             return resp.status_code, [], resp.read().decode()[:200]
@@ -235,7 +236,7 @@ def browser_stream_token(ctx: ScenarioContext) -> None:
     for name, bad in (("another run's token", theirs), ("a forged token", forged), ("an expired token", short),
                       ("no credential at all", "")):
         params = {"stream_token": bad} if bad else {}
-        resp = httpx.get(f"{api.base_url}{PATH.format(run_id=run_id)}", params=params, timeout=15)
+        resp = http.get(f"{api.base_url}{PATH.format(run_id=run_id)}", params=params, timeout=15)
         refusals[name] = f"{resp.status_code} {resp.json().get('code') if resp.status_code != 200 else ''}"
     want = {"another run's token": "401 stream_token_invalid", "a forged token": "401 stream_token_invalid",
             "an expired token": "401 stream_token_expired", "no credential at all": "401 stream_key_required"}
@@ -244,8 +245,8 @@ def browser_stream_token(ctx: ScenarioContext) -> None:
     allowed = httpx.options(f"{api.base_url}{PATH.format(run_id=run_id)}", timeout=15, headers={
         "Origin": BROWSER_ORIGIN, "Access-Control-Request-Method": "GET",
         "Access-Control-Request-Headers": "last-event-id"})
-    stranger = httpx.get(f"{api.base_url}/healthz", headers={"Origin": "http://evil.example.test"}, timeout=15)
-    friend = httpx.get(f"{api.base_url}/healthz", headers={"Origin": BROWSER_ORIGIN}, timeout=15)
+    stranger = http.get(f"{api.base_url}/healthz", headers={"Origin": "http://evil.example.test"}, timeout=15)
+    friend = http.get(f"{api.base_url}/healthz", headers={"Origin": BROWSER_ORIGIN}, timeout=15)
     ctx.expect("CORS: the allowed origin's preflight and request are granted; another origin is not",
                allowed.status_code == 200
                and allowed.headers.get("access-control-allow-origin") == BROWSER_ORIGIN

@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
-
 from qimpl.client.stream import StreamEvent, parse_sse
+from qualify import http
 from qualify.processes import ManagedProcess
 from qualify.scenarios.base import ScenarioContext
 
@@ -33,7 +32,7 @@ def read_stream(ctx: ScenarioContext, api: ManagedProcess, run_id: str, key: str
     ctx.history.record("stream_open", run_id=run_id, client=client, process=api.name,
                        after=int(last_event_id) if last_event_id and last_event_id.isdigit() else 0)
     got: list[dict[str, Any]] = []
-    with httpx.stream("GET", f"{api.base_url}{PATH.format(run_id=run_id)}", headers=headers,
+    with http.stream("GET", f"{api.base_url}{PATH.format(run_id=run_id)}", headers=headers,
                       timeout=60) as resp:
         if resp.status_code != 200:
             return [{"status": resp.status_code, "body": resp.read().decode()[:200]}]

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from qualify import http
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
@@ -18,7 +19,7 @@ from qualify.scenarios.tools import bearer, resume, settles, sink_lines
 
 
 def _submit(api: ManagedProcess, run_id: str, call_id: str, result: Any) -> httpx.Response:
-    return httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/tool-results/{call_id}",
+    return http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/tool-results/{call_id}",
                       json={"result": result}, headers=bearer(), timeout=30)
 
 
@@ -100,7 +101,7 @@ def finalising_tool_needs_approval(ctx: ScenarioContext) -> None:
                           and not sink_lines(ctx, "requests", run_id),
                           f"{run['state']} {pending}", "R-TOOL-5"):
             raise HarnessError(f"run {run_id} is {run['state']}, not waiting for an approval")
-        decided = httpx.post(
+        decided = http.post(
             f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/tool-approval/{pending.get('approval_id')}",
             json={"approved": approved, "action_version": pending.get("action_version")},
             headers=bearer(), timeout=30)
@@ -142,7 +143,7 @@ def one_approval_one_call(ctx: ScenarioContext) -> None:
                           "R-TOOL-5", "R-APPROVAL-1"):
             break
         approvals.append(pending.get("approval_id"))
-        decided = httpx.post(
+        decided = http.post(
             f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/tool-approval/{pending.get('approval_id')}",
             json={"approved": True, "action_version": pending.get("action_version")},
             headers=bearer(), timeout=30)

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from qualify import http
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
@@ -49,7 +50,7 @@ def resume(ctx: ScenarioContext, api: ManagedProcess, run_id: str,
            body: dict[str, Any] | None = None) -> httpx.Response:
     key = f"resume-{run_id}-{time.monotonic_ns()}"
     ctx.history.record("client", op="resume", phase="invoke", run_id=run_id, key=key)
-    resp = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", json=body or {},
+    resp = http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", json=body or {},
                       headers={**bearer(), "Idempotency-Key": key}, timeout=30)
     ctx.history.record("client", op="resume", phase="ok" if resp.status_code == 202 else "fail",
                        run_id=run_id, status=resp.status_code)
@@ -61,12 +62,12 @@ def resolve(api: ManagedProcess, run_id: str, call_id: str, outcome: str,
     body: dict[str, Any] = {"outcome": outcome, "note": "checked in the sink by call id"}
     if result is not None:
         body["result"] = result
-    return httpx.post(f"{api.base_url}/v1/operator/runs/{run_id}/tool-invocations/{call_id}/resolution",
+    return http.post(f"{api.base_url}/v1/operator/runs/{run_id}/tool-invocations/{call_id}/resolution",
                       json=body, headers=bearer(key), timeout=30)
 
 
 def unsettled(api: ManagedProcess, run_id: str, key: str = OPERATOR_KEY) -> httpx.Response:
-    return httpx.get(f"{api.base_url}/v1/operator/runs/{run_id}/tool-invocations",
+    return http.get(f"{api.base_url}/v1/operator/runs/{run_id}/tool-invocations",
                      headers=bearer(key), timeout=30)
 
 
@@ -96,7 +97,7 @@ def _parked_unknown(ctx: ScenarioContext, api: ManagedProcess, run_id: str) -> d
 
 def _awaiting_reconciliation(api: ManagedProcess) -> list[str]:
     """Run ids the operator's listing shows as awaiting reconciliation (R-READ-5)."""
-    resp = httpx.get(f"{api.base_url}/v1/operator/runs", params={"awaiting_reconciliation": "true"},
+    resp = http.get(f"{api.base_url}/v1/operator/runs", params={"awaiting_reconciliation": "true"},
                      headers=bearer(OPERATOR_KEY), timeout=30)
     if resp.status_code != 200:
         raise HarnessError(f"GET /v1/operator/runs: {resp.status_code} {resp.text[:200]}")
@@ -243,7 +244,7 @@ def approved_tool_killed_after_effect(ctx: ScenarioContext) -> None:
                                                    park={"step": 1, "kind": "approval"}))
     run = ctx.wait_state(api, run_id, "awaiting_approval")
     pending = (run["result_json"] or {}).get("pending_approval") or {}
-    yes = httpx.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/tool-approval/{pending.get('approval_id')}",
+    yes = http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/tool-approval/{pending.get('approval_id')}",
                      json={"approved": True, "action_version": pending.get("action_version")},
                      headers=bearer(), timeout=30)
     ctx.expect("the approval is accepted", yes.status_code == 200, yes.text[:160], "R-APPROVAL-1")
