@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import email.utils
 
-__all__ = ["DEFAULT_BASE_S", "DEFAULT_MAX_S", "failure_delay", "parse_retry_after"]
+__all__ = ["DEFAULT_BASE_S", "DEFAULT_MAX_S", "backoff_left", "failure_delay", "parse_retry_after"]
 
 DEFAULT_BASE_S = 3.0
 DEFAULT_MAX_S = 30.0
@@ -36,6 +36,20 @@ def failure_delay(failures: int, *, base_s: float = DEFAULT_BASE_S, max_s: float
     if deadline_left_s is not None:
         delay = min(delay, max(deadline_left_s, 0.0))
     return max(delay, 0.0)
+
+
+def backoff_left(failures: int, since_failure_s: float | None, *, base_s: float = DEFAULT_BASE_S,
+                 max_s: float = DEFAULT_MAX_S) -> float:
+    """Seconds a new attempt still waits before it asks (R-EXEC-6): the backoff of the
+    run's ``failures``-th counted failure less ``since_failure_s``, the seconds since that
+    failure's call ended by the database's clock; 0 with no counted failure or no failed
+    call recorded. An attempt retried without Temporal's delay (the failing attempt's own
+    report lost to a takeover of its lease, a crash right after the count, an operator
+    reset) so still waits out the exponential backoff; a ``Retry-After`` above it is only
+    known to the failing attempt, which hands it to Temporal."""
+    if failures < 1 or since_failure_s is None:
+        return 0.0
+    return max(failure_delay(failures, base_s=base_s, max_s=max_s) - since_failure_s, 0.0)
 
 
 def parse_retry_after(value: str | None, *, now: float) -> float | None:

@@ -7,7 +7,7 @@ the failed ones. Every patch must still apply exactly once: the self-test refuse
 stale catalog (a mutant that no longer applies proves nothing).
 
 Why one module of about 590 lines: it is one table, pure data, one entry per mechanism
-(84 of them); a reviewer reads every mechanism the self-test breaks, and the check that
+(85 of them); a reviewer reads every mechanism the self-test breaks, and the check that
 must catch it, in one place.
 """
 
@@ -320,6 +320,11 @@ CATALOG: tuple[Mutant, ...] = (
                            "    IF false THEN\n"),),
         "stale-writers-refused",
         "the checkpoint guard refuses a checkpoint row after the deadline, its run's write before it (QG006)"),
+    Mutant(
+        "backoff-forgotten-on-takeover", "a retry that came without Temporal's delay still waits out the backoff (R-EXEC-6)",
+        (Patch("qimpl/workflows/activities.py", "            await self._wait_out_backoff(owner, row, inp)\n", ""),),
+        "failure-backoff-after-a-lost-report",
+        "the next ask came at least the 6 s backoff after the counted failure ended, on the database's clock"),
     Mutant(
         "stream-accepts-unknown-event-ids", "a Last-Event-ID the run never sent is refused (R-EVENT-2)",
         (Patch("qimpl/api/routers/events.py",

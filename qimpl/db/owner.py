@@ -414,6 +414,15 @@ class RunOwner:
                           self._params(), what=f"outcome of tool call {call_id} of run {self.run_id}",
                           then=settle)
 
+    async def seconds_since_failure(self) -> float | None:
+        """Seconds since the run's last failed provider call ended, by the database's
+        clock; None when it has none (R-EXEC-6)."""
+        async with self.conn.cursor() as cur:
+            await cur.execute("SELECT extract(epoch FROM clock_timestamp() - max(ended_at))::float8"
+                              " FROM provider_calls WHERE run_id = %s AND status = 'failed'", (self.run_id,))
+            got = await cur.fetchone()
+        return None if got is None or got[0] is None else float(got[0])
+
     async def count_failure(self, code: str) -> int:
         """Count one failed step durably (R-EXEC-6) with its safe kind ``code`` (a
         ``qimpl.errors`` kind, never provider text: the run's ``last_failure_code``, shown

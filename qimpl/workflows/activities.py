@@ -31,7 +31,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from qimpl.approvals import approval_request
-from qimpl.backoff import failure_delay
+from qimpl.backoff import backoff_left, failure_delay
 from qimpl.crashpoints import declare
 from qimpl.db import runs as repo
 from qimpl.db.lease import OwnershipLease
@@ -61,6 +61,8 @@ log = logging.getLogger("qimpl.activity")
 
 BEFORE_LEASE = declare("activity.before_lease", "an attempt started, before it asks for the run's lease")
 AFTER_CLAIM = declare("activity.after_claim", "the attempt owns the run, before any step")
+AFTER_FAILURE_COUNT = declare("activity.after_failure_count",
+                              "a failed step is counted, Temporal not yet told when to retry")
 BEFORE_CHECKPOINT = declare(
     "activity.before_checkpoint_commit", "a step's provider call returned, its checkpoint not yet committed"
 )
@@ -222,6 +224,7 @@ class AgentActivities:
                 # The last counted failure's attempt died before it could end the run.
                 code = "agent_attempts_exhausted"
                 return repo.outcome(await owner.fail(code, SAFE_MESSAGES[code]))
+            await self._wait_out_backoff(owner, row, inp)
             return await self._steps(owner, row, inp)
         except DeadlinePassed:
             return repo.outcome(await owner.expire())
@@ -337,6 +340,21 @@ class AgentActivities:
         await _settle(owner, call, status="failed", code=kind)
         raise _StepFailed(kind, retry_after)
 
+    async def _wait_out_backoff(self, owner: RunOwner, row: dict[str, Any], inp: RunInput) -> None:
+        """Wait what is left of the last counted failure's backoff before the first ask
+        (``qimpl.backoff.backoff_left``, R-EXEC-6): Temporal's retry delay is the failing
+        attempt's to set, and a retry that came without it (its report lost to a takeover
+        of its lease, a crash after the count) must not ask sooner. Holding the lease."""
+        failures = int(row["provider_failures"])
+        if failures < 1:
+            return
+        left = min(backoff_left(failures, await owner.seconds_since_failure(), base_s=inp.failure_backoff_s,
+                                max_s=inp.failure_backoff_max_s), max(owner.seconds_left(), 0.0))
+        if left > 0:
+            log.info("run %s waits %.1f s more of its failure backoff (failure %s)", inp.run_id, left, failures,
+                     extra={"event": "activity.backoff_resumed", "run_id": inp.run_id, "delay_s": left})
+            await asyncio.sleep(left)
+
     async def _count(self, owner: RunOwner, inp: RunInput, failure: _StepFailed) -> dict[str, Any]:
         """Count a failed step durably; after ``max_provider_failures`` end the run
         ``failed`` with a safe code, else fail the attempt so Temporal retries it after the
@@ -350,6 +368,7 @@ class AgentActivities:
                 return repo.outcome(await owner.fail(code, SAFE_MESSAGES[code]))
         except DeadlinePassed:
             return repo.outcome(await owner.expire())
+        await AFTER_FAILURE_COUNT.areach(run_id=inp.run_id, attempt=owner.attempt)
         delay = failure_delay(failures, base_s=inp.failure_backoff_s, max_s=inp.failure_backoff_max_s,
                               retry_after_s=failure.retry_after_s, deadline_left_s=owner.seconds_left())
         log.info("run %s asks again in %.1f s (failure %s of %s: %s)", inp.run_id, delay, failures,

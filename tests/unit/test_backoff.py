@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from qimpl.backoff import failure_delay, parse_retry_after
+from qimpl.backoff import backoff_left, failure_delay, parse_retry_after
 
 
 @pytest.mark.req("R-EXEC-6")
@@ -39,3 +39,13 @@ def test_retry_after_values() -> None:
     assert parse_retry_after(date, now=40.0) == 60.0 and parse_retry_after(date, now=400.0) == 0.0
     for bad in (None, "", "soon", "-3", "1.5e9x"):
         assert parse_retry_after(bad, now=now) is None, bad
+
+
+@pytest.mark.req("R-EXEC-6")
+def test_a_retry_waits_what_is_left_of_the_backoff() -> None:
+    assert backoff_left(0, 0.1) == 0.0                      # no counted failure
+    assert backoff_left(1, None) == 0.0                     # no failed call recorded
+    assert backoff_left(1, 1.0, base_s=3, max_s=30) == 2.0  # a retry 1 s after the failure
+    assert backoff_left(3, 5.0, base_s=3, max_s=30) == 7.0  # the third failure waits 12 s
+    assert backoff_left(1, 4.0, base_s=3, max_s=30) == 0.0  # Temporal's delay already passed
+    assert backoff_left(9, 0.0, base_s=3, max_s=30) == 30.0
