@@ -12,6 +12,11 @@ touch of the lease session) beside the agent loop, in one ``asyncio.TaskGroup``;
 lease is lost the loop is cancelled wherever it is — inside a provider call included —
 so a retried attempt never runs a step beside a zombie. The activity returns a small
 status (``qimpl.db.runs.outcome``), never the answer: Temporal carries no megabytes.
+
+Why one module of about 440 lines: it is the agent loop of one attempt, read top to
+bottom (lease, claim, backoff, restore, steps, count, finish) with every crash point
+between its commits; the pieces it delegates already live apart (the fence in
+``qimpl.db.owner``, the tool journal in ``qimpl.tool_journal``, output deltas, usage).
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Dispatch confirmation under faults: vanished workflows, slow confirmations, the grace
-period after a resume, slot waits and no lock held over Temporal (R-OPS-8, R-OPS-3)."""
+period after a resume, slot waits and no lock held over Temporal (R-OPS-8, R-OPS-3).
+
+About 430 lines: five scenarios of one mechanism (confirming a dispatch) and the helpers
+only they use; the reconciler's shared settings and sweep reads are in ``sweeps``."""
 
 from __future__ import annotations
 
