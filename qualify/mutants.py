@@ -7,7 +7,7 @@ the failed ones. Every patch must still apply exactly once: the self-test refuse
 stale catalog (a mutant that no longer applies proves nothing).
 
 Why one module of about 590 lines: it is one table, pure data, one entry per mechanism
-(85 of them); a reviewer reads every mechanism the self-test breaks, and the check that
+(86 of them); a reviewer reads every mechanism the self-test breaks, and the check that
 must catch it, in one place.
 """
 
@@ -506,10 +506,22 @@ CATALOG: tuple[Mutant, ...] = (
                "data.update({})"),),
         "retry-exhaustion", "the terminal event equals the run record (state, result, error, usage)"),
     Mutant(
-        "failure-backoff-ignored", "counted failures are spaced by the backoff (R-EXEC-6)",
+        "failure-backoff-ignored", "counted failures are spaced by the backoff (R-EXEC-6): both layers off",
+        # Two layers space the asks: the retry delay the failing attempt hands Temporal,
+        # and the next attempt's own wait for what is left of it; either alone keeps the
+        # exponential spacing, so this mutant removes both.
+        (Patch("qimpl/workflows/activities.py",
+               'type="StepFailure", next_retry_delay=timedelta(seconds=delay))', 'type="StepFailure")'),
+         Patch("qimpl/workflows/activities.py", "            await self._wait_out_backoff(owner, row, inp)\n", "")),
+        "provider-outage-survived", "every run in flight waited out the 30 s outage and completed"),
+    Mutant(
+        "retry-delay-not-handed-to-temporal",
+        "the failing attempt hands its retry delay to Temporal, Retry-After included (R-EXEC-6)",
+        # The next attempt's own wait keeps the exponential spacing; only the failing
+        # attempt knows a longer Retry-After.
         (Patch("qimpl/workflows/activities.py",
                'type="StepFailure", next_retry_delay=timedelta(seconds=delay))', 'type="StepFailure")'),),
-        "provider-outage-survived", "every run in flight waited out the 30 s outage and completed"),
+        "provider-outage-survived", "a 429 with Retry-After 8 s was not asked again sooner (the backoff alone says 3 s)"),
     Mutant(
         "retry-after-ignored", "a provider's Retry-After is honoured (R-EXEC-6)",
         (Patch("qimpl/backoff.py", "if retry_after_s is not None and retry_after_s > delay:", "if False:"),),
