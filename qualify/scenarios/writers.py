@@ -8,11 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 
 __all__ = ["fence_probe", "guard_probe", "insert_probe", "late_checkpoint_probe", "rls_probes",
            "stray_checkpoint_probe"]
+
+
+@contextmanager
+def _session(dsn: str, tenant: str) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit probe session of ``dsn``'s role, scoped to ``tenant``."""
+    with psycopg.connect(dsn, autocommit=True, application_name="qualify-probe") as conn:
+        conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
+        yield conn
 
 
 def fence_probe(dsn: str, run_id: str, tenant: str, token: dict[str, int], step: int,
@@ -68,8 +79,7 @@ class _Capture(logging.Handler):
 
 def guard_probe(dsn: str, run_id: str, tenant: str, set_clause: str) -> str:
     """One raw UPDATE of the run by the worker role: the SQLSTATE it raised, or ``written``."""
-    with psycopg.connect(dsn, autocommit=True, application_name="qualify-probe") as conn:
-        conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
+    with _session(dsn, tenant) as conn:
         try:
             cur = conn.execute(f"UPDATE runs SET {set_clause} WHERE run_id = %s", (run_id,))
         except psycopg.Error as exc:
@@ -81,8 +91,7 @@ def insert_probe(dsn: str, tenant: str, state: str, version: int, generation: in
                   attempt: int | None) -> str:
     """One raw INSERT of a run in ``tenant`` by the session's role: the SQLSTATE it raised,
     or ``written`` (then rolled back)."""
-    with psycopg.connect(dsn, autocommit=True, application_name="qualify-probe") as conn:
-        conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
+    with _session(dsn, tenant) as conn:
         try:
             with conn.transaction():
                 conn.execute(
@@ -101,8 +110,7 @@ def stray_checkpoint_probe(dsn: str, run_id: str, tenant: str, owner: dict[str, 
     """A raw checkpoint row by the worker role carrying the owner's own token, outside the
     owner's fenced write (the row a buggy or hostile session would plant for the next
     attempt to restore): the SQLSTATE it raised, or ``written`` (then rolled back)."""
-    with psycopg.connect(dsn, autocommit=True, application_name="qualify-probe") as conn:
-        conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
+    with _session(dsn, tenant) as conn:
         try:
             with conn.transaction():
                 conn.execute(
@@ -123,8 +131,7 @@ def late_checkpoint_probe(dsn: str, run_id: str, tenant: str) -> str:
     checkpoint row for that write in the same transaction. The SQLSTATE the ``INSERT``
     raised, or ``written`` (then rolled back); ``early: <SQLSTATE>`` if the ``UPDATE``
     itself was refused (the deadline came too soon for the probe)."""
-    with psycopg.connect(dsn, autocommit=True, application_name="qualify-probe") as conn:
-        conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
+    with _session(dsn, tenant) as conn:
         try:
             with conn.transaction():
                 try:
@@ -149,8 +156,7 @@ def late_checkpoint_probe(dsn: str, run_id: str, tenant: str) -> str:
 def rls_probes(dsn: str, run_id: str, victim: str, intruder: str) -> dict[str, str]:
     """What a session scoped to ``intruder`` sees and may do to ``victim``'s run."""
     out: dict[str, str] = {}
-    with psycopg.connect(dsn, autocommit=True, application_name="qualify-probe") as conn:
-        conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (intruder,))
+    with _session(dsn, intruder) as conn:
         # Tables that hold rows of this run (the tool journal has none here).
         for table in ("runs", "run_checkpoints", "run_transitions", "idempotency_records",
                       "provider_calls"):
