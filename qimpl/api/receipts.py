@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -25,7 +26,7 @@ from qimpl.lifecycle import RunState
 from qimpl.settings import Settings
 
 __all__ = ["AFTER_ACCEPT", "AFTER_DISPATCH", "CREATE_ROUTE", "DB_FAILURES", "DISPATCH_FAILURES", "RESUME_ROUTE",
-           "answer", "dispatch_unknown", "expire_refused", "fingerprint", "receipt", "replayable", "require_grant"]
+           "answer", "check_grant", "dispatch_unknown", "expire_refused", "fingerprint", "receipt", "replayable", "require_grant"]
 
 log = logging.getLogger("qimpl.api")
 
@@ -62,10 +63,12 @@ def receipt(row: dict[str, Any]) -> Receipt:
     )
 
 
-async def _confirm(services: Services, row: dict[str, Any]) -> dict[str, Any]:
-    """Dispatch an ``accepted`` run's generation and commit ``queued``; raises
-    DispatchUnknown. A run whose deadline passed meanwhile is expired (R-EXEC-8); one
-    whose workflow is already closed without it is failed ``workflow_vanished`` (R-OPS-8)."""
+async def _confirm(services: Services, row: dict[str, Any],
+                   completes: Mapping[str, str] | None) -> dict[str, Any]:
+    """Dispatch an ``accepted`` run's generation and commit ``queued``, marking the key's
+    record of ``completes`` answered in the same transaction; raises DispatchUnknown. A
+    run whose deadline passed meanwhile is expired (R-EXEC-8); one whose workflow is
+    already closed without it is failed ``workflow_vanished`` (R-OPS-8)."""
     client = await services.temporal()
     run_id, generation = str(row["run_id"]), int(row["generation"])
     started = await dispatch(client, row, services.settings)
@@ -86,24 +89,52 @@ async def _confirm(services: Services, row: dict[str, Any]) -> dict[str, Any]:
             confirmed = await repo.expire_if_overdue(conn, run_id)
         if confirmed is None:  # a worker already moved it on, or a newer generation exists
             confirmed = await repo.get_run(conn, run_id)
+        if completes is not None:
+            await repo.complete_idempotency(conn, **completes)
     assert confirmed is not None
     return confirmed
 
 
-async def answer(services: Services, row: dict[str, Any], *, replayed: bool) -> JSONResponse:
+async def answer(services: Services, row: dict[str, Any], *, replayed: bool,
+                 completes: Mapping[str, str] | None = None) -> JSONResponse:
     """202 with the receipt, dispatching an ``accepted`` run first; 503
     ``durable_dispatch_unknown`` carrying the receipt when the dispatch is unconfirmed —
     Temporal did not answer, or the database failed while recording its answer
-    (R-CREATE-3, R-CREATE-5). ``Idempotent-Replayed: true`` on a replay."""
+    (R-CREATE-3, R-CREATE-5). ``Idempotent-Replayed: true`` on a replay.
+
+    ``completes``: the idempotency scope (``tenant_id``, ``principal_id``, ``route``,
+    ``key``) of the first request that created ``row``. Its record is marked answered
+    (later requests replay, never 409) in the transaction that confirms the dispatch, or
+    on its own when there is nothing to confirm or the dispatch is unconfirmed; a database
+    failure then answers 503 ``durable_dispatch_unknown`` (the run is committed, R-CREATE-5)."""
     headers = {"Idempotent-Replayed": "true"} if replayed else {}
     if row["state"] == RunState.ACCEPTED:
         try:
-            row = await _confirm(services, row)
+            return JSONResponse(receipt(await _confirm(services, row, completes)).model_dump(mode="json"),
+                                202, headers)
         except (*DISPATCH_FAILURES, *DB_FAILURES) as exc:
             log.warning("dispatch unknown for run %s: %s", row["run_id"], type(exc).__name__,
                         extra={"run_id": str(row["run_id"])})
+            if completes is not None:
+                await _complete(services, completes, str(row["run_id"]))
             return dispatch_unknown(row, headers)
+    if completes is not None and not await _complete(services, completes, str(row["run_id"])):
+        return dispatch_unknown(row, headers)
     return JSONResponse(receipt(row).model_dump(mode="json"), 202, headers)
+
+
+async def _complete(services: Services, completes: Mapping[str, str], run_id: str) -> bool:
+    """Mark the key's record answered in a transaction of its own; False (logged) when the
+    database failed: the record then completes on a retry with the same key, or lapses
+    (its in-flight bound)."""
+    try:
+        async with services.tenant(completes["tenant_id"]) as conn:
+            await repo.complete_idempotency(conn, **completes)
+    except DB_FAILURES as exc:
+        log.warning("idempotency record of run %s not completed: %s", run_id, type(exc).__name__,
+                    extra={"run_id": run_id})
+        return False
+    return True
 
 
 def dispatch_unknown(row: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
@@ -128,13 +159,20 @@ async def expire_refused(svc: Services, tenant_id: str, run_id: str) -> None:
 
 
 async def require_grant(svc: Services, principal: Principal, workspace_id: str, code: str) -> None:
-    """403 ``code`` unless the principal has a live grant for ``workspace_id`` (R-AUTH-2).
+    """403 ``code`` unless the principal has a live grant for ``workspace_id`` (R-AUTH-2),
+    read in a transaction of its own (``check_grant`` reads it in the caller's)."""
+    async with svc.tenant(principal.tenant_id) as conn:
+        await check_grant(conn, principal, workspace_id, code)
+
+
+async def check_grant(conn: Any, principal: Principal, workspace_id: str, code: str) -> None:
+    """403 ``code`` unless the principal has a live grant for ``workspace_id`` (R-AUTH-2);
+    ``conn`` is in a transaction scoped to the principal's tenant (``Services.tenant``).
     The grant itself is not copied into the run: the worker reads it from
     ``workspace_grants`` for the provider at every attempt (R-READ-3)."""
-    async with svc.tenant(principal.tenant_id) as conn:
-        grant = await repo.workspace_grant(conn, tenant_id=principal.tenant_id,
-                                           principal_id=principal.principal_id,
-                                           workspace_id=workspace_id)
+    grant = await repo.workspace_grant(conn, tenant_id=principal.tenant_id,
+                                       principal_id=principal.principal_id,
+                                       workspace_id=workspace_id)
     if grant is None:
         raise ApiError(403, code, "no access to this workspace")
 

@@ -67,8 +67,9 @@ def temporal_restart_mid_run(ctx: ScenarioContext) -> None:
 @scenario(
     "dispatch-unknown",
     title="Temporal down at creation: 503 durable_dispatch_unknown with the receipt and the run "
-          "left accepted; once Temporal is back an empty resume dispatches the same workflow",
-    requirements=("R-CREATE-5", "R-RESUME-2", "R-Q-2"),
+          "left accepted; the same key again replays it (503, same receipt, never 409 in flight); "
+          "once Temporal is back an empty resume dispatches the same workflow",
+    requirements=("R-CREATE-5", "R-CREATE-2", "R-RESUME-2", "R-Q-2"),
     faults=("temporal down at dispatch", "temporal back"),
     needs_platform=True,
 )
@@ -76,7 +77,8 @@ def dispatch_unknown(ctx: ScenarioContext) -> None:
     api = ctx.processes.api(QIMPL_DISPATCH_TIMEOUT_S="2")
     ctx.processes.worker()
     ctx.nemesis.stop_temporal(ctx.stack)
-    resp = ctx.create_run(api, prompt=make_prompt(steps=2, answer="late"))
+    prompt, key = make_prompt(steps=2, answer="late"), f"dispatch-unknown-{ctx.rng.randrange(10**9)}"
+    resp = ctx.create_run(api, prompt=prompt, key=key)
     if resp is None:
         raise HarnessError("create timed out on the client side")
     doc = resp.json()
@@ -88,6 +90,16 @@ def dispatch_unknown(ctx: ScenarioContext) -> None:
     run_id = str(receipt.get("run_id"))
     state = ctx.sql("SELECT state FROM runs WHERE run_id = %s", run_id)
     ctx.expect("the run stays accepted", state == [("accepted",)], str(state), "R-CREATE-5")
+    # The 503 answered the key: the same request again (Temporal still down) is its replay,
+    # dispatched again and unknown again with the same receipt, never 409 in flight.
+    again = ctx.create_run(api, prompt=prompt, key=key)
+    if again is None:
+        raise HarnessError("the same-key retry timed out on the client side")
+    ctx.expect("the same key right after the 503 replays it: 503 durable_dispatch_unknown, same receipt",
+               again.status_code == 503 and again.json().get("code") == "durable_dispatch_unknown"
+               and again.headers.get("Idempotent-Replayed") == "true"
+               and (again.json().get("receipt") or {}).get("run_id") == receipt.get("run_id"),
+               f"{again.status_code} {again.text[:200]}", "R-CREATE-2")
     ctx.nemesis.start_temporal(ctx.stack)
     resume = http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume",
                         headers={"Authorization": f"Bearer {API_KEY}", "Idempotency-Key": "redispatch"},

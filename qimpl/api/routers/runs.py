@@ -25,9 +25,8 @@ from qimpl.api.openapi import (
 from qimpl.api.receipts import (
     AFTER_ACCEPT,
     CREATE_ROUTE,
-    DB_FAILURES,
     answer,
-    dispatch_unknown,
+    check_grant,
     fingerprint,
     replayable,
     require_grant,
@@ -105,40 +104,34 @@ async def create_run(
     digest = fingerprint(agent_id, body)
     scope = {"tenant_id": principal.tenant_id, "principal_id": principal.principal_id,
              "route": CREATE_ROUTE, "key": idempotency_key}
+    run_id = str(uuid.uuid4())
+    # One transaction: the key's lookup, the grant (checked only for new work) and the
+    # insert; a replay or a refusal writes nothing.
     async with svc.tenant(principal.tenant_id) as conn:
         record = await repo.lookup_idempotency(conn, **scope)
-        earlier = await replayable(conn, record, digest, svc.settings) if record else None
-    if earlier is not None:
-        return await answer(svc, earlier, replayed=True)
-    run_id = str(uuid.uuid4())
-    await require_grant(svc, principal, body.workspace_id, "workspace_access_denied")
-    async with svc.tenant(principal.tenant_id) as conn:
-        row = await repo.insert_run_or_none(
-            conn, run_id=run_id, tenant_id=principal.tenant_id,
-            principal_id=principal.principal_id, agent_id=agent_id, prompt=body.prompt,
-            request=body.model_dump(), stream_key=secrets.token_urlsafe(24),
-            deadline_s=body.deadline_seconds, workflow_id=workflow_id(run_id, 1),
-            route=CREATE_ROUTE, idempotency_key=idempotency_key, fingerprint=digest,
-            workspace_id=body.workspace_id,
-        )
-        replayed = row is None
-        if row is None:
-            record = await repo.lookup_idempotency(conn, **scope)
-            row = await replayable(conn, record, digest, svc.settings)
-    if not replayed:
-        await AFTER_ACCEPT.areach(run_id=run_id)
-    response = await answer(svc, row, replayed=replayed)
-    if not replayed:
-        try:
-            async with svc.tenant(principal.tenant_id) as conn:
-                await repo.complete_idempotency(conn, **scope)
-        except DB_FAILURES as exc:
-            # The run is committed: its receipt, never a bare 500 (R-CREATE-5). The key's
-            # record completes on a retry with the same key, or lapses (in-flight lease).
-            log.warning("idempotency record of run %s not completed: %s", run_id, type(exc).__name__,
-                        extra={"run_id": run_id})
-            return dispatch_unknown(row)
-    return response
+        if record is not None:
+            row: dict[str, Any] | None = await replayable(conn, record, digest, svc.settings)
+        else:
+            await check_grant(conn, principal, body.workspace_id, "workspace_access_denied")
+            row = await repo.insert_run_or_none(
+                conn, run_id=run_id, tenant_id=principal.tenant_id,
+                principal_id=principal.principal_id, agent_id=agent_id, prompt=body.prompt,
+                request=body.model_dump(), stream_key=secrets.token_urlsafe(24),
+                deadline_s=body.deadline_seconds, workflow_id=workflow_id(run_id, 1),
+                route=CREATE_ROUTE, idempotency_key=idempotency_key, fingerprint=digest,
+                workspace_id=body.workspace_id,
+            )
+            if row is None:  # a concurrent request with the key committed first
+                record = await repo.lookup_idempotency(conn, **scope)
+                row = await replayable(conn, record, digest, svc.settings)
+            else:
+                record = None
+    assert row is not None
+    if record is not None:
+        return await answer(svc, row, replayed=True)
+    await AFTER_ACCEPT.areach(run_id=run_id)
+    # The key's record completes with the dispatch's confirmation (R-CREATE-2, R-CREATE-5).
+    return await answer(svc, row, replayed=False, completes=scope)
 
 
 @router.get("/v1/agents/{agent_id}/runs/{run_id}", response_model=RunView, responses={**READ_ERRORS, **READ_LINKS})
