@@ -37,6 +37,17 @@ Likewise after an operator's ``temporal activity reset``: attempt numbers start 
 that one claims (the server checks a token by scheduled event, attempt and version), and
 failing it costs the new attempt a retry (``operator-resets-a-running-activity``).
 
+**A paused owner's outstanding poll never gets the retry.** Before it fails an orphan's
+attempt, a watcher moves the run's activity to its own worker's *takeover queue*
+(``takeover_queue``: the worker's task queue and an instance suffix, polled by that worker
+only) with Temporal's ``UpdateActivityOptions``; the retry is then scheduled there, where
+no paused worker polls, and takes one retry timer instead of two. Only an activity whose
+home queue (``home_queue``) is the watcher's own task queue moves (another deployment's
+runs are failed, never adopted), and only while the watcher's worker has a takeover slot
+free. The successor moves its activity home at its claim (``restore_original``), so later
+retries go to the shared queue again; one moved to a takeover queue whose worker died
+before its claim is moved again by the next watcher (``should_move``).
+
 Each decision is taken again right before its call (the watcher re-reads the orphan on
 the database), so a run claimed in between is left alone.
 """
@@ -46,7 +57,34 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["Pending", "TakeoverTracker"]
+__all__ = ["TAKEOVER_QUEUE_MARK", "Pending", "TakeoverTracker", "home_queue", "should_move",
+           "takeover_queue"]
+
+#: Between a task queue's name and a worker instance in that worker's takeover queue.
+TAKEOVER_QUEUE_MARK = ".takeover."
+
+
+def takeover_queue(task_queue: str, instance: str) -> str:
+    """The takeover queue of the worker ``instance`` of ``task_queue`` (polled by it only)."""
+    return f"{task_queue}{TAKEOVER_QUEUE_MARK}{instance}"
+
+
+def home_queue(name: str) -> str:
+    """The shared task queue of ``name``: itself, or the queue a takeover queue belongs to."""
+    return name.split(TAKEOVER_QUEUE_MARK, 1)[0]
+
+
+def should_move(pending: Pending, *, home: str, own: str) -> bool:
+    """Whether a watcher whose worker polls ``home`` and the takeover queue ``own`` moves an
+    orphan's activity to ``own``. Only one of ``home`` that is not there already: when an
+    attempt is ``started`` (the dead owner's, or one a paused poll swallowed: its retry
+    must not go back where a paused worker polls), or when a retry is ``scheduled`` on
+    another worker's takeover queue (that worker died before its claim). A retry waiting
+    on the shared queue (a counted failure's backoff) stays."""
+    current = pending.task_queue
+    if current is None or home_queue(current) != home or current == own:
+        return False
+    return pending.state == "started" or (pending.state == "scheduled" and current != home)
 
 
 @dataclass(frozen=True)
@@ -65,6 +103,9 @@ class Pending:
     #: The identity of the worker that last started an attempt (kept while a retry waits
     #: out its backoff); None: not reported.
     worker: str | None = None
+    #: The task queue the next attempt is dispatched to (``UpdateActivityOptions`` may have
+    #: moved it); None: not reported.
+    task_queue: str | None = field(default=None, compare=False)
 
     @property
     def silent(self) -> bool:
@@ -84,6 +125,8 @@ class _Seen:
     described: float | None = None  # monotonic: the last time Temporal was asked
     #: Workers whose attempt of this run lost the lease (paused or dead).
     lost_workers: set[str] = field(default_factory=set)
+    #: Moved to this watcher's takeover queue in this stretch (holds a takeover slot).
+    moved: bool = False
 
 
 @dataclass
@@ -171,3 +214,14 @@ class TakeoverTracker:
         seen = self._runs.get(key)
         if seen is not None:
             seen.pending = None
+
+    def moved(self, key: tuple[str, int]) -> None:
+        """The orphan's activity was moved to this watcher's takeover queue."""
+        seen = self._runs.get(key)
+        if seen is not None:
+            seen.moved = True
+
+    def moves_unclaimed(self) -> int:
+        """Orphans moved to this watcher's takeover queue and not claimed yet: each will
+        take one of its worker's takeover slots."""
+        return sum(1 for seen in self._runs.values() if seen.moved)

@@ -7,6 +7,11 @@ token at once, and by activity id an attempt that started and never claims. Temp
 then schedules the retry, which claims the run as any retry does. The watcher writes
 nothing to the database; every write stays the owner's, fenced as always.
 
+Before it ends an attempt it moves the run's activity to its own worker's takeover queue
+(``qimpl.takeover``), so that the retry cannot go to the paused owner's outstanding poll;
+one JSON line per move (``"event": "takeover.activity_moved"``, ``run_id``,
+``generation``, ``to``: the queue).
+
 Logs one JSON line per attempt it ends (``"event": "takeover.attempt_failed"``, with
 ``run_id``, ``generation``, ``attempt`` when known and ``by``: ``token`` or
 ``unclaimed``; an ``unclaimed`` one also says ``lost_worker``: started by the worker
@@ -19,11 +24,17 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import psycopg
+from google.protobuf.field_mask_pb2 import FieldMask
+from temporalio.api.activity.v1 import ActivityOptions
+from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import UpdateActivityOptionsRequest
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
@@ -31,9 +42,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from qimpl.db import takeover as db
 from qimpl.db.sessions import keepalive_params
 from qimpl.lifecycle import workflow_id
-from qimpl.takeover import Pending, TakeoverTracker
+from qimpl.takeover import Pending, TakeoverTracker, should_move
 
-__all__ = ["ACTIVITY_TYPE", "LeaseWatcher"]
+__all__ = ["ACTIVITY_TYPE", "LeaseWatcher", "move_home"]
 
 log = logging.getLogger("qimpl.takeover")
 
@@ -54,17 +65,24 @@ class LeaseWatcher:
 
     ``lease_s`` bounds the watcher's own session (a stopped watcher loses the election
     within it); ``poll_s`` is the time between looks; ``unclaimed_s`` see
-    ``qimpl.takeover``. Never raises out of ``run``: errors are logged and the next look
-    retries.
+    ``qimpl.takeover``. ``task_queue`` and ``takeover_queue``: the shared queue this
+    watcher's worker polls and its own takeover queue; ``free_slots()``: how many more
+    activities that worker's takeover queue can run now. Without them nothing is moved.
+    Never raises out of ``run``: errors are logged and the next look retries.
     """
 
     def __init__(self, client: Client, *, dsn: str, lease_s: float, poll_s: float,
-                 unclaimed_s: float, limit: int = 100) -> None:
+                 unclaimed_s: float, limit: int = 100, task_queue: str | None = None,
+                 takeover_queue: str | None = None,
+                 free_slots: Callable[[], int] | None = None) -> None:
         self.client = client
         self.dsn = dsn
         self.lease_s = lease_s
         self.poll_s = poll_s
         self.limit = limit
+        self.task_queue = task_queue
+        self.takeover_queue = takeover_queue
+        self.free_slots = free_slots
         self.tracker = TakeoverTracker(unclaimed_s=unclaimed_s)
         #: The longest a failing call may take (a late by-id fail could meet a successor).
         self._rpc_timeout = timedelta(seconds=max(0.05, min(unclaimed_s, 1.0)))
@@ -118,6 +136,7 @@ class LeaseWatcher:
         for key, orphan in orphans.items():
             token = self.tracker.token_to_fail(key, orphan.owner_task_token)
             if token is not None:
+                await self._move(orphan, await self._pending(workflow_id(orphan.run_id, orphan.generation)))
                 await self._fail_token(orphan, token)
             elif self.tracker.wants_describe(key, now, self.poll_s):
                 await self._unclaimed(conn, orphan)
@@ -153,6 +172,7 @@ class LeaseWatcher:
         key = (orphan.run_id, orphan.generation)
         wf_id = workflow_id(orphan.run_id, orphan.generation)
         pending = await self._pending(wf_id)
+        await self._move(orphan, pending)  # a swallowed attempt, or its takeover worker died
         if not self.tracker.unclaimed(key, pending, time.monotonic()) or pending is None:
             return
         if not await self._still_orphaned(conn, orphan) or await self._pending(wf_id) != pending:
@@ -176,6 +196,32 @@ class LeaseWatcher:
                         "generation": orphan.generation, "attempt": pending.attempt,
                         "by": "unclaimed", "lost_worker": lost_worker})
 
+    async def _move(self, orphan: db.Orphan, pending: Pending | None) -> None:
+        """Move the orphan's activity to this worker's takeover queue when it belongs to
+        this worker's task queue, is not there yet and a takeover slot is free. Best
+        effort: a refused or failed call is logged and the takeover goes on without it."""
+        if (self.task_queue is None or self.takeover_queue is None or self.free_slots is None
+                or pending is None
+                or not should_move(pending, home=self.task_queue, own=self.takeover_queue)
+                or self.free_slots() - self.tracker.moves_unclaimed() <= 0):
+            return
+        key = (orphan.run_id, orphan.generation)
+        wf_id = workflow_id(orphan.run_id, orphan.generation)
+        try:
+            await self.client.workflow_service.update_activity_options(UpdateActivityOptionsRequest(
+                namespace=self.client.namespace, execution=WorkflowExecution(workflow_id=wf_id),
+                identity=self.client.identity, id=pending.activity_id,
+                activity_options=ActivityOptions(task_queue=TaskQueue(name=self.takeover_queue)),
+                update_mask=FieldMask(paths=["task_queue.name"])), timeout=self._rpc_timeout)
+        except RPCError as exc:
+            log.warning("run %s: activity not moved to the takeover queue: %s", orphan.run_id,
+                        exc.status.name, extra={"event": "takeover.move_refused", "run_id": orphan.run_id})
+            return
+        self.tracker.moved(key)
+        log.info("run %s: activity moved to the takeover queue %s", orphan.run_id, self.takeover_queue,
+                 extra={"event": "takeover.activity_moved", "run_id": orphan.run_id,
+                        "generation": orphan.generation, "to": self.takeover_queue})
+
     async def _pending(self, wf_id: str) -> Pending | None:
         """The workflow's pending agent activity, or None (closed, missing, between)."""
         try:
@@ -193,7 +239,9 @@ class LeaseWatcher:
                     if act.HasField("last_heartbeat_time") else None)
             return Pending(attempt=int(act.attempt), state=_STATES.get(act.state, "other"),
                            started_at=started, activity_id=act.activity_id, heartbeat_at=beat,
-                           worker=act.last_worker_identity or None)
+                           worker=act.last_worker_identity or None,
+                           task_queue=(act.activity_options.task_queue.name or None
+                                       if act.HasField("activity_options") else None))
         return None
 
     async def _stand_down(self) -> None:
@@ -206,3 +254,21 @@ class LeaseWatcher:
             with contextlib.suppress(psycopg.Error):
                 await self._conn.close()
         self._conn = None
+
+
+async def move_home(client: Client, *, namespace: str, workflow_id: str, activity_id: str,
+                    timeout_s: float = 2.0) -> bool:
+    """Give a moved activity its original options back (its shared task queue), so that its
+    later retries no longer depend on the worker whose takeover queue it ran on; called by
+    the successor right after its claim. False (logged) when Temporal refused or did not
+    answer within ``timeout_s`` seconds: the next watcher then moves it if it must."""
+    try:
+        await client.workflow_service.update_activity_options(UpdateActivityOptionsRequest(
+            namespace=namespace, execution=WorkflowExecution(workflow_id=workflow_id),
+            identity=client.identity, id=activity_id, restore_original=True),
+            timeout=timedelta(seconds=timeout_s))
+    except RPCError as exc:
+        log.warning("activity of %s not moved home: %s", workflow_id, exc.status.name,
+                    extra={"event": "takeover.move_home_refused", "workflow_id": workflow_id})
+        return False
+    return True

@@ -276,6 +276,15 @@ CATALOG: tuple[Mutant, ...] = (
         "takeover-of-a-swallowed-retry",
         "the watcher failed the swallowed retry (started, never run) within 10 s (heartbeat timeout 30 s)"),
     Mutant(
+        "watcher-never-moves-the-retry",
+        "a paused owner's retry goes to the watcher's takeover queue, not to the paused poll (R-EXEC-13)",
+        (Patch("qimpl/watcher.py",
+               "        if (self.task_queue is None or self.takeover_queue is None",
+               "        if True or (self.task_queue is None or self.takeover_queue is None"),),
+        "paused-owner",
+        "the watcher ended the paused attempt; the next attempt claimed the run on a live "
+        "worker's takeover queue, none was lost to the paused worker's poll"),
+    Mutant(
         "guard-skips-inserts", "the transition guard runs on INSERT too (R-STATE-1)",
         (_guard(
                "CREATE TRIGGER runs_transition_guard BEFORE INSERT OR UPDATE ON public.runs",

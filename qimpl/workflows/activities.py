@@ -52,11 +52,13 @@ from qimpl.errors import (
 from qimpl.legacy import run_inline
 from qimpl.lifecycle import TERMINAL, RunState
 from qimpl.provider import Provider, StepContext, StepResult
+from qimpl.takeover import home_queue
 from qimpl.tool_journal import store as journal_db
 from qimpl.tool_journal.rules import tool_results
 from qimpl.tool_journal.seam import ToolRegistry
 from qimpl.tool_journal.steps import ToolSteps
 from qimpl.usage import reported_tokens
+from qimpl.watcher import move_home
 from qimpl.workflows.deltas import OutputDeltas
 from qimpl.workflows.types import FailInput, RunInput
 
@@ -156,6 +158,9 @@ class AgentActivities:
         self.tools = ToolSteps(tools or ToolRegistry())
         self.slot_limit = slot_limit
         self.lock_timeout_s = lock_timeout_s
+        #: Attempts running now that the takeover watcher moved to this worker's takeover
+        #: queue (each takes one of its takeover slots).
+        self.taken_over = 0
 
     @activity.defn(name="run_agent_v2")
     async def run_agent(self, inp: RunInput) -> dict[str, Any]:
@@ -169,6 +174,14 @@ class AgentActivities:
         # First thing, a heartbeat: the takeover watcher tells an attempt that runs from
         # one a paused worker's poll took and never runs by it (R-EXEC-13, qimpl.takeover).
         activity.heartbeat()
+        moved = home_queue(activity.info().task_queue) != activity.info().task_queue
+        self.taken_over += moved
+        try:
+            return await self._run_agent(inp, attempt)
+        finally:
+            self.taken_over -= moved
+
+    async def _run_agent(self, inp: RunInput, attempt: int) -> dict[str, Any]:
         await BEFORE_LEASE.areach(run_id=inp.run_id, attempt=attempt)
         try:
             async with OwnershipLease(
@@ -223,6 +236,16 @@ class AgentActivities:
                 raise ApplicationError("no tenant slot free", type="SlotUnavailable")
             return repo.outcome(claim.row)  # R-EXEC-5: terminal, parked or superseded
         owner, row = claim.owner, claim.row
+        info = activity.info()
+        if home_queue(info.task_queue) != info.task_queue:
+            # Taken over on this worker's takeover queue (qimpl.takeover): later retries go
+            # to the shared queue again.
+            home = await move_home(activity.client(), namespace=str(info.workflow_namespace),
+                                   workflow_id=str(info.workflow_id), activity_id=info.activity_id)
+            log.info("run %s: attempt %s claimed on the takeover queue %s", inp.run_id, attempt,
+                     info.task_queue, extra={"event": "owner.claimed_on_takeover_queue",
+                                             "run_id": inp.run_id, "attempt": attempt,
+                                             "task_queue": info.task_queue, "moved_home": home})
         await AFTER_CLAIM.areach(run_id=inp.run_id, attempt=attempt)
         try:
             if int(row["provider_failures"]) >= inp.max_provider_failures:

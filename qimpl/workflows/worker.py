@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import sys
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -41,6 +42,7 @@ from qimpl.settings import (
     load_or_exit,
     plugin_error,
 )
+from qimpl.takeover import takeover_queue
 from qimpl.tool_journal.seam import ToolRegistry, load_tools
 from qimpl.watcher import LeaseWatcher
 from qimpl.workflows.activities import AgentActivities
@@ -48,7 +50,7 @@ from qimpl.workflows.agent_run import AgentRunWorkflowV2
 from qimpl.workflows.agent_run_v1 import AgentRunWorkflowV1
 from qimpl.workflows.search_attributes import create_commands, missing
 
-__all__ = ["WORKFLOWS", "build_worker", "load_plugins", "main"]
+__all__ = ["WORKFLOWS", "agent_activities", "build_takeover_worker", "build_worker", "load_plugins", "main"]
 
 log = logging.getLogger("qimpl.worker")
 
@@ -77,13 +79,11 @@ def load_plugins(settings: WorkerSettings) -> tuple[Provider, ToolRegistry]:
 
 
 def build_worker(client: Client, settings: WorkerSettings,
-                 plugins: tuple[Provider, ToolRegistry] | None = None) -> Worker:
+                 plugins: tuple[Provider, ToolRegistry] | None = None,
+                 activities: AgentActivities | None = None) -> Worker:
     """A worker for ``settings.task_queue`` with the real activities and the configured
     provider and tools (``load_plugins`` unless given)."""
-    provider, tools = plugins or load_plugins(settings)
-    activities = AgentActivities(dsn=settings.database_url, provider=provider, tools=tools,
-                                 slot_limit=settings.concurrency_limit,
-                                 lock_timeout_s=settings.api_lock_timeout_s)
+    activities = activities or agent_activities(settings, plugins)
     return Worker(
         client,
         task_queue=settings.task_queue,
@@ -100,6 +100,29 @@ def build_worker(client: Client, settings: WorkerSettings,
         # timeout, QIMPL_WORKFLOW_TASK_TIMEOUT_S); two is the least a sticky worker polls.
         max_concurrent_workflow_task_polls=2,
         max_concurrent_activities=settings.max_concurrent_activities,
+        graceful_shutdown_timeout=timedelta(seconds=2),
+    )
+
+
+def agent_activities(settings: WorkerSettings,
+                     plugins: tuple[Provider, ToolRegistry] | None = None) -> AgentActivities:
+    """The activities with the configured provider and tools (``load_plugins`` unless given)."""
+    provider, tools = plugins or load_plugins(settings)
+    return AgentActivities(dsn=settings.database_url, provider=provider, tools=tools,
+                           slot_limit=settings.concurrency_limit,
+                           lock_timeout_s=settings.api_lock_timeout_s)
+
+
+def build_takeover_worker(client: Client, settings: WorkerSettings, activities: AgentActivities,
+                          queue: str) -> Worker:
+    """The worker of this process's takeover queue ``queue`` (R-EXEC-13, ``qimpl.takeover``):
+    the agent activity only, ``settings.takeover_slots`` at a time, one poll."""
+    return Worker(
+        client,
+        task_queue=queue,
+        activities=[activities.run_agent],
+        max_concurrent_activity_task_polls=1,
+        max_concurrent_activities=settings.takeover_slots,
         graceful_shutdown_timeout=timedelta(seconds=2),
     )
 
@@ -130,16 +153,22 @@ async def reconcile_forever(client: Client, settings: WorkerSettings, stop: asyn
         await conn.close()
 
 
-async def watch_leases(client: Client, settings: WorkerSettings, stop: asyncio.Event) -> None:
+async def watch_leases(client: Client, settings: WorkerSettings, stop: asyncio.Event,
+                       takeover: tuple[str, AgentActivities] | None = None) -> None:
     """The takeover watcher (R-EXEC-13, ``qimpl.watcher``) until ``stop``; nothing when
-    ``QIMPL_TAKEOVER_WATCH`` is off."""
+    ``QIMPL_TAKEOVER_WATCH`` is off. ``takeover``: this process's takeover queue and the
+    activities its worker runs (None: nothing is moved)."""
     if not settings.takeover_watch:
         await stop.wait()
         return
+    queue, activities = takeover if takeover else (None, None)
     await LeaseWatcher(client, dsn=settings.database_url,
                        lease_s=settings.lease_s or settings.heartbeat_timeout_s,
                        poll_s=settings.takeover_poll_s,
-                       unclaimed_s=settings.takeover_unclaimed_s).run(stop)
+                       unclaimed_s=settings.takeover_unclaimed_s,
+                       task_queue=settings.task_queue if takeover else None, takeover_queue=queue,
+                       free_slots=(lambda: settings.takeover_slots - activities.taken_over)
+                       if activities else None).run(stop)
 
 
 async def check_session_pooling(settings: Settings) -> None:
@@ -189,18 +218,24 @@ async def run(settings: WorkerSettings, plugins: tuple[Provider, ToolRegistry]) 
         raise SystemExit(_unreachable(f"Temporal at {settings.temporal_address}",
                                       type(exc).__name__, EXIT_TEMPORAL)) from None
     await check_search_attributes(client, settings)
-    worker = build_worker(client, settings, plugins)
+    activities = agent_activities(settings, plugins)
+    worker = build_worker(client, settings, activities=activities)
+    queue = takeover_queue(settings.task_queue, uuid.uuid4().hex[:12])
+    takeover_worker = (build_takeover_worker(client, settings, activities, queue)
+                       if settings.takeover_slots and settings.takeover_watch else None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     if settings.metrics_port:
         start_http_server(settings.metrics_port, addr="127.0.0.1")
-    async with worker:
+    async with worker, takeover_worker or contextlib.nullcontext():
         reconciler = asyncio.create_task(reconcile_forever(client, settings, stop))
-        watcher = asyncio.create_task(watch_leases(client, settings, stop))
+        watcher = asyncio.create_task(watch_leases(
+            client, settings, stop, (queue, activities) if takeover_worker else None))
         log.info("worker ready on %s", settings.task_queue,
                  extra={"event": "worker.ready", "pid": os.getpid(),
+                        "takeover_queue": queue if takeover_worker else None,
                         "reconcile_tenants": settings.reconcile_tenants})
         await stop.wait()
         await reconciler

@@ -3,6 +3,7 @@ lock session, retry exhaustion, terminal redelivery, expiry and cancel races."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import re
@@ -92,6 +93,18 @@ def _takeover_seconds(ctx: ScenarioContext, run_id: str, since: float) -> float 
     return None if t is None else round(t - since, 3)
 
 
+def log_events(procs: list[ManagedProcess], event: str) -> list[dict[str, Any]]:
+    """Every JSON log line of ``procs`` whose ``event`` is ``event``."""
+    out = []
+    for proc in procs:
+        if proc.log_path.exists():
+            for line in proc.log_path.read_text(errors="replace").splitlines():
+                if f'"{event}"' in line:
+                    with contextlib.suppress(ValueError):
+                        out.append(json.loads(line))
+    return out
+
+
 def _paused_owner(ctx: ScenarioContext, *, resume: bool) -> None:
     api = ctx.processes.api()
     workers = [ctx.processes.worker("worker-1"), ctx.processes.worker("worker-2")]
@@ -117,6 +130,28 @@ def _paused_owner(ctx: ScenarioContext, *, resume: bool) -> None:
                takeover is not None and takeover <= bound,
                f"took over after {takeover} s; bound 3 x (H + 3 s) = {bound:.0f} s with heartbeat "
                f"timeout H = {h} s", "R-EXEC-2")
+    # The watcher moves the run's activity to its own worker's takeover queue before it
+    # fails the paused attempt, so the very next attempt runs there: none is handed to the
+    # paused worker's outstanding poll (R-EXEC-13, qimpl.takeover).
+    live = [w for w in workers if w is not owner]
+
+    def moved_claims() -> list[dict[str, Any]]:
+        return [e for e in log_events(live, "owner.claimed_on_takeover_queue") if e.get("run_id") == run_id]
+
+    # The line follows the claim (it is logged once the activity was moved home).
+    with contextlib.suppress(HarnessError):  # judged below
+        wait_until(lambda: bool(moved_claims()), timeout_s=5, what="the successor's claim line")
+    moved = moved_claims()
+    # Judged when the watcher ended the paused attempt: with the harness's lease = heartbeat
+    # timeout, Temporal's own timeout may end it first, and that retry is not moved.
+    ended = [e for e in log_events(live, "takeover.attempt_failed")
+             if e.get("run_id") == run_id and e.get("by") == "token"]
+    if ended:
+        ctx.expect("the watcher ended the paused attempt; the next attempt claimed the run on a "
+                   "live worker's takeover queue, none was lost to the paused worker's poll",
+                   any(int(e.get("attempt", 0)) == int(held["attempt"]) + 1 for e in moved),
+                   f"paused attempt {held['attempt']}; claims on a takeover queue {moved}", "R-EXEC-13")
+    ctx.figures["takeover_by_watcher"] = float(bool(ended))
     ctx.release_barrier("pause")
     # Keep the owner stopped for twice the heartbeat timeout in all.
     while time.time() < stopped_at + 2 * h:
@@ -145,8 +180,8 @@ def _paused_owner(ctx: ScenarioContext, *, resume: bool) -> None:
     default_timers_because="a SIGSTOPped owner taken over on the default timers",
     exec_because="the worker's entry point SIGSTOPped and SIGCONTed while it owns a run",
     title="SIGSTOP the owner mid-activity for 2 x heartbeat timeout, then SIGCONT: a new "
-          "attempt takes over; the zombie is fenced",
-    requirements=("R-EXEC-2", "R-EXEC-7", "R-Q-2"),
+          "attempt takes over on the watcher's takeover queue; the zombie is fenced",
+    requirements=("R-EXEC-2", "R-EXEC-7", "R-EXEC-13", "R-Q-2"),
     faults=("sigstop owner at barrier", "sigcont owner"),
 )
 def paused_owner(ctx: ScenarioContext) -> None:
@@ -155,8 +190,9 @@ def paused_owner(ctx: ScenarioContext) -> None:
 
 @scenario(
     "paused-owner-never-resumed",
-    title="SIGSTOP the owner and never resume it: the run still completes",
-    requirements=("R-EXEC-2", "R-Q-2"),
+    title="SIGSTOP the owner and never resume it: the next attempt takes over on the "
+          "watcher's takeover queue and the run completes",
+    requirements=("R-EXEC-2", "R-EXEC-13", "R-Q-2"),
     faults=("sigstop owner at barrier",),
 )
 def paused_owner_never_resumed(ctx: ScenarioContext) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from qimpl.takeover import Pending, TakeoverTracker
+from qimpl.takeover import Pending, TakeoverTracker, home_queue, should_move, takeover_queue
 
 KEY = ("run-1", 1)
 
@@ -115,3 +115,40 @@ def test_a_retry_swallowed_by_the_lost_owners_worker_gets_a_third_of_the_bound()
     assert not t.unclaimed(KEY, beating, now=2.0)
     assert not t.unclaimed(KEY, beating, now=2.5)
     assert t.unclaimed(KEY, beating, now=2.61)
+
+
+@pytest.mark.req("R-EXEC-13")
+def test_takeover_queue_names_its_home() -> None:
+    own = takeover_queue("q", "abc")
+    assert own == "q.takeover.abc" and home_queue(own) == "q" and home_queue("q") == "q"
+
+
+@pytest.mark.req("R-EXEC-13")
+@pytest.mark.parametrize(("state", "queue", "moves"), [
+    ("started", "q", True),                 # the dead or paused owner's attempt on the shared queue
+    ("started", "q.takeover.dead", True),   # a successor on another worker's takeover queue
+    ("started", "q.takeover.me", False),    # already here
+    ("scheduled", "q.takeover.dead", True),  # moved there, its worker died before the claim
+    ("scheduled", "q", False),              # a counted failure's backoff on the shared queue stays
+    ("started", "other", False),            # another deployment's run: failed, never adopted
+    ("started", "other.takeover.x", False),
+    ("other", "q", False),
+    ("started", None, False),               # not reported
+])
+def test_should_move(state: str, queue: str | None, moves: bool) -> None:
+    pending = Pending(attempt=1, state=state, started_at=1.0, activity_id="1", task_queue=queue)
+    assert should_move(pending, home="q", own="q.takeover.me") is moves
+
+
+def test_moves_hold_a_slot_until_claimed() -> None:
+    tracker = TakeoverTracker(unclaimed_s=0.3)
+    tracker.look([("r", 1), ("s", 1)], now=0.0)
+    tracker.moved(("r", 1))
+    assert tracker.moves_unclaimed() == 1
+    tracker.look([("s", 1)], now=0.1)  # r claimed
+    assert tracker.moves_unclaimed() == 0
+
+
+def test_a_move_is_not_a_new_pending_attempt() -> None:
+    a = Pending(attempt=2, state="started", started_at=1.0, activity_id="1", task_queue="q")
+    assert a == Pending(attempt=2, state="started", started_at=1.0, activity_id="1", task_queue="q.takeover.me")
