@@ -14,7 +14,9 @@ timeout). Seconds throughout.
   ``owner-paused-inside-checkpoint-transaction`` (stopped between the UPDATE and the
   commit -> first write of a later attempt) and ``cancel-stops-a-long-step`` (cancel
   commit -> the provider call cancelled), run by ``qualify.runner`` with the default lease
-  and judged as usual; the median of their figures over ``plan.pause_trials`` runs.
+  and judged as usual; the median of their figures over ``plan.pause_trials`` runs. Every
+  process runs with the default lease, the pause scenarios' own included (``qualify run``
+  gives those 3 s, ``Deployment.paused_lease_s``): their targets are lease + 1.5 s.
 - ``tuned.*``: the SIGKILL trials and the two pause scenarios again on a second stack
   whose Temporal dev server runs with ``qualify.stack.temporal.TUNED_DYNAMIC_CONFIG``
   (timer shift 20 ms, long polls ended after 1 s). Users run stock servers: the targets
@@ -126,8 +128,11 @@ def _scenario_figures(env: BenchEnv, trials: int) -> tuple[dict[str, Any], dict[
         values = []
         for i in range(trials):
             result = run_scenario(env.stack, REGISTRY[sid], seed=i, out_dir=Path(env.workdir, sid, str(i)),
-                                  heartbeat_timeout_s=DEFAULT_LEASE_S)
+                                  heartbeat_timeout_s=DEFAULT_LEASE_S, paused_lease_s=DEFAULT_LEASE_S)
             verdicts.setdefault(sid, []).append(str(result.verdict))
+            ran_with = result.figures.get("paused_lease_s", DEFAULT_LEASE_S)
+            if ran_with != DEFAULT_LEASE_S:  # judged against lease_s + 1.5 s: it must be that lease
+                raise HarnessError(f"{sid} ran with a {ran_with} s lease, not the default {DEFAULT_LEASE_S} s")
             got = result.figures.get(figure)
             if got is not None and got >= 0:
                 values.append(float(got))

@@ -47,6 +47,12 @@ class Deployment:
     logs_dir: Path
     namespace: str = "default"
     heartbeat_timeout_s: float = 1.0
+    #: The ownership lease of the scenarios that pause an owner inside a transaction
+    #: (``qualify.scenarios.lease``), seconds. 3 s in ``qualify run``: long enough that the
+    #: harness sees the paused session idle in transaction before PostgreSQL ends it, even
+    #: on a loaded machine (at 1 s it sometimes did not). ``bench`` sets the product's
+    #: default lease, so that its figure is judged against the lease it ran with.
+    paused_lease_s: float = 3.0
     extra_env: dict[str, str] = field(default_factory=dict)
     #: The side-effect sink the harness tools call (``qualify.fakes.sink``); empty: no tools.
     sink_url: str = ""

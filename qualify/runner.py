@@ -9,6 +9,7 @@ checkers run and a verdict given.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 import time
@@ -132,19 +133,23 @@ def judge(checks: list[Check], faults: list[dict[str, Any]], *, expected_faults:
 
 
 def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir: Path,
-                 heartbeat_timeout_s: float = 1.0, launcher: ForkServer | None = None) -> ScenarioResult:
+                 heartbeat_timeout_s: float = 1.0, launcher: ForkServer | None = None,
+                 paused_lease_s: float | None = None) -> ScenarioResult:
     """Run one scenario on ``stack``; never raises for a product or harness failure.
-    With ``launcher``, its API and worker processes are forked from that fork server."""
+    With ``launcher``, its API and worker processes are forked from that fork server;
+    ``paused_lease_s`` (seconds) replaces ``Deployment.paused_lease_s``' default."""
     with bind(Ledger()) as ledger:
         result = _run_scenario(stack, scenario, seed=seed, out_dir=out_dir,
-                               heartbeat_timeout_s=heartbeat_timeout_s, launcher=launcher)
+                               heartbeat_timeout_s=heartbeat_timeout_s, launcher=launcher,
+                               paused_lease_s=paused_lease_s)
     result.time_by_kind = ledger.close()
     result.duration_s = round(ledger.total_s, 3)
     return result
 
 
 def _run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir: Path,
-                  heartbeat_timeout_s: float, launcher: ForkServer | None) -> ScenarioResult:
+                  heartbeat_timeout_s: float, launcher: ForkServer | None,
+                  paused_lease_s: float | None) -> ScenarioResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     assert stack.info is not None
     control = out_dir / "control"
@@ -164,6 +169,8 @@ def _run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_di
                             task_queue=f"q-{db_name}", control_dir=control,
                             logs_dir=out_dir / "logs", heartbeat_timeout_s=heartbeat_timeout_s,
                             sink_url=sink.url)
+    if paused_lease_s is not None:
+        deployment = dataclasses.replace(deployment, paused_lease_s=paused_lease_s)
     history = HistoryRecorder(out_dir / "history.jsonl")
     history.record("scenario", phase="start", id=scenario.id, seed=seed)
     processes = Processes(deployment, launcher=launcher, history=history)

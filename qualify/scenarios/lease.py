@@ -22,11 +22,14 @@ CLAIM_TXN = "owner.inside_claim_transaction"
 BEFORE_LEASE = "activity.before_lease"
 AFTER_CLAIM = "activity.after_claim"
 STEPS = 4
-#: The lease of the two scenarios that pause an owner inside a transaction, seconds: long
-#: enough that the harness sees the paused session (idle in transaction) before PostgreSQL
-#: ends it, even on a loaded machine (at 1 s it sometimes did not: a flake, not a defect).
-PAUSED_LEASE_S = 3.0
-PAUSED = {"QIMPL_LEASE_S": str(PAUSED_LEASE_S)}
+
+
+def _paused(ctx: ScenarioContext) -> dict[str, str]:
+    """The environment of the scenarios that pause an owner inside a transaction: the
+    lease ``Deployment.paused_lease_s`` (why it is longer than the harness's heartbeat
+    timeout: there), also recorded as the figure ``paused_lease_s``."""
+    ctx.figures["paused_lease_s"] = ctx.deployment.paused_lease_s
+    return {"QIMPL_LEASE_S": str(ctx.deployment.paused_lease_s)}
 
 
 def _owner_session(ctx: ScenarioContext, run_id: str) -> list[tuple[Any, ...]]:
@@ -66,12 +69,13 @@ def _paused_in_transaction(ctx: ScenarioContext, point: str, proc: ManagedProces
 )
 def owner_paused_inside_checkpoint_transaction(ctx: ScenarioContext) -> None:
     h = ctx.deployment.heartbeat_timeout_s
-    api = ctx.processes.api(**PAUSED)
-    paused = ctx.processes.worker("worker-paused", QIMPL_CRASH_POINTS=f"{CKPT_TXN}:stop@2", **PAUSED)
+    lease, env = ctx.deployment.paused_lease_s, _paused(ctx)
+    api = ctx.processes.api(**env)
+    paused = ctx.processes.worker("worker-paused", QIMPL_CRASH_POINTS=f"{CKPT_TXN}:stop@2", **env)
     run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="paused in a transaction"))
     evidence = _paused_in_transaction(ctx, CKPT_TXN, paused, run_id)
     attempt = int(evidence["context"]["attempt"])
-    ctx.processes.worker("worker-2", **PAUSED)
+    ctx.processes.worker("worker-2", **env)
     bound = 3 * (h + 3)
     deadline = time.monotonic() + bound + 10
     while (t := _first_write_by_later_attempt(ctx, run_id, attempt)) is None:
@@ -81,7 +85,7 @@ def owner_paused_inside_checkpoint_transaction(ctx: ScenarioContext) -> None:
     takeover = None if t is None else round(t - float(evidence["t"]), 3)
     ctx.figures["takeover_after_sigstop_in_transaction_s"] = takeover or -1.0
     ctx.expect(f"a new attempt took over within {bound:.0f} s", takeover is not None and takeover <= bound,
-               f"took over after {takeover} s; bound 3 x (H + 3 s), H = {h} s, lease {PAUSED_LEASE_S} s",
+               f"took over after {takeover} s; bound 3 x (H + 3 s), H = {h} s, lease {lease} s",
                "R-EXEC-11")
     run = ctx.wait_terminal(api, run_id, timeout_s=60)
     ctx.expect("run completed", run["state"] == "completed", run["state"], "R-EXEC-2")
@@ -97,14 +101,15 @@ def _stalled_inside_checkpoint_transaction(ctx: ScenarioContext, action: str) ->
     checkpoint (``freeze``: its event loop blocked; ``hold``: only its coroutine, the lease
     keeper runs): a new attempt takes over within the lease bound, and once the stall ends
     the old owner writes nothing more (its session is gone: the commit fails)."""
-    api = ctx.processes.api(**PAUSED)
-    stalled = ctx.processes.worker("worker-stalled", QIMPL_CRASH_POINTS=f"{CKPT_TXN}:{action}@2", **PAUSED)
+    lease, env = ctx.deployment.paused_lease_s, _paused(ctx)
+    api = ctx.processes.api(**env)
+    stalled = ctx.processes.worker("worker-stalled", QIMPL_CRASH_POINTS=f"{CKPT_TXN}:{action}@2", **env)
     run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer=f"stalled ({action})"))
     evidence = ctx.wait_crash_point(CKPT_TXN, stalled)
     ctx.nemesis.stalled_in_transaction(stalled, evidence, ctx.deployment.dsn, run_id)
     attempt = int(evidence["context"]["attempt"])
-    ctx.processes.worker("worker-2", **PAUSED)
-    bound = PAUSED_LEASE_S + 10
+    ctx.processes.worker("worker-2", **env)
+    bound = lease + 10
     deadline = time.monotonic() + bound + 5
     while (t := _first_write_by_later_attempt(ctx, run_id, attempt)) is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -112,7 +117,7 @@ def _stalled_inside_checkpoint_transaction(ctx: ScenarioContext, action: str) ->
     ctx.figures[f"takeover_after_{action}_in_transaction_s"] = took if took is not None else -1.0
     ctx.expect(f"a new attempt took over within the lease + 10 s ({bound:.0f} s) of the stall",
                took is not None and took <= bound,
-               f"after {took} s (lease {PAUSED_LEASE_S} s, stalled attempt {attempt})", "R-EXEC-11")
+               f"after {took} s (lease {lease} s, stalled attempt {attempt})", "R-EXEC-11")
     ctx.release_crash_point(CKPT_TXN)  # the stall ends: the old owner's commit meets a dead session
     run = ctx.wait_terminal(api, run_id, timeout_s=60)
     ckpts = ctx.sql("SELECT step, attempt FROM run_checkpoints WHERE run_id = %s ORDER BY step", run_id)
@@ -163,8 +168,9 @@ def owner_held_inside_checkpoint_transaction(ctx: ScenarioContext) -> None:
     crash_points=(CLAIM_TXN,),
 )
 def owner_paused_inside_claim_transaction(ctx: ScenarioContext) -> None:
-    limit = {"AGENT_CONCURRENCY_LIMIT": "1", **PAUSED}
-    api = ctx.processes.api(**PAUSED)
+    env = _paused(ctx)
+    limit = {"AGENT_CONCURRENCY_LIMIT": "1", **env}
+    api = ctx.processes.api(**env)
     paused = ctx.processes.worker("worker-paused", QIMPL_CRASH_POINTS=f"{CLAIM_TXN}:stop", **limit)
     run_id = accepted(ctx, api, prompt=make_prompt(steps=3, answer="never"))
     _paused_in_transaction(ctx, CLAIM_TXN, paused, run_id)
@@ -180,7 +186,7 @@ def owner_paused_inside_claim_transaction(ctx: ScenarioContext) -> None:
     ctx.history.record("client", op="cancel", phase="ok" if answer.get("cancelled") else "fail",
                        run_id=run_id, cancelled=answer.get("cancelled"))
     ctx.figures["cancel_behind_paused_claim_s"] = took
-    lease = PAUSED_LEASE_S
+    lease = ctx.deployment.paused_lease_s
     ctx.expect(f"the cancel answered cancelled within the lease + 1.5 s ({lease + 1.5:.1f} s)",
                answer.get("cancelled") is True and took <= lease + 1.5, f"{answer} after {took} s",
                "R-EXEC-11", "R-CANCEL-1")
