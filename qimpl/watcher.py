@@ -241,7 +241,9 @@ class LeaseWatcher:
                            started_at=started, activity_id=act.activity_id, heartbeat_at=beat,
                            worker=act.last_worker_identity or None,
                            task_queue=(act.activity_options.task_queue.name or None
-                                       if act.HasField("activity_options") else None))
+                                       if act.HasField("activity_options") else None),
+                           timed_out=(act.HasField("last_failure")
+                                      and act.last_failure.HasField("timeout_failure_info")))
         return None
 
     async def _stand_down(self) -> None:

@@ -140,6 +140,16 @@ def test_should_move(state: str, queue: str | None, moves: bool) -> None:
     assert should_move(pending, home="q", own="q.takeover.me") is moves
 
 
+@pytest.mark.req("R-EXEC-13")
+@pytest.mark.parametrize("queue", ["q.takeover.dead", "q"])
+def test_a_retry_temporal_timed_out_never_moves(queue: str) -> None:
+    # Measured: the server then ends the activity with a non-retryable ScheduleToStart
+    # timeout, in the retry's backoff or after it, and the run fails.
+    pending = Pending(attempt=2, state="scheduled", started_at=None, activity_id="1", task_queue=queue,
+                      timed_out=True)
+    assert not should_move(pending, home="q", own="q.takeover.me")
+
+
 def test_moves_hold_a_slot_until_claimed() -> None:
     tracker = TakeoverTracker(unclaimed_s=0.3)
     tracker.look([("r", 1), ("s", 1)], now=0.0)
