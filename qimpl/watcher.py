@@ -10,7 +10,8 @@ nothing to the database; every write stays the owner's, fenced as always.
 Before it ends an attempt it moves the run's activity to its own worker's takeover queue
 (``qimpl.takeover``), so that the retry cannot go to the paused owner's outstanding poll;
 one JSON line per move (``"event": "takeover.activity_moved"``, ``run_id``,
-``generation``, ``to``: the queue).
+``generation``, ``to``: the queue, ``timed_out`` and ``stranded_on``: the queue it was
+taken from, when Temporal had timed its last attempt out).
 
 Logs one JSON line per attempt it ends (``"event": "takeover.attempt_failed"``, with
 ``run_id``, ``generation``, ``attempt`` when known and ``by``: ``token`` or
@@ -39,6 +40,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from qimpl.crashpoints import declare
 from qimpl.db import takeover as db
 from qimpl.db.sessions import keepalive_params
 from qimpl.lifecycle import workflow_id
@@ -52,6 +54,11 @@ log = logging.getLogger("qimpl.takeover")
 ACTIVITY_TYPE = "run_agent_v2"
 #: Seconds a watcher that could not reach Temporal stays out of the election.
 _STAND_DOWN_S = 1.0
+#: The patch marker a workflow that re-dispatches a never-started activity records
+#: (``qimpl.workflows.agent_run.REDISPATCH_PATCH_ID``; not imported: workflow code).
+REDISPATCH_PATCH_ID = "qimpl-redispatch-unstarted-1"
+AFTER_MOVE = declare("takeover.after_move",
+                     "the watcher moved an orphan's activity to its takeover queue, the dead attempt not yet failed")
 _STATES = {PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED: "scheduled",
            PendingActivityState.PENDING_ACTIVITY_STATE_STARTED: "started"}
 
@@ -202,11 +209,14 @@ class LeaseWatcher:
         effort: a refused or failed call is logged and the takeover goes on without it."""
         if (self.task_queue is None or self.takeover_queue is None or self.free_slots is None
                 or pending is None
-                or not should_move(pending, home=self.task_queue, own=self.takeover_queue)
+                or not should_move(pending, home=self.task_queue, own=self.takeover_queue, redispatches=True)
                 or self.free_slots() - self.tracker.moves_unclaimed() <= 0):
             return
         key = (orphan.run_id, orphan.generation)
         wf_id = workflow_id(orphan.run_id, orphan.generation)
+        redispatch = not should_move(pending, home=self.task_queue, own=self.takeover_queue)
+        if redispatch and not await self._redispatches(key, wf_id):
+            return  # a timed-out retry of a workflow that would fail the run if moved
         try:
             await self.client.workflow_service.update_activity_options(UpdateActivityOptionsRequest(
                 namespace=self.client.namespace, execution=WorkflowExecution(workflow_id=wf_id),
@@ -220,7 +230,25 @@ class LeaseWatcher:
         self.tracker.moved(key)
         log.info("run %s: activity moved to the takeover queue %s", orphan.run_id, self.takeover_queue,
                  extra={"event": "takeover.activity_moved", "run_id": orphan.run_id,
-                        "generation": orphan.generation, "to": self.takeover_queue})
+                        "generation": orphan.generation, "to": self.takeover_queue,
+                        "timed_out": pending.timed_out, "stranded_on": pending.task_queue})
+        await AFTER_MOVE.areach(run_id=orphan.run_id, generation=orphan.generation)
+
+    async def _redispatches(self, key: tuple[str, int], wf_id: str) -> bool:
+        """Whether the workflow ``wf_id`` schedules a never-started activity again: its
+        history records ``REDISPATCH_PATCH_ID`` (read once per orphaned stretch)."""
+        known = self.tracker.redispatches(key)
+        if known is not None:
+            return known
+        history = await self.client.get_workflow_handle(wf_id).fetch_history(rpc_timeout=self._rpc_timeout)
+        answer = any(
+            e.HasField("marker_recorded_event_attributes")
+            and e.marker_recorded_event_attributes.marker_name == "core_patch"
+            and any(REDISPATCH_PATCH_ID.encode() in p.data
+                    for ps in e.marker_recorded_event_attributes.details.values() for p in ps.payloads)
+            for e in history.events)
+        self.tracker.redispatched(key, answer)
+        return answer
 
     async def _pending(self, wf_id: str) -> Pending | None:
         """The workflow's pending agent activity, or None (closed, missing, between)."""

@@ -285,6 +285,22 @@ CATALOG: tuple[Mutant, ...] = (
         "the watcher ended the paused attempt; the next attempt claimed the run on a live "
         "worker's takeover queue, none was lost to the paused worker's poll"),
     Mutant(
+        "workflow-never-redispatches",
+        "a never-started activity (ScheduleToStart timeout) is scheduled again, not the run failed (R-EXEC-13)",
+        (Patch("qimpl/workflows/agent_run.py",
+               "        self._redispatch = workflow.patched(REDISPATCH_PATCH_ID)\n",
+               "        self._redispatch = workflow.patched(REDISPATCH_PATCH_ID) and False\n"),),
+        "retry-stranded-on-a-dead-takeover-queue",
+        "the run completed within 15 s of the third worker's start"),
+    Mutant(
+        "watcher-leaves-a-stranded-retry",
+        "a timed-out retry on a dead worker's takeover queue is moved off it (R-EXEC-13)",
+        (Patch("qimpl/watcher.py",
+               "own=self.takeover_queue, redispatches=True)\n",
+               "own=self.takeover_queue)\n"),),
+        "retry-stranded-on-a-dead-takeover-queue",
+        "the third worker's watcher moved the timed-out retry off the dead queue"),
+    Mutant(
         "guard-skips-inserts", "the transition guard runs on INSERT too (R-STATE-1)",
         (_guard(
                "CREATE TRIGGER runs_transition_guard BEFORE INSERT OR UPDATE ON public.runs",

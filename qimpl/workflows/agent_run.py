@@ -11,15 +11,29 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, TimeoutType
+from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from qimpl.workflows import search_attributes as attrs
     from qimpl.workflows.types import FailInput, RunInput
 
-__all__ = ["AgentRunWorkflowV2"]
+__all__ = ["REDISPATCH_PATCH_ID", "AgentRunWorkflowV2"]
 
 MIN_TIMEOUT = timedelta(seconds=1)
+
+#: Behind this patch, an agent activity Temporal ended with a ScheduleToStart timeout (an
+#: attempt that never started: a retry stranded on a dead worker's takeover queue and
+#: moved by a watcher, ``qimpl.takeover.should_move``) is scheduled again, on the
+#: workflow's own task queue, instead of failing the run (R-EXEC-13). Recorded at the
+#: workflow's first task, so a watcher can tell from the history whether a run's workflow
+#: re-dispatches (``qimpl.watcher``); a history recorded before it replays without it.
+REDISPATCH_PATCH_ID = "qimpl-redispatch-unstarted-1"
+
+
+def _never_started(err: ActivityError) -> bool:
+    """Whether the activity ended because no attempt of it started in time."""
+    return isinstance(err.cause, ActivityTimeoutError) and err.cause.type == TimeoutType.SCHEDULE_TO_START
 
 
 @workflow.defn(name="AgentRunWorkflowV2")
@@ -30,6 +44,7 @@ class AgentRunWorkflowV2:
         # history recorded before them replays without these commands (R-EXEC-10). The
         # patch is evaluated once; its answer is memoised for the rest of the run.
         tagged = inp.search_attributes and workflow.patched(attrs.PATCH_ID)
+        self._redispatch = workflow.patched(REDISPATCH_PATCH_ID)
         if tagged:
             workflow.upsert_search_attributes([
                 attrs.TENANT.value_set(inp.tenant_id), attrs.RUN_ID.value_set(inp.run_id),
@@ -40,35 +55,41 @@ class AgentRunWorkflowV2:
         return outcome
 
     async def _generation(self, inp: RunInput) -> dict[str, Any]:
-        left = datetime.fromisoformat(inp.deadline_at) - workflow.now()
-        budget = max(left, MIN_TIMEOUT)
-        try:
-            result: dict[str, Any] = await workflow.execute_activity(
-                "run_agent_v2",
-                inp,
-                schedule_to_close_timeout=budget,
-                heartbeat_timeout=timedelta(seconds=inp.heartbeat_timeout_s),
-                # Unlimited attempts, bounded by the deadline: a crashed, paused or fenced
-                # attempt must never use up a run's retries (an attempt handed to a paused
-                # worker's outstanding poll is lost, too). Provider failures are counted in
-                # the run itself and end it `failed` (R-EXEC-6).
-                retry_policy=RetryPolicy(
-                    initial_interval=timedelta(milliseconds=200),
-                    backoff_coefficient=2.0,
-                    maximum_interval=timedelta(seconds=1),
-                    maximum_attempts=0,
-                ),
-            )
-            return result
-        except ActivityError as err:
-            overdue = workflow.now() >= datetime.fromisoformat(inp.deadline_at)
-            code = "deadline_exceeded" if overdue else "agent_activity_failed"
-            workflow.logger.warning("run %s: activity gave up (%s)", inp.run_id, type(err.cause).__name__)
-            failed: dict[str, Any] = await workflow.execute_activity(
-                "fail_run_v2",
-                FailInput(run_id=inp.run_id, generation=inp.generation, error_code=code,
-                          state="expired" if overdue else "failed", tenant_id=inp.tenant_id),
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=2)),
-            )
-            return failed
+        while True:
+            left = datetime.fromisoformat(inp.deadline_at) - workflow.now()
+            budget = max(left, MIN_TIMEOUT)
+            try:
+                result: dict[str, Any] = await workflow.execute_activity(
+                    "run_agent_v2",
+                    inp,
+                    schedule_to_close_timeout=budget,
+                    heartbeat_timeout=timedelta(seconds=inp.heartbeat_timeout_s),
+                    # Unlimited attempts, bounded by the deadline: a crashed, paused or fenced
+                    # attempt must never use up a run's retries (an attempt handed to a paused
+                    # worker's outstanding poll is lost, too). Provider failures are counted in
+                    # the run itself and end it `failed` (R-EXEC-6).
+                    retry_policy=RetryPolicy(
+                        initial_interval=timedelta(milliseconds=200),
+                        backoff_coefficient=2.0,
+                        maximum_interval=timedelta(seconds=1),
+                        maximum_attempts=0,
+                    ),
+                )
+                return result
+            except ActivityError as err:
+                overdue = workflow.now() >= datetime.fromisoformat(inp.deadline_at)
+                if self._redispatch and not overdue and _never_started(err):
+                    # Nothing of it ran: the run's lease, checkpoint and fence are as the
+                    # last attempt left them, and the next attempt claims as any retry.
+                    workflow.logger.warning("run %s: activity never started; scheduled again", inp.run_id)
+                    continue
+                code = "deadline_exceeded" if overdue else "agent_activity_failed"
+                workflow.logger.warning("run %s: activity gave up (%s)", inp.run_id, type(err.cause).__name__)
+                failed: dict[str, Any] = await workflow.execute_activity(
+                    "fail_run_v2",
+                    FailInput(run_id=inp.run_id, generation=inp.generation, error_code=code,
+                              state="expired" if overdue else "failed", tenant_id=inp.tenant_id),
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=2)),
+                )
+                return failed

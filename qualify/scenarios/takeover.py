@@ -21,7 +21,7 @@ from qimpl.lifecycle import workflow_id
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
-from qualify.scenarios.base import ScenarioContext, scenario
+from qualify.scenarios.base import TERMINAL, ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted
 from qualify.timing import spends
 
@@ -290,3 +290,133 @@ def operator_resets_a_running_activity(ctx: ScenarioContext) -> None:
                     " AND at > to_timestamp(%s)", run_id, owner_attempt, reset_at)[0][0]
     ctx.expect(f"no attempt below the owner's {owner_attempt} wrote after the reset", lower == 0,
                f"{lower} writes", "R-EXEC-7")
+
+
+def _temporal(ctx: ScenarioContext, op: Any) -> Any:
+    """``op(client)`` (a coroutine function) against the scenario's Temporal server."""
+    import asyncio
+
+    from temporalio.client import Client
+
+    async def go() -> Any:
+        client = await Client.connect(ctx.deployment.temporal_address, namespace=ctx.deployment.namespace)
+        return await op(client)
+
+    return asyncio.run(go())
+
+
+def _agent_activity(ctx: ScenarioContext, wf_id: str) -> dict[str, Any] | None:
+    """The workflow's pending agent activity as Temporal describes it, or None."""
+    from temporalio.api.enums.v1 import PendingActivityState
+
+    async def op(client: Any) -> dict[str, Any] | None:
+        desc = await client.get_workflow_handle(wf_id).describe()
+        for act in desc.raw_description.pending_activities:
+            if act.activity_type.name == "run_agent_v2":
+                return {"activity_id": act.activity_id, "attempt": int(act.attempt),
+                        "state": PendingActivityState.Name(act.state).rsplit("_", 1)[-1].lower(),
+                        "task_queue": act.activity_options.task_queue.name,
+                        "timed_out": act.HasField("last_failure")
+                        and act.last_failure.HasField("timeout_failure_info")}
+        return None
+
+    result: dict[str, Any] | None = _temporal(ctx, op)
+    return result
+
+
+def _history_kinds(ctx: ScenarioContext, wf_id: str) -> list[str]:
+    """The workflow's history as event type names (``ACTIVITY_TASK_TIMED_OUT``...), with a
+    timeout's type appended (``ACTIVITY_TASK_TIMED_OUT:SCHEDULE_TO_START``)."""
+    from temporalio.api.enums.v1 import EventType, TimeoutType
+
+    async def op(client: Any) -> list[str]:
+        history = await client.get_workflow_handle(wf_id).fetch_history()
+        out = []
+        for e in history.events:
+            kind = EventType.Name(e.event_type).removeprefix("EVENT_TYPE_")
+            if e.HasField("activity_task_timed_out_event_attributes"):
+                info = e.activity_task_timed_out_event_attributes.failure.timeout_failure_info
+                kind += ":" + TimeoutType.Name(info.timeout_type).removeprefix("TIMEOUT_TYPE_")
+            out.append(kind)
+        return out
+
+    result: list[str] = _temporal(ctx, op)
+    return result
+
+
+@spends("wait_takeover")
+def _terminal_within(ctx: ScenarioContext, api: ManagedProcess, run_id: str, timeout_s: float) -> dict[str, Any]:
+    """The run once terminal, or as it is after ``timeout_s`` (a finding, not a harness fault)."""
+    deadline = time.monotonic() + timeout_s
+    run = ctx.read_run(api, run_id)
+    while run["state"] not in TERMINAL and time.monotonic() < deadline:
+        time.sleep(0.05)
+        run = ctx.read_run(api, run_id)
+    return run
+
+
+AFTER_MOVE = "takeover.after_move"
+#: A run taken over from a stranded retry: well inside any deadline, a few heartbeat
+#: timeouts (the scenario's H is the harness's 2 s).
+STRANDED_WITHIN_S = 15.0
+
+
+@scenario(
+    "retry-stranded-on-a-dead-takeover-queue",
+    default_timers_because="a retry stranded by Temporal's heartbeat timeout, moved on the default timers",
+    title="SIGKILL the owner; the watcher of a second worker moves the run's activity to its "
+          "takeover queue and is SIGKILLed before it fails the dead attempt, so Temporal times "
+          "that attempt out and schedules the retry on the dead worker's takeover queue, where "
+          "nobody polls: a third worker's watcher moves that timed-out retry, which the server "
+          "ends with a ScheduleToStart timeout, and the workflow schedules the activity again "
+          f"on its own task queue; the run completes within {STRANDED_WITHIN_S:.0f} s of the third "
+          "worker's start instead of waiting for its deadline",
+    requirements=("R-EXEC-13", "R-EXEC-4", "R-Q-4"),
+    faults=("sigkill the owner at a barrier (step 2)", f"sigkill at {AFTER_MOVE}"),
+    crash_points=(AFTER_MOVE,),
+)
+def retry_stranded_on_a_dead_takeover_queue(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    owner = ctx.processes.worker("worker-1")
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="unstranded",
+                                                   barrier={"step": 2, "name": "strike"}))
+    wf_id = workflow_id(run_id, 1)
+    held = ctx.wait_barrier("strike")
+    if held["pid"] != owner.pid:
+        raise HarnessError(f"barrier held by an unexpected process: {held}")
+    ctx.nemesis.sigkill(owner, barrier="strike", run_id=run_id, attempt=held["attempt"])
+    mover = ctx.processes.worker("worker-2", QIMPL_CRASH_POINTS=f"{AFTER_MOVE}:kill")
+    evidence = ctx.wait_crash_point(AFTER_MOVE, mover)
+    ctx.nemesis.crash_point(mover, evidence, run_id=run_id)
+    stranded_on = f"{ctx.deployment.task_queue}.takeover."
+    deadline = time.monotonic() + 20
+    pending = _agent_activity(ctx, wf_id)
+    while time.monotonic() < deadline and not (
+            pending and pending["state"] == "scheduled" and pending["timed_out"]):
+        time.sleep(0.1)
+        pending = _agent_activity(ctx, wf_id)
+    ctx.expect("Temporal timed the dead attempt out and scheduled its retry on the killed mover's "
+               "takeover queue (stranded: nobody polls it)",
+               pending is not None and pending["state"] == "scheduled" and pending["timed_out"]
+               and pending["task_queue"].startswith(stranded_on), json.dumps(pending), "R-EXEC-13")
+    rescuer = ctx.processes.worker("worker-3")
+    started = ctx.db_now()
+    run = _terminal_within(ctx, api, run_id, STRANDED_WITHIN_S)
+    done = ctx.sql("SELECT extract(epoch FROM completed_at)::float8 FROM runs WHERE run_id = %s", run_id)[0][0]
+    took = round(float(done) - started, 3) if done is not None else -1.0
+    ctx.figures["stranded_retry_taken_over_s"] = took
+    ctx.expect(f"the run completed within {STRANDED_WITHIN_S:.0f} s of the third worker's start",
+               run["state"] == "completed", f"{run['state']} after {took} s (database clock)", "R-EXEC-13")
+    moves = [json.loads(line) for line in rescuer.log_path.read_text(errors="replace").splitlines()
+             if '"takeover.activity_moved"' in line]
+    ctx.expect("the third worker's watcher moved the timed-out retry off the dead queue",
+               any(m.get("run_id") == run_id and m.get("timed_out") is True
+                   and str(m.get("stranded_on", "")).startswith(stranded_on) for m in moves),
+               json.dumps(moves)[:400], "R-EXEC-13")
+    kinds = _history_kinds(ctx, wf_id)
+    sts = [i for i, k in enumerate(kinds) if k == "ACTIVITY_TASK_TIMED_OUT:SCHEDULE_TO_START"]
+    ctx.expect("the workflow scheduled the never-started activity again after its ScheduleToStart timeout",
+               bool(sts) and "ACTIVITY_TASK_SCHEDULED" in kinds[sts[0]:],
+               " ".join(k for k in kinds if k.startswith("ACTIVITY")), "R-EXEC-13")
+    steps = _steps_once(ctx, run_id)
+    ctx.expect("one checkpoint per step", steps == list(range(1, STEPS + 1)), str(steps), "R-EXEC-4")

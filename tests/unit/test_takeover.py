@@ -142,12 +142,33 @@ def test_should_move(state: str, queue: str | None, moves: bool) -> None:
 
 @pytest.mark.req("R-EXEC-13")
 @pytest.mark.parametrize("queue", ["q.takeover.dead", "q"])
-def test_a_retry_temporal_timed_out_never_moves(queue: str) -> None:
+def test_a_retry_temporal_timed_out_moves_only_when_its_workflow_redispatches(queue: str) -> None:
     # Measured: the server then ends the activity with a non-retryable ScheduleToStart
-    # timeout, in the retry's backoff or after it, and the run fails.
+    # timeout, in the retry's backoff or after it: a workflow without the re-dispatch
+    # patch fails the run, one with it schedules the activity again.
     pending = Pending(attempt=2, state="scheduled", started_at=None, activity_id="1", task_queue=queue,
                       timed_out=True)
     assert not should_move(pending, home="q", own="q.takeover.me")
+    stranded = queue != "q"   # on a dead worker's takeover queue; on the shared one it stays
+    assert should_move(pending, home="q", own="q.takeover.me", redispatches=True) is stranded
+
+
+def test_the_watcher_looks_for_the_workflows_own_patch_id() -> None:
+    from qimpl import watcher
+    from qimpl.workflows.agent_run import REDISPATCH_PATCH_ID
+
+    assert watcher.REDISPATCH_PATCH_ID == REDISPATCH_PATCH_ID
+
+
+def test_whether_a_workflow_redispatches_is_kept_per_stretch() -> None:
+    tracker = TakeoverTracker(unclaimed_s=0.3)
+    tracker.look([("r", 1)], now=0.0)
+    assert tracker.redispatches(("r", 1)) is None
+    tracker.redispatched(("r", 1), True)
+    assert tracker.redispatches(("r", 1)) is True
+    tracker.look([], now=0.1)
+    tracker.look([("r", 1)], now=0.2)
+    assert tracker.redispatches(("r", 1)) is None
 
 
 def test_moves_hold_a_slot_until_claimed() -> None:
