@@ -208,6 +208,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
               f"{total:.1f} s of scenario time in all (wall time {summary.get('duration_s')} s); the longest:", "",
               "| scenario | s | share |", "|---|---|---|"]
     lines += [f"| {r['id']} | {r['s']:.1f} | {r['share']:.0%} |" for r in slow]
+    if summary.get("load"):
+        lines += ["", load_line(summary["load"])]
     if judged.get("stale_waivers"):
         lines += ["", "Stale waivers (now covered; remove them): " + ", ".join(judged["stale_waivers"])]
     if summary.get("refused"):
@@ -262,6 +264,13 @@ def time_table(summary: dict[str, Any], top: int = 15) -> tuple[float, list[dict
     for r in rows:
         r["share"] = r["s"] / total if total else 0.0
     return total, rows
+
+
+def load_line(load: dict[str, Any]) -> str:
+    """One sentence on a run's CPU (pure; ``load``: a summary's ``qualify.timing.slice_load``)."""
+    return (f"CPU: {load['cpu_s']} s over {load['wall_s']} s of wall time at {load['slices']} slice(s) on "
+            f"{load['cpus']} CPU(s): {load['cores_busy']} cores busy, {load['cpu_per_slice']} per slice "
+            f"({load['cpu_share']:.0%} of the machine).")
 
 
 def requirement_rows(summary: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -328,7 +337,8 @@ def render_html(summary: dict[str, Any], histories: dict[str, list[dict[str, Any
         s=summary, requirements=REQUIREMENTS, actions=actions, crash_matrix=matrix,
         timelines=timelines, max_events=MAX_EVENTS, max_runs=MAX_RUNS, gate=judged, req_rows=rows,
         qualifies=QUALIFIES, does_not_qualify=DOES_NOT_QUALIFY, fault_kinds=faults_by_kind(summary),
-        scenario_s=total_s, slowest=slow, by_kind=by_kind, execs=execs)
+        scenario_s=total_s, slowest=slow, by_kind=by_kind, execs=execs,
+        load_text=load_line(summary["load"]) if summary.get("load") else "")
 
 
 def _histories(report_dir: Path, summary: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:

@@ -26,7 +26,7 @@ from qualify.runner import run_scenario
 from qualify.scenarios import REGISTRY, Scenario
 from qualify.spec_ids import REQUIREMENTS
 from qualify.stack import TIMER_MODES, make_stack
-from qualify.timing import longest_first
+from qualify.timing import cpu_seconds, longest_first, slice_load, slices_for
 from qualify.verdict import EXIT_CODES, Verdict, merge
 
 __all__ = ["SessionOptions", "crash_point_catalog", "new_report_dir", "resolve", "run_session"]
@@ -127,13 +127,12 @@ class SessionOptions:
 
 
 def auto_slices(cpus: int) -> int:
-    """``-n auto``: one slice per CPU. Measured on 2 cores (issue 24), the catalog took
-    598 s at one slice (all exec'd, default timers), 267 s at two (forked, tuned) and
-    196 s at four, where the CPUs saturate and three timing-bound scenarios
-    (resume-at-the-deadline, runs-listed, stale-writers-refused) failed: the harness's
-    own CPU, not its waiting, is then the limit. Those three have since been made robust
-    to a saturated machine; four slices were not measured again."""
-    return max(1, cpus)
+    """``-n auto``: the number of slices whose measured CPU demand fills ``cpus``
+    (``qualify.timing.slices_for`` over ``qualify/data/slice_load.json``, the load of a
+    full run). Measured on 2 cores (issue 24, 94 scenarios, tuned timers, forked
+    processes but the exec set): a slice keeps 0.56 of a core busy, so auto is 4; a full
+    run took 265 s at two slices, 206 s at three and 179 s at four."""
+    return slices_for(cpus)
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -313,7 +312,7 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
     prov = provenance()
     report_dir = new_report_dir(opts.reports_root, prov["git_sha"])
     on_event("report_dir", report_dir)
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), cpu_seconds()
     docs: list[dict[str, Any]] = []
     stack_doc: dict[str, Any] = {"kind": opts.stack_kind}
     crashed = ""
@@ -359,6 +358,8 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
     summary["refused"] = refused
     summary["spawn"] = opts.spawn
     summary["temporal_timers"] = opts.temporal_timers
+    summary["load"] = slice_load(cpu_s=cpu_seconds() - cpu0, wall_s=max(summary["duration_s"], 1e-3),
+                                 slices=opts.parallel, cpus=os.cpu_count() or 1)
     if opts.shard is not None:
         summary["shard"] = {"index": opts.shard[0], "count": opts.shard[1],
                             "whole_selection": opts.whole_selection,

@@ -33,11 +33,17 @@ from typing import Any, ParamSpec, TypeVar
 P = ParamSpec("P")
 R = TypeVar("R")
 
-__all__ = ["KINDS", "Ledger", "bind", "longest_first", "spends", "spent", "sum_by_kind"]
+__all__ = ["KINDS", "LOAD_PATH", "Ledger", "bind", "cpu_seconds", "longest_first", "slice_load", "slices_for",
+           "spends", "spent", "sum_by_kind"]
 
 #: Each catalog scenario's seconds in a recent full run (``python -m qualify.timing
 #: SUMMARY`` writes it): only the order of a parallel run depends on it.
 SECONDS_PATH = Path(__file__).parent / "data" / "scenario_seconds.json"
+
+#: The CPU one slice of a full run keeps busy (``slice_load`` of a recent full run at no
+#: more slices than CPUs; ``python -m qualify.timing --load SUMMARY`` writes it): what
+#: ``-n auto`` chooses its number of slices from (``slices_for``).
+LOAD_PATH = Path(__file__).parent / "data" / "slice_load.json"
 
 KINDS = ("stack", "database", "process_start", "wait_run", "wait_barrier", "wait_crash_point", "wait_takeover",
          "wait_deadline", "wait_sweep", "wait_condition", "teardown", "collect", "checks", "other")
@@ -136,9 +142,51 @@ def longest_first(ids: Sequence[str], seconds: Mapping[str, float] | None = None
     return sorted(ids, key=lambda i: -float(seconds.get(i, median)))
 
 
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and of every descendant it has reaped
+    so far, the figure ``time`` prints for a command: the stacks' servers, the slices and
+    the processes they forked all count once they are reaped."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def slice_load(*, cpu_s: float, wall_s: float, slices: int, cpus: int) -> dict[str, Any]:
+    """The ``load`` of a run (pure): its CPU seconds over its wall seconds (cores kept
+    busy), per slice, and as a share of the machine's ``cpus``. ValueError for a wall
+    time or a slice count that is not positive."""
+    if wall_s <= 0 or slices < 1 or cpus < 1:
+        raise ValueError("wall_s, slices and cpus must be positive")
+    cores = cpu_s / wall_s
+    return {"slices": slices, "cpus": cpus, "cpu_s": round(cpu_s, 1), "wall_s": round(wall_s, 1),
+            "cores_busy": round(cores, 3), "cpu_per_slice": round(cores / slices, 3),
+            "cpu_share": round(cores / cpus, 3)}
+
+
+def slices_for(cpus: int, cpu_per_slice: float | None = None, *, most_per_cpu: int = 2) -> int:
+    """``-n auto``'s number of slices (pure but for reading ``LOAD_PATH`` when
+    ``cpu_per_slice`` is None): as many as keep the ``cpus`` busy, ``cpus /
+    cpu_per_slice`` rounded, at least 1 and at most ``most_per_cpu`` per CPU (past that the
+    harness's own CPU, not its waiting, is the limit). Without a measured load, one per
+    CPU."""
+    if cpu_per_slice is None:
+        doc = json.loads(LOAD_PATH.read_text()) if LOAD_PATH.exists() else {}
+        cpu_per_slice = doc.get("cpu_per_slice")
+    cpus = max(1, cpus)
+    if not cpu_per_slice or cpu_per_slice <= 0:
+        return cpus
+    return max(1, min(most_per_cpu * cpus, round(cpus / float(cpu_per_slice))))
+
+
 def main(argv: Sequence[str]) -> int:
     """``python -m qualify.timing SUMMARY``: print the catalog's seconds per scenario of
-    that full run as JSON (for ``SECONDS_PATH``)."""
+    that full run as JSON (for ``SECONDS_PATH``); ``--load SUMMARY``: its load (for
+    ``LOAD_PATH``), with the git commit it was measured at."""
+    if argv and argv[0] == "--load":
+        summary = json.loads(Path(argv[1]).read_text())
+        print(json.dumps({**summary["load"], "git_sha": summary.get("git_sha")}, indent=1))
+        return 0
     summary = json.loads(Path(argv[0]).read_text())
     out = {sc["id"]: round(float(sc["duration_s"]), 1) for sc in summary["scenarios"]
            if sc.get("schedule") is None}

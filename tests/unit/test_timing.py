@@ -6,8 +6,20 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from qualify.procs import wait_until
-from qualify.timing import KINDS, Ledger, bind, spends, spent, sum_by_kind
+from qualify.timing import (
+    KINDS,
+    Ledger,
+    bind,
+    cpu_seconds,
+    slice_load,
+    slices_for,
+    spends,
+    spent,
+    sum_by_kind,
+)
 
 
 def _busy(s: float) -> None:
@@ -54,3 +66,32 @@ def test_wait_until_counts_its_kind() -> None:
 def test_sum_by_kind_keeps_the_kinds_order() -> None:
     docs = [{"time_by_kind": {"other": 1.0, "database": 0.5}}, {"time_by_kind": {"database": 0.25}}, {}]
     assert list(sum_by_kind(docs).items()) == [("database", 0.75), ("other", 1.0)]
+
+
+@pytest.mark.req("R-Q-7")
+def test_slice_load_is_cores_busy_per_slice() -> None:
+    load = slice_load(cpu_s=295.4, wall_s=264.6, slices=2, cpus=2)
+    assert load["cores_busy"] == pytest.approx(1.116, abs=1e-3)
+    assert load["cpu_per_slice"] == pytest.approx(0.558, abs=1e-3)
+    assert load["cpu_share"] == pytest.approx(0.558, abs=1e-3)
+    with pytest.raises(ValueError):
+        slice_load(cpu_s=1.0, wall_s=0.0, slices=1, cpus=2)
+
+
+@pytest.mark.req("R-Q-7")
+def test_auto_fills_the_cpus_with_slices_by_their_measured_load() -> None:
+    assert slices_for(2, 0.558) == 4          # 2 / 0.558 = 3.6
+    assert slices_for(2, 1.0) == 2            # a slice that keeps a core busy: one per CPU
+    assert slices_for(4, 0.3) == 8            # 13.3, at most two per CPU
+    assert slices_for(1, 5.0) == 1            # never fewer than one
+    assert slices_for(3, None) >= 1           # the measured file (or one per CPU without it)
+    assert slices_for(2, 0.0) == 2            # no measurement: one per CPU
+
+
+def test_cpu_seconds_counts_a_reaped_child() -> None:
+    import subprocess
+    import sys
+
+    before = cpu_seconds()
+    subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
+    assert cpu_seconds() - before > 0.05
