@@ -45,6 +45,7 @@ from qimpl.db import takeover as db
 from qimpl.db.sessions import keepalive_params
 from qimpl.lifecycle import workflow_id
 from qimpl.takeover import Pending, TakeoverTracker, should_move
+from qimpl.workflows.agent_run import REDISPATCH_PATCH_ID
 
 __all__ = ["ACTIVITY_TYPE", "LeaseWatcher", "move_home"]
 
@@ -54,9 +55,6 @@ log = logging.getLogger("qimpl.takeover")
 ACTIVITY_TYPE = "run_agent_v2"
 #: Seconds a watcher that could not reach Temporal stays out of the election.
 _STAND_DOWN_S = 1.0
-#: The patch marker a workflow that re-dispatches a never-started activity records
-#: (``qimpl.workflows.agent_run.REDISPATCH_PATCH_ID``; not imported: workflow code).
-REDISPATCH_PATCH_ID = "qimpl-redispatch-unstarted-1"
 AFTER_MOVE = declare("takeover.after_move",
                      "the watcher moved an orphan's activity to its takeover queue, the dead attempt not yet failed")
 _STATES = {PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED: "scheduled",

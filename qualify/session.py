@@ -129,9 +129,10 @@ class SessionOptions:
 def auto_slices(cpus: int) -> int:
     """``-n auto``: the number of slices whose measured CPU demand fills ``cpus``
     (``qualify.timing.slices_for`` over ``qualify/data/slice_load.json``, the load of a
-    full run). Measured on 2 cores (issue 24, 94 scenarios, tuned timers, forked
-    processes but the exec set): a slice keeps 0.56 of a core busy, so auto is 4; a full
-    run took 265 s at two slices, 206 s at three and 179 s at four."""
+    full run). Measured on 2 cores (issue 24, tuned timers, forked processes but the exec
+    set): a slice of the 95-scenario catalog keeps 0.53 of a core busy at two slices, so
+    auto is 4; the 94-scenario catalog took 265 s at two slices, 206 s at three and 179 s
+    at four."""
     return slices_for(cpus)
 
 

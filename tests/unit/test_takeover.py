@@ -153,13 +153,6 @@ def test_a_retry_temporal_timed_out_moves_only_when_its_workflow_redispatches(qu
     assert should_move(pending, home="q", own="q.takeover.me", redispatches=True) is stranded
 
 
-def test_the_watcher_looks_for_the_workflows_own_patch_id() -> None:
-    from qimpl import watcher
-    from qimpl.workflows.agent_run import REDISPATCH_PATCH_ID
-
-    assert watcher.REDISPATCH_PATCH_ID == REDISPATCH_PATCH_ID
-
-
 def test_whether_a_workflow_redispatches_is_kept_per_stretch() -> None:
     tracker = TakeoverTracker(unclaimed_s=0.3)
     tracker.look([("r", 1)], now=0.0)
