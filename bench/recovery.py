@@ -19,7 +19,7 @@ timeout). Seconds throughout.
   gives those 3 s, ``Deployment.paused_lease_s``): their targets are lease + 1.5 s.
 - ``tuned.*``: the SIGKILL trials and the two pause scenarios again on a second stack
   whose Temporal dev server runs with ``qualify.stack.temporal.TUNED_DYNAMIC_CONFIG``
-  (timer shift 20 ms, long polls ended after 1 s). Users run stock servers: the targets
+  (timer shift 20 ms). Users run stock servers: the targets
   are judged on the default figures; the tuned ones say how much is the server's.
 """
 
@@ -145,7 +145,7 @@ def _scenario_figures(env: BenchEnv, trials: int) -> tuple[dict[str, Any], dict[
 def measure_tuned(env: BenchEnv) -> dict[str, Any]:
     """The SIGKILL and pause figures again on a second stack whose dev server runs with
     ``TUNED_DYNAMIC_CONFIG`` (the harness may use it; users' servers do not): what of the
-    takeover is the server's timer rounding and its long polls, not qimpl's."""
+    takeover is the server's timer rounding, not qimpl's."""
     import dataclasses
 
     from qualify.stack import EmbeddedStack

@@ -142,7 +142,7 @@ def _specs() -> tuple[FigureSpec, ...]:
                    "recovery.lease_s"),
         FigureSpec("recovery.cancel_s", "recovery", "cancel commit -> running step stopped", "s"),
         FigureSpec("tuned.sigkill_p50_s", "recovery",
-                   "  tuned server (timer shift 20 ms, long poll 1 s; not what users run): SIGKILL -> next checkpoint p50",
+                   "  tuned server (timer shift 20 ms; not what users run): SIGKILL -> next checkpoint p50",
                    "s", "recovery.sigkill_p50_s"),
         FigureSpec("tuned.sigkill_p95_s", "recovery", "  tuned server: SIGKILL -> next checkpoint p95", "s",
                    "recovery.sigkill_p95_s"),
