@@ -195,6 +195,17 @@ class SpawnPolicy:
             self.server = ForkServer().start()
         return self.server
 
+    def spawn_for(self, exec_only: frozenset[str]) -> tuple[ForkServer | None, frozenset[str]]:
+        """The fork server and the entry points to exec for a scenario whose exec-set
+        entry points are ``exec_only`` (``Scenario.exec_only``; empty: not in the set).
+        ``exec``: no fork server, everything exec'd; ``fork``: everything forked; ``auto``:
+        ``exec_only`` exec'd, the rest forked (no fork server when that is everything)."""
+        from qualify.processes import ENTRY_POINTS
+
+        if self.mode == "exec" or (self.mode == "auto" and exec_only >= set(ENTRY_POINTS)):
+            return None, frozenset()
+        return self.launcher_for(False), (exec_only if self.mode == "auto" else frozenset())
+
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()

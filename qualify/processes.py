@@ -30,7 +30,10 @@ from qualify.timing import spent
 if TYPE_CHECKING:
     from qualify.forkserver import ForkServer
 
-__all__ = ["Deployment", "ManagedProcess", "Processes", "SinkProcess", "faketime_env"]
+__all__ = ["ENTRY_POINTS", "Deployment", "ManagedProcess", "Processes", "SinkProcess", "faketime_env"]
+
+#: The product's entry points the harness starts, by process kind.
+ENTRY_POINTS: tuple[str, ...] = ("api", "worker")
 
 READY_TIMEOUT_S = 60.0
 SINK_READY_TIMEOUT_S = 10.0
@@ -210,12 +213,17 @@ class Processes:
     with the ``RECORDED_SETTINGS`` it was given."""
 
     def __init__(self, deployment: Deployment, *, launcher: ForkServer | None = None,
-                 history: Any = None) -> None:
+                 history: Any = None, exec_kinds: frozenset[str] = frozenset()) -> None:
         self.deployment = deployment
         self.all: dict[str, ManagedProcess] = {}
-        #: When set, API and worker processes are forked from it (``qualify.forkserver``).
+        #: When set, API and worker processes are forked from it (``qualify.forkserver``),
+        #: except those of ``exec_kinds`` (``ENTRY_POINTS``), which are always exec'd.
         self.launcher = launcher
+        self.exec_kinds = exec_kinds
         self.history = history
+
+    def _launcher(self, kind: str) -> ForkServer | None:
+        return None if kind in self.exec_kinds else self.launcher
 
     def _started(self, proc: ManagedProcess) -> ManagedProcess:
         self.all[proc.name] = proc
@@ -243,7 +251,7 @@ class Processes:
         proc = ManagedProcess(
             name=name, kind="api", port=port, log_path=self._log(name),
             env=self.deployment.env("qimpl_api", **(env or {})),
-            launcher=self.launcher,
+            launcher=self._launcher("api"),
             argv=[sys.executable, "-m", "uvicorn", "--factory", "qimpl.api.app:create_app",
                   "--host", "127.0.0.1", "--port", str(port),
                   *(["--log-level", "info"] if (self.deployment.access_log if access_log is None else access_log)
@@ -257,7 +265,7 @@ class Processes:
         proc = ManagedProcess(
             name=name, kind="worker", log_path=self._log(name),
             env=self.deployment.env("qimpl_worker", **(env or {})),
-            argv=[sys.executable, "-m", "qimpl.workflows.worker"], launcher=self.launcher,
+            argv=[sys.executable, "-m", "qimpl.workflows.worker"], launcher=self._launcher("worker"),
         )
         return self._started(proc)
 

@@ -19,6 +19,7 @@ from qualify import interrupt
 from qualify.coverage import gate, unreachable_waivers
 from qualify.errors import HarnessError, UsageError
 from qualify.forkserver import SPAWN_MODES, SpawnPolicy
+from qualify.processes import ENTRY_POINTS
 from qualify.procs import kill_tree, spawn
 from qualify.provenance import provenance, utc_stamp
 from qualify.report import build_summary, scenario_doc, write_report
@@ -160,7 +161,7 @@ REFUSED_BECAUSE = ("refused on a stack the harness did not boot (it restarts or 
 
 #: The process kinds whose real entry points (``python -m qimpl.api``-style, a fresh
 #: interpreter) a full run must exec at least once, in a passing scenario.
-ENTRY_POINT_KINDS = ("api", "worker")
+ENTRY_POINT_KINDS = ENTRY_POINTS
 
 
 def entry_points_execd(docs: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
@@ -209,13 +210,14 @@ def full_run_gates(summary: dict[str, Any], docs: Sequence[dict[str, Any]],
 def _run_one(stack: Any, sc: Scenario, *, seed: int, report_dir: Path, reruns: int,
              stack_kind: str, spawn_policy: SpawnPolicy | None = None) -> dict[str, Any]:
     policy = spawn_policy or SpawnPolicy("exec")
+    launcher, exec_kinds = policy.spawn_for(sc.exec_only)
     result = run_scenario(stack, sc, seed=seed, out_dir=report_dir / "scenarios" / sc.id,
-                          launcher=policy.launcher_for(sc.execs))
+                          launcher=launcher, exec_kinds=exec_kinds)
     if result.verdict is Verdict.FAIL and reruns > 0:
         failed = 1
         for i in range(reruns):
             again = run_scenario(stack, sc, seed=seed, out_dir=report_dir / "scenarios" / sc.id / f"rerun-{i + 1}",
-                                 launcher=policy.launcher_for(sc.execs))
+                                 launcher=launcher, exec_kinds=exec_kinds)
             failed += again.verdict is Verdict.FAIL
         result.reproduction = f"{failed}/{reruns + 1}"
         if failed < reruns + 1:

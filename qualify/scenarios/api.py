@@ -59,7 +59,7 @@ def _lost_response(ctx: ScenarioContext, point: str) -> None:
 
 @scenario(
     "lost-response-after-acceptance",
-    exec_because="the API's entry point SIGKILLed at its acceptance commit",
+    exec_because="the API's entry point SIGKILLed at its acceptance commit", exec_kinds=("api",),
     title="SIGKILL the API after the acceptance commit, before dispatch; the client retries "
           "with the same key: same receipt, one run, one workflow",
     requirements=("R-CREATE-2", "R-CREATE-4", "R-CREATE-5", "R-Q-4"),

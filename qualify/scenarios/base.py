@@ -32,7 +32,7 @@ from qualify.checkers import Check
 from qualify.errors import HarnessError, InvariantViolation
 from qualify.faults import Nemesis
 from qualify.history import HistoryRecorder
-from qualify.processes import Deployment, ManagedProcess, Processes
+from qualify.processes import ENTRY_POINTS, Deployment, ManagedProcess, Processes
 from qualify.timing import spends, spent
 
 #: The spec's default deadline (R-EXEC-8: 1 h), independent of the implementation's.
@@ -64,6 +64,10 @@ class Scenario:
     #: fork server: the named set that qualifies the real entry points under the faults
     #: that matter for each (issue 24). Empty: forked.
     exec_because: str = ""
+    #: Which of its entry points (``api``, ``worker``) an exec-set scenario execs; the
+    #: others are forked. Empty: both. Only what ``exec_because`` names needs a fresh
+    #: interpreter; an exec'd process costs about 0.5-1 s of imports.
+    exec_kinds: tuple[str, ...] = ()
     #: Why the scenario runs on a Temporal dev server with the server's default timers
     #: even when the stack's own is tuned (``--temporal-timers tuned``): the named set
     #: that keeps what users' servers do qualified (the takeover scenarios). Empty: the
@@ -75,6 +79,14 @@ class Scenario:
         """Whether ``--spawn auto`` execs this scenario's processes."""
         return bool(self.exec_because)
 
+    @property
+    def exec_only(self) -> frozenset[str]:
+        """The entry points ``--spawn auto`` execs for this scenario: ``exec_kinds``, or
+        both when it names none; nothing outside the exec set."""
+        if not self.execs:
+            return frozenset()
+        return frozenset(self.exec_kinds or ENTRY_POINTS)
+
 
 REGISTRY: dict[str, Scenario] = {}
 
@@ -82,16 +94,21 @@ REGISTRY: dict[str, Scenario] = {}
 def scenario(
     id: str, *, title: str, requirements: tuple[str, ...], faults: tuple[str, ...] = (),
     crash_points: tuple[str, ...] = (), needs_platform: bool = False, no_runs_because: str = "",
-    exec_because: str = "", default_timers_because: str = "",
+    exec_because: str = "", exec_kinds: tuple[str, ...] = (), default_timers_because: str = "",
 ) -> Callable[[Callable[[ScenarioContext], None]], Callable[[ScenarioContext], None]]:
-    """Register ``body`` as scenario ``id``."""
+    """Register ``body`` as scenario ``id``. ValueError for an id registered twice, or
+    ``exec_kinds`` outside ``ENTRY_POINTS`` or without ``exec_because``."""
 
     def register(body: Callable[[ScenarioContext], None]) -> Callable[[ScenarioContext], None]:
         if id in REGISTRY:
             raise ValueError(f"scenario {id!r} registered twice")
+        if exec_kinds and (not exec_because or not set(exec_kinds) <= set(ENTRY_POINTS)):
+            raise ValueError(f"scenario {id!r}: exec_kinds {exec_kinds} needs exec_because and "
+                             f"names only {ENTRY_POINTS}")
         REGISTRY[id] = Scenario(id, title, requirements, body, faults, crash_points,
                                 needs_platform=needs_platform, no_runs_because=no_runs_because,
-                                exec_because=exec_because, default_timers_because=default_timers_because)
+                                exec_because=exec_because, exec_kinds=tuple(exec_kinds),
+                                default_timers_because=default_timers_because)
         return body
 
     return register

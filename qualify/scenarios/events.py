@@ -203,7 +203,7 @@ def event_stream(ctx: ScenarioContext) -> None:
 
 @scenario(
     "stream-survives-api-kill",
-    exec_because="the API's entry point SIGKILLed under an open event stream",
+    exec_because="the API's entry point SIGKILLed under an open event stream", exec_kinds=("api",),
     title="Two clients follow one run through API instance X; X is SIGKILLed mid-stream; they "
           "reconnect to Y with Last-Event-ID: every event exactly once, in order, ending with "
           "the terminal event equal to GET run",

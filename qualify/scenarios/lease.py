@@ -59,7 +59,7 @@ def _paused_in_transaction(ctx: ScenarioContext, point: str, proc: ManagedProces
 
 @scenario(
     "owner-paused-inside-checkpoint-transaction",
-    exec_because="the worker's entry point SIGSTOPped inside its checkpoint transaction",
+    exec_because="the worker's entry point SIGSTOPped inside its checkpoint transaction", exec_kinds=("worker",),
     title="SIGSTOP the owner between the UPDATE and the commit of its second checkpoint "
           "(row lock held, idle_session_timeout does not apply): PostgreSQL ends its session "
           "within the lease, a new attempt takes over, one checkpoint per step",

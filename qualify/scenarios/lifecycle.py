@@ -178,7 +178,7 @@ def _paused_owner(ctx: ScenarioContext, *, resume: bool) -> None:
 @scenario(
     "paused-owner",
     default_timers_because="a SIGSTOPped owner taken over on the default timers",
-    exec_because="the worker's entry point SIGSTOPped and SIGCONTed while it owns a run",
+    exec_because="the worker's entry point SIGSTOPped and SIGCONTed while it owns a run", exec_kinds=("worker",),
     title="SIGSTOP the owner mid-activity for 2 x heartbeat timeout, then SIGCONT: a new "
           "attempt takes over on the watcher's takeover queue; the zombie is fenced",
     requirements=("R-EXEC-2", "R-EXEC-7", "R-EXEC-13", "R-Q-2"),
@@ -400,7 +400,7 @@ def poison_step(ctx: ScenarioContext) -> None:
 
 @scenario(
     "terminal-redelivery",
-    exec_because="the worker's entry point SIGKILLed at its final commit boundary",
+    exec_because="the worker's entry point SIGKILLed at its final commit boundary", exec_kinds=("worker",),
     title="Kill the worker right after the final commit, before Temporal hears of it: the "
           "retried attempt returns the saved outcome without calling the provider",
     requirements=("R-EXEC-5", "R-Q-4"),

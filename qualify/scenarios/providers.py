@@ -25,7 +25,7 @@ def _requests(control: Path) -> list[dict[str, Any]]:
 
 @scenario(
     "openai-provider-through-the-lifecycle",
-    exec_because="the worker's entry point with the real OpenAI adapter",
+    exec_because="the worker's entry point with the real OpenAI adapter", exec_kinds=("worker",),
     title="The OpenAI-compatible adapter against a fake chat-completions server: a 500 at "
           "step 1 and the adapter's own timeout at step 2 are counted failures and retried; "
           "the model's tool call runs once through the journal and its result comes back as a "

@@ -87,7 +87,7 @@ def _steps_once(ctx: ScenarioContext, run_id: str) -> list[int]:
 @scenario(
     "takeover-after-sigkill",
     default_timers_because="the watcher's takeover after a SIGKILL, on the timers users' servers have",
-    exec_because="the takeover watcher inside the worker's entry point, after a SIGKILL",
+    exec_because="the takeover watcher inside the worker's entry point, after a SIGKILL", exec_kinds=("worker",),
     title=f"SIGKILL the owner mid-step with a heartbeat timeout of {SLOW_HB_S:.0f} s and a lease of "
           f"{LEASE_S:.0f} s: the takeover watcher fails the dead attempt by its task token and a "
           f"survivor commits the next checkpoint within {WITHIN_S:.0f} s (Temporal alone would "

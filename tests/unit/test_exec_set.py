@@ -16,6 +16,33 @@ def test_auto_execs_the_named_set_and_exec_mode_execs_everything() -> None:
     assert SpawnPolicy("auto").launcher_for(True) is None
     assert SpawnPolicy("exec").launcher_for(False) is None
     assert SpawnPolicy("exec").launcher_for(True) is None
+    both = frozenset({"api", "worker"})
+    assert SpawnPolicy("auto").spawn_for(both) == (None, frozenset())
+    assert SpawnPolicy("exec").spawn_for(frozenset()) == (None, frozenset())
+    assert SpawnPolicy("exec").spawn_for(frozenset({"api"})) == (None, frozenset())
+
+
+def test_auto_execs_only_the_entry_points_a_scenario_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = object()
+    for mode in ("auto", "fork"):
+        policy = SpawnPolicy(mode)
+        monkeypatch.setattr(policy, "launcher_for", lambda execs: server)
+        launcher, kinds = policy.spawn_for(frozenset({"worker"}))
+        assert launcher is server
+        assert kinds == (frozenset({"worker"}) if mode == "auto" else frozenset())
+
+
+def test_each_exec_set_scenario_execs_the_entry_points_its_reason_names() -> None:
+    for sid, sc in REGISTRY.items():
+        if not sc.execs:
+            assert sc.exec_only == frozenset(), sid
+            continue
+        reason = sc.exec_because.lower()
+        if "api" in reason:
+            assert "api" in sc.exec_only, sid
+        if "worker" in reason or "reconciler" in reason or "watcher" in reason:
+            assert "worker" in sc.exec_only, sid
+        assert sc.exec_only <= {"api", "worker"}, sid
 
 
 @pytest.mark.req("R-Q-2")
