@@ -131,9 +131,9 @@ def auto_slices(cpus: int) -> int:
     """``-n auto``: the number of slices whose measured CPU demand fills ``cpus``
     (``qualify.timing.slices_for`` over ``qualify/data/slice_load.json``, the load of a
     full run). Measured on 2 cores (issue 24, tuned timers, forked processes but the exec
-    set): a slice of the 95-scenario catalog keeps 0.53 of a core busy at two slices, so
-    auto is 4; the 94-scenario catalog took 265 s at two slices, 206 s at three and 179 s
-    at four."""
+    set; 2026-12-05): a slice of the 95-scenario catalog keeps 0.39 of a core busy at four
+    slices, so auto is 5 (at most 2.5 per CPU); the catalog took 125 s at four slices and
+    113-116 s at five."""
     return slices_for(cpus)
 
 

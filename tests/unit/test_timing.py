@@ -82,7 +82,9 @@ def test_slice_load_is_cores_busy_per_slice() -> None:
 def test_auto_fills_the_cpus_with_slices_by_their_measured_load() -> None:
     assert slices_for(2, 0.558) == 4          # 2 / 0.558 = 3.6
     assert slices_for(2, 1.0) == 2            # a slice that keeps a core busy: one per CPU
-    assert slices_for(4, 0.3) == 8            # 13.3, at most two per CPU
+    assert slices_for(4, 0.3) == 10           # 13.3, at most two and a half per CPU
+    assert slices_for(2, 0.392) == 5          # 5.1: the catalog's load at four slices (2026-12-05)
+    assert slices_for(2, 0.2) == 5            # 10, at most 5 on 2 CPUs
     assert slices_for(1, 5.0) == 1            # never fewer than one
     assert slices_for(3, None) >= 1           # the measured file (or one per CPU without it)
     assert slices_for(2, 0.0) == 2            # no measurement: one per CPU
