@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FORK_PRELOAD", "SPAWN_MODES", "ForkServer", "ForkedProcess", "SpawnPolicy", "forkable"]
+__all__ = ["ENTRY_POINTS", "FORK_PRELOAD", "SPAWN_MODES", "ForkServer", "ForkedProcess", "SpawnPolicy", "forkable"]
 
 #: What the server imports before it forks anything: the API, the worker, uvicorn's
 #: command line and the harness's synthetic provider and tools.
@@ -172,6 +172,8 @@ class ForkServer:
 #: qualify the entry points themselves (``Scenario.exec_because``) and forks every other
 #: scenario's, random schedules included; ``fork`` and ``exec`` apply to all.
 SPAWN_MODES = ("auto", "fork", "exec")
+#: The product's entry points the harness starts, by process kind (``qualify.processes``).
+ENTRY_POINTS: tuple[str, ...] = ("api", "worker")
 
 
 class SpawnPolicy:
@@ -200,8 +202,6 @@ class SpawnPolicy:
         entry points are ``exec_only`` (``Scenario.exec_only``; empty: not in the set).
         ``exec``: no fork server, everything exec'd; ``fork``: everything forked; ``auto``:
         ``exec_only`` exec'd, the rest forked (no fork server when that is everything)."""
-        from qualify.processes import ENTRY_POINTS
-
         if self.mode == "exec" or (self.mode == "auto" and exec_only >= set(ENTRY_POINTS)):
             return None, frozenset()
         return self.launcher_for(False), (exec_only if self.mode == "auto" else frozenset())

@@ -24,6 +24,7 @@ import psutil
 
 from qualify import http
 from qualify.errors import HarnessError
+from qualify.forkserver import ENTRY_POINTS
 from qualify.procs import Child, free_port, kill_tree, spawn, wait_until
 from qualify.timing import spent
 
@@ -31,9 +32,6 @@ if TYPE_CHECKING:
     from qualify.forkserver import ForkServer
 
 __all__ = ["ENTRY_POINTS", "Deployment", "ManagedProcess", "Processes", "SinkProcess", "faketime_env"]
-
-#: The product's entry points the harness starts, by process kind.
-ENTRY_POINTS: tuple[str, ...] = ("api", "worker")
 
 READY_TIMEOUT_S = 60.0
 SINK_READY_TIMEOUT_S = 10.0
