@@ -25,7 +25,7 @@ import psutil
 from qualify import http
 from qualify.errors import HarnessError
 from qualify.forkserver import ENTRY_POINTS
-from qualify.procs import Child, free_port, kill_tree, spawn, wait_until
+from qualify.procs import Child, free_port, kill_tree, quiet_port, spawn, wait_until
 from qualify.timing import spent
 
 if TYPE_CHECKING:
@@ -304,7 +304,10 @@ class SinkProcess:
     def __init__(self, directory: Path, *, log_path: Path, port: int | None = None) -> None:
         self.dir = directory
         self.log_path = log_path
-        self.port = port or free_port()
+        # Below the ephemeral range: the URL is handed out (every process's environment)
+        # before the sink binds it, and a Temporal server booted in between binds random
+        # ephemeral ports (seen at 5 slices: "Address already in use", the scenario crashed).
+        self.port = port or quiet_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property

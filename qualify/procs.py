@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,7 +22,7 @@ import psutil
 
 from qualify.errors import HarnessError
 
-__all__ = ["Child", "Restartable", "free_port", "kill_tree", "spawn", "wait_until"]
+__all__ = ["Child", "Restartable", "free_port", "kill_tree", "quiet_port", "spawn", "wait_until"]
 
 
 class Child(Protocol):
@@ -132,6 +133,33 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def quiet_port(rng: random.Random | None = None) -> int:
+    """A TCP port on 127.0.0.1, free a moment ago, *below* the kernel's ephemeral range
+    (``ip_local_port_range``): no other socket's ``bind(0)`` or ``connect()`` is handed
+    it in the meantime, as ``free_port``'s can be. For a port that is handed out before
+    its server binds it (the sink's URL is in every process's environment), where a
+    retry on collision is not possible. Raises HarnessError when none is found."""
+    low, _ = _ephemeral_range()
+    pick = rng or random.SystemRandom()
+    for _ in range(100):
+        port = pick.randrange(max(1024, low - 12000), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise HarnessError("no free port below the ephemeral range")
 
 
 def wait_until(
