@@ -327,17 +327,13 @@ def _targets() -> tuple[Target, ...]:
                  _pair(_key("qimpl.e2e_p50_s"), _scaled("dbos.e2e_p50_s", 2.0))),
           Target("e2e-dbos-sharded", "qimpl end-to-end p50 <= 2 x DBOS (sharded server)",
                  _pair(_key("sharded.qimpl.e2e_p50_s"), _scaled("dbos.e2e_p50_s", 2.0)))]
-    for c in CONCURRENCY:
-        t.append(Target(f"tput-floor-c{c}", f"qimpl throughput >= 0.5 x floor at concurrency {c}",
-                        _pair(_key(f"qimpl.tput_c{c}"), _scaled(f"floor.tput_c{c}", 0.5)), at_most=False))
-        t.append(Target(f"tput-dbos-c{c}", f"qimpl throughput >= 0.5 x DBOS at concurrency {c}",
-                        _pair(_key(f"qimpl.tput_c{c}"), _scaled(f"dbos.tput_c{c}", 0.5)), at_most=False))
-    for c in CONCURRENCY:
-        t.append(Target(f"tput-floor-c{c}-sharded", f"qimpl throughput >= 0.5 x floor at concurrency {c} (sharded server)",
-                        _pair(_key(f"sharded.qimpl.tput_c{c}"), _scaled(f"sharded.floor.tput_c{c}", 0.5)),
-                        at_most=False))
-        t.append(Target(f"tput-dbos-c{c}-sharded", f"qimpl throughput >= 0.5 x DBOS at concurrency {c} (sharded server)",
-                        _pair(_key(f"sharded.qimpl.tput_c{c}"), _scaled(f"dbos.tput_c{c}", 0.5)), at_most=False))
+    for prefix, suffix, where in (("", "", ""), ("sharded.", "-sharded", " (sharded server)")):
+        for c in CONCURRENCY:
+            qimpl = _key(f"{prefix}qimpl.tput_c{c}")
+            t.append(Target(f"tput-floor-c{c}{suffix}", f"qimpl throughput >= 0.5 x floor at concurrency {c}{where}",
+                            _pair(qimpl, _scaled(f"{prefix}floor.tput_c{c}", 0.5)), at_most=False))
+            t.append(Target(f"tput-dbos-c{c}{suffix}", f"qimpl throughput >= 0.5 x DBOS at concurrency {c}{where}",
+                            _pair(qimpl, _scaled(f"dbos.tput_c{c}", 0.5)), at_most=False))
     t += [
         Target("qualify-run", "full `qualify run` <= 60 s on 2 cores (best of -n 1 and -n auto)",
                _pair(_best_run, _const(60.0))),

@@ -24,14 +24,13 @@ import psutil
 
 from qualify import http
 from qualify.errors import HarnessError
-from qualify.forkserver import ENTRY_POINTS
 from qualify.procs import Child, free_port, kill_tree, quiet_port, spawn, wait_until
 from qualify.timing import spent
 
 if TYPE_CHECKING:
     from qualify.forkserver import ForkServer
 
-__all__ = ["ENTRY_POINTS", "Deployment", "ManagedProcess", "Processes", "SinkProcess", "faketime_env"]
+__all__ = ["Deployment", "ManagedProcess", "Processes", "SinkProcess", "faketime_env"]
 
 READY_TIMEOUT_S = 60.0
 SINK_READY_TIMEOUT_S = 10.0
@@ -215,7 +214,7 @@ class Processes:
         self.deployment = deployment
         self.all: dict[str, ManagedProcess] = {}
         #: When set, API and worker processes are forked from it (``qualify.forkserver``),
-        #: except those of ``exec_kinds`` (``ENTRY_POINTS``), which are always exec'd.
+        #: except those of ``exec_kinds`` (``qualify.forkserver.ENTRY_POINTS``), always exec'd.
         self.launcher = launcher
         self.exec_kinds = exec_kinds
         self.history = history

@@ -18,8 +18,7 @@ from typing import Any
 from qualify import interrupt
 from qualify.coverage import gate, unreachable_waivers
 from qualify.errors import HarnessError, UsageError
-from qualify.forkserver import SPAWN_MODES, SpawnPolicy
-from qualify.processes import ENTRY_POINTS
+from qualify.forkserver import ENTRY_POINTS, SPAWN_MODES, SpawnPolicy
 from qualify.procs import kill_tree, spawn
 from qualify.provenance import provenance, utc_stamp
 from qualify.report import build_summary, scenario_doc, write_report
@@ -216,6 +215,7 @@ def _run_one(stack: Any, sc: Scenario, *, seed: int, report_dir: Path, reruns: i
     if result.verdict is Verdict.FAIL and reruns > 0:
         failed = 1
         for i in range(reruns):
+            launcher, exec_kinds = policy.spawn_for(sc.exec_only)  # a fork server that died is restarted
             again = run_scenario(stack, sc, seed=seed, out_dir=report_dir / "scenarios" / sc.id / f"rerun-{i + 1}",
                                  launcher=launcher, exec_kinds=exec_kinds)
             failed += again.verdict is Verdict.FAIL

@@ -31,8 +31,9 @@ from qualify import http, interrupt
 from qualify.checkers import Check
 from qualify.errors import HarnessError, InvariantViolation
 from qualify.faults import Nemesis
+from qualify.forkserver import ENTRY_POINTS
 from qualify.history import HistoryRecorder
-from qualify.processes import ENTRY_POINTS, Deployment, ManagedProcess, Processes
+from qualify.processes import Deployment, ManagedProcess, Processes
 from qualify.timing import spends, spent
 
 #: The spec's default deadline (R-EXEC-8: 1 h), independent of the implementation's.
