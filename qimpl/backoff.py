@@ -39,17 +39,18 @@ def failure_delay(failures: int, *, base_s: float = DEFAULT_BASE_S, max_s: float
 
 
 def backoff_left(failures: int, since_failure_s: float | None, *, base_s: float = DEFAULT_BASE_S,
-                 max_s: float = DEFAULT_MAX_S) -> float:
-    """Seconds a new attempt still waits before it asks (R-EXEC-6): the backoff of the
-    run's ``failures``-th counted failure less ``since_failure_s``, the seconds since that
-    failure's call ended by the database's clock; 0 with no counted failure or no failed
-    call recorded. An attempt retried without Temporal's delay (the failing attempt's own
-    report lost to a takeover of its lease, a crash right after the count, an operator
-    reset) so still waits out the exponential backoff; a ``Retry-After`` above it is only
-    known to the failing attempt, which hands it to Temporal."""
+                 max_s: float = DEFAULT_MAX_S, retry_after_s: float | None = None) -> float:
+    """Seconds a new attempt still waits before it asks (R-EXEC-6): the delay of the
+    run's ``failures``-th counted failure (``failure_delay``: the backoff, or the
+    ``retry_after_s`` its provider asked for when longer) less ``since_failure_s``, the
+    seconds since that failure's call ended by the database's clock; 0 with no counted
+    failure or no failed call recorded. An attempt retried without Temporal's delay (the
+    failing attempt's own report lost to a takeover of its lease, a crash right after
+    the count, an operator reset) so still waits the whole delay out."""
     if failures < 1 or since_failure_s is None:
         return 0.0
-    return max(failure_delay(failures, base_s=base_s, max_s=max_s) - since_failure_s, 0.0)
+    delay = failure_delay(failures, base_s=base_s, max_s=max_s, retry_after_s=retry_after_s)
+    return max(delay - since_failure_s, 0.0)
 
 
 def parse_retry_after(value: str | None, *, now: float) -> float | None:

@@ -44,8 +44,18 @@ _NEW_GUARD = '\nGUARD_SQL = f"""'
 
 
 def _guard(old: str, new: str) -> Patch:
-    """A patch to the guards 20261205_090000_guard_all_writes installs."""
+    """A patch to the triggers 20261205_090000_guard_all_writes installs (its guard
+    functions were since replaced: ``_transition_guard``, ``_checkpoint_guard``)."""
     return Patch(GUARD_ALL_WRITES, old, new, after=_NEW_GUARD)
+
+
+JUDGED_AT = "qimpl/db/migrations/versions/20261210_090000_judged_at.py"
+
+
+def _transition_guard(old: str, new: str) -> Patch:
+    """A patch to the transition guard 20261210_090000_judged_at installs (the one in
+    effect; the guard it replaces comes first in that file)."""
+    return Patch(JUDGED_AT, old, new, after=_NEW_GUARD)
 
 
 LATE_CHECKPOINTS = "qimpl/db/migrations/versions/20261209_090000_late_checkpoints.py"
@@ -106,7 +116,7 @@ CATALOG: tuple[Mutant, ...] = (
         "resume-past-unknown-outcome", "reconciliation before resume (R-RESUME-3)",
         (Patch("qimpl/api/routers/controls.py", '    unsettled = await journal_db.unsettled(conn, str(row["run_id"]))',
                "    unsettled: list[dict[str, Any]] = []"),
-         _guard(
+         _transition_guard(
                "    IF OLD.state = 'awaiting_input' AND NEW.generation > OLD.generation",
                "    IF false AND OLD.state = 'awaiting_input' AND NEW.generation > OLD.generation")),
         "tool-reply-lost", "a normal resume answers 409 run_reconciliation_required"),
@@ -177,14 +187,14 @@ CATALOG: tuple[Mutant, ...] = (
         "happy-path", "every write by its owner"),
     Mutant(
         "guard-lets-an-attempt-go-back", "transition guard: fencing token only goes forward (R-EXEC-7)",
-        (_guard(
+        (_transition_guard(
                "    IF NEW.generation = OLD.generation AND OLD.owner_attempt IS NOT NULL\n",
                "    IF false AND NEW.generation = OLD.generation AND OLD.owner_attempt IS NOT NULL\n"),),
         "stale-writers-refused", "the guard refuses an attempt taking its generation back (QG008)"),
     Mutant(
         "guard-expires-early", "transition guard: no expiry before the deadline (R-EXEC-12)",
-        (_guard(
-               "IF NEW.state = 'expired' AND clock_timestamp() < OLD.deadline_at THEN",
+        (_transition_guard(
+               "IF NEW.state = 'expired' AND v_now < OLD.deadline_at THEN",
                "IF false THEN"),),
         "stale-writers-refused", "the guard refuses expired before the deadline (QG007)"),
     Mutant(
@@ -309,19 +319,19 @@ CATALOG: tuple[Mutant, ...] = (
         "the guard refuses a run inserted straight into completed at row version 7 by qimpl_api (QG014)"),
     Mutant(
         "guard-blind-to-null", "the fencing attempt cannot go back through NULL (R-EXEC-7)",
-        (_guard(
+        (_transition_guard(
                "       AND (NEW.owner_attempt IS NULL OR NEW.owner_attempt < OLD.owner_attempt) THEN",
                "       AND NEW.owner_attempt < OLD.owner_attempt THEN"),),
         "stale-writers-refused", "the guard refuses an attempt going back through NULL (QG008)"),
     Mutant(
         "guard-lets-the-prompt-change", "a run's request is immutable after acceptance (R-STATE-1)",
-        (_guard(
+        (_transition_guard(
                "OR NEW.agent_id IS DISTINCT FROM OLD.agent_id OR NEW.prompt IS DISTINCT FROM OLD.prompt",
                "OR NEW.agent_id IS DISTINCT FROM OLD.agent_id"),),
         "stale-writers-refused", "the guard refuses a changed prompt (QG004)"),
     Mutant(
         "guard-lets-generations-jump", "a generation steps by exactly one (R-STATE-1)",
-        (_guard(
+        (_transition_guard(
                "OR NEW.generation IS NULL OR NEW.generation NOT IN (OLD.generation, OLD.generation + 1) THEN",
                "OR NEW.generation < OLD.generation THEN"),),
         "stale-writers-refused", "the guard refuses a generation that jumps (QG004)"),
@@ -349,7 +359,7 @@ CATALOG: tuple[Mutant, ...] = (
         "backoff-forgotten-on-takeover", "a retry that came without Temporal's delay still waits out the backoff (R-EXEC-6)",
         (Patch("qimpl/workflows/activities.py", "            await self._wait_out_backoff(owner, row, inp)\n", ""),),
         "failure-backoff-after-a-lost-report",
-        "the next ask came at least the 6 s backoff after the counted failure ended, on the database's clock"),
+        "the next ask came at least the 5 s Retry-After after the counted failure ended, on the database's clock"),
     Mutant(
         "stream-accepts-unknown-event-ids", "a Last-Event-ID the run never sent is refused (R-EVENT-2)",
         (Patch("qimpl/api/routers/events.py",
@@ -412,14 +422,14 @@ CATALOG: tuple[Mutant, ...] = (
         "one-approval-one-call", "identical call 2 waited for an approval of its own, 1 run so far"),
     Mutant(
         "guard-lets-a-late-run-resume", "after its deadline a run may only end (QG006 alone, R-EXEC-8)",
-        (_guard(
-               "    IF OLD.lifecycle_version = 2 AND clock_timestamp() >= OLD.deadline_at\n",
-               "    IF false AND OLD.lifecycle_version = 2 AND clock_timestamp() >= OLD.deadline_at\n"),),
+        (_transition_guard(
+               "    IF OLD.lifecycle_version = 2 AND v_now >= OLD.deadline_at\n",
+               "    IF false AND OLD.lifecycle_version = 2 AND v_now >= OLD.deadline_at\n"),),
         "stale-writers-refused",
         "the guard refuses a new generation after the deadline: the run may only end (QG006)"),
     Mutant(
         "guard-lets-a-resume-past-an-unknown-outcome", "no new generation over an unsettled tool call (QG010 alone, R-RESUME-3)",
-        (_guard(
+        (_transition_guard(
                "    IF OLD.state = 'awaiting_input' AND NEW.generation > OLD.generation\n",
                "    IF false AND OLD.state = 'awaiting_input' AND NEW.generation > OLD.generation\n"),),
         "tool-reply-lost", "the guard refuses a new generation while a tool outcome is unknown (QG010)"),
@@ -542,11 +552,20 @@ CATALOG: tuple[Mutant, ...] = (
     Mutant(
         "retry-delay-not-handed-to-temporal",
         "the failing attempt hands its retry delay to Temporal, Retry-After included (R-EXEC-6)",
-        # The next attempt's own wait keeps the exponential spacing; only the failing
-        # attempt knows a longer Retry-After.
+        # The next attempt's own wait keeps the spacing (its failure record keeps the
+        # Retry-After), but it waits holding the run and a worker's slot.
         (Patch("qimpl/workflows/activities.py",
                'type="StepFailure", next_retry_delay=timedelta(seconds=delay))', 'type="StepFailure")'),),
-        "provider-outage-survived", "a 429 with Retry-After 8 s was not asked again sooner (the backoff alone says 3 s)"),
+        "provider-outage-survived",
+        "Temporal held the 429's retry for its Retry-After: no later attempt claimed the run sooner"),
+    Mutant(
+        "retry-after-not-recorded", "a failed call's record keeps its provider's Retry-After (R-EXEC-6)",
+        # Only an attempt that never got the failing attempt's delay from Temporal needs it.
+        (Patch("qimpl/workflows/activities.py",
+               'await _settle(owner, call, status="failed", code=kind, retry_after_s=retry_after)',
+               'await _settle(owner, call, status="failed", code=kind)'),),
+        "failure-backoff-after-a-lost-report",
+        "the next ask came at least the 5 s Retry-After after the counted failure ended, on the database's clock"),
     Mutant(
         "retry-after-ignored", "a provider's Retry-After is honoured (R-EXEC-6)",
         (Patch("qimpl/backoff.py", "if retry_after_s is not None and retry_after_s > delay:", "if False:"),),

@@ -321,17 +321,21 @@ class RunOwner:
         return int(got[0])
 
     async def call_ended(self, call: int, *, status: str, input_tokens: int | None = None,
-                         output_tokens: int | None = None, code: str | None = None) -> None:
+                         output_tokens: int | None = None, code: str | None = None,
+                         retry_after_s: float | None = None) -> None:
         """Settle record ``call`` (``succeeded``, ``failed`` or ``cancelled``) with the
         token counts the provider reported (None: not reported) and, for a failure, its
-        safe kind ``code``. Raises LostOwnership when refused (no longer the owner, or the
-        record is not this attempt's open one)."""
+        safe kind ``code`` and the seconds the provider asked to be left alone
+        (``Retry-After``, R-EXEC-6; the database refuses it on any other outcome). Raises
+        LostOwnership when refused (no longer the owner, or the record is not this
+        attempt's open one)."""
         what = f"provider call record {call} of run {self.run_id}"
         async with self._refusals(what):
             cur = await self.conn.execute(
                 "UPDATE provider_calls SET status = %s, outcome_code = %s, input_tokens = %s,"
-                " output_tokens = %s WHERE id = %s AND status = 'started' AND attempt = %s"
-                " RETURNING id", (status, code, input_tokens, output_tokens, call, self.attempt))
+                " output_tokens = %s, retry_after_s = %s"
+                " WHERE id = %s AND status = 'started' AND attempt = %s RETURNING id",
+                (status, code, input_tokens, output_tokens, retry_after_s, call, self.attempt))
             got = await cur.fetchone()
         if got is None:
             raise LostOwnership(f"{what}: not this attempt's open record")
@@ -414,22 +418,34 @@ class RunOwner:
                           self._params(), what=f"outcome of tool call {call_id} of run {self.run_id}",
                           then=settle)
 
-    async def seconds_since_failure(self) -> float | None:
-        """Seconds since the run's last failed provider call ended, by the database's
-        clock; None when it has none (R-EXEC-6)."""
+    async def last_failure(self) -> tuple[float, float | None] | None:
+        """The run's last failed provider call: seconds since it ended, by the database's
+        clock, and the seconds its provider asked to be left alone (``Retry-After``;
+        None: it did not say); None when the run has no failed call (R-EXEC-6)."""
         async with self.conn.cursor() as cur:
-            await cur.execute("SELECT extract(epoch FROM clock_timestamp() - max(ended_at))::float8"
-                              " FROM provider_calls WHERE run_id = %s AND status = 'failed'", (self.run_id,))
+            await cur.execute("SELECT extract(epoch FROM clock_timestamp() - ended_at)::float8, retry_after_s"
+                              " FROM provider_calls WHERE run_id = %s AND status = 'failed'"
+                              " ORDER BY ended_at DESC LIMIT 1", (self.run_id,))
             got = await cur.fetchone()
-        return None if got is None or got[0] is None else float(got[0])
+        if got is None or got[0] is None:
+            return None
+        return float(got[0]), None if got[1] is None else float(got[1])
 
     async def count_failure(self, code: str) -> int:
         """Count one failed step durably (R-EXEC-6) with its safe kind ``code`` (a
         ``qimpl.errors`` kind, never provider text: the run's ``last_failure_code``, shown
-        on the run record and in its ``failure`` event); returns the run's failures so far."""
+        on the run record and in its ``failure`` event); returns the run's failures so far.
+
+        The same write takes this attempt's task token off the run: the attempt ends now
+        and reports its failure to Temporal with the retry's delay itself, so a watcher
+        that sees the lease free in between has no token to fail it by, which would race
+        that report and could lose the delay (R-EXEC-13; one whose report is lost, the
+        worker dying right after this write, is failed by the watcher as a started attempt
+        that never claims: ``qimpl.takeover``)."""
         got = await self._write(
             f"UPDATE runs SET row_version = row_version + 1, provider_failures = provider_failures + 1,"
-            f" last_failure_code = %(failure_code)s {_FENCE} RETURNING row_version, provider_failures",
+            f" last_failure_code = %(failure_code)s, owner_task_token = NULL {_FENCE}"
+            f" RETURNING row_version, provider_failures",
             self._params(failure_code=code), what=f"failure count of run {self.run_id}")
         return int(got[1])
 

@@ -532,7 +532,7 @@ CREATE FUNCTION public.runs_record_transition() RETURNS trigger
 BEGIN
     INSERT INTO public.run_transitions (run_id, tenant_id, row_version, old_state, new_state,
                                         generation, owner_attempt, checkpoint_step,
-                                        writer_pid, writer_role, writer_token, writer_lock)
+                                        writer_pid, writer_role, writer_token, writer_lock, at)
     VALUES (NEW.run_id, NEW.tenant_id, NEW.row_version,
             CASE WHEN TG_OP = 'UPDATE' THEN OLD.state END,
             NEW.state, NEW.generation, NEW.owner_attempt, NEW.checkpoint_step,
@@ -543,7 +543,8 @@ BEGIN
         WHERE l.locktype = 'advisory' AND l.pid = pg_catalog.pg_backend_pid() AND l.granted
           AND l.objsubid = 1
           AND ((l.classid::int8 << 32) | l.objid::int8)
-              = pg_catalog.hashtextextended('qimpl-run:' || NEW.run_id::text, 0)));
+              = pg_catalog.hashtextextended('qimpl-run:' || NEW.run_id::text, 0)),
+            coalesce(NEW.updated_at, pg_catalog.clock_timestamp()));
     RETURN NULL;
 END;
 $$;
@@ -554,7 +555,12 @@ CREATE FUNCTION public.runs_transition_guard() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'public', 'pg_temp'
     AS $$
+DECLARE
+    -- One instant for the whole judgement: the deadline is compared with it and the row
+    -- is stamped with it (``updated_at``, the time its transition record carries).
+    v_now timestamptz := pg_catalog.clock_timestamp();
 BEGIN
+    NEW.updated_at := v_now;
     IF TG_OP = 'INSERT' THEN
         IF pg_catalog.current_setting('is_superuser') <> 'on' AND (
                NEW.state IS DISTINCT FROM 'accepted' OR NEW.row_version IS DISTINCT FROM 1
@@ -595,12 +601,12 @@ BEGIN
         RAISE EXCEPTION 'run %: identity, request, deadline are immutable; generation steps by one',
             OLD.run_id USING ERRCODE = 'QG004';
     END IF;
-    IF NEW.state = 'expired' AND clock_timestamp() < OLD.deadline_at THEN
+    IF NEW.state = 'expired' AND v_now < OLD.deadline_at THEN
         RAISE EXCEPTION 'run %: expired before its deadline (% < %)',
-            OLD.run_id, clock_timestamp(), OLD.deadline_at
+            OLD.run_id, v_now, OLD.deadline_at
             USING ERRCODE = 'QG007';
     END IF;
-    IF OLD.lifecycle_version = 2 AND clock_timestamp() >= OLD.deadline_at
+    IF OLD.lifecycle_version = 2 AND v_now >= OLD.deadline_at
        AND NEW.state NOT IN ('expired', 'failed', 'cancelled') THEN
         RAISE EXCEPTION 'run %: deadline % passed; it may only end', OLD.run_id, OLD.deadline_at
             USING ERRCODE = 'QG006';
@@ -790,8 +796,10 @@ CREATE TABLE public.provider_calls (
     committed_by text DEFAULT CURRENT_USER NOT NULL,
     started_xact xid8,
     ended_xact xid8,
+    retry_after_s double precision,
     CONSTRAINT provider_calls_input_tokens_check CHECK ((input_tokens >= 0)),
     CONSTRAINT provider_calls_output_tokens_check CHECK ((output_tokens >= 0)),
+    CONSTRAINT provider_calls_retry_after_check CHECK (((retry_after_s IS NULL) OR ((status = 'failed'::text) AND (retry_after_s >= (0)::double precision)))),
     CONSTRAINT provider_calls_status_check CHECK ((status = ANY (ARRAY['started'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text]))),
     CONSTRAINT provider_calls_step_check CHECK ((step >= 1))
 );
@@ -939,6 +947,7 @@ CREATE TABLE public.runs (
     dispatch_requested_at timestamp with time zone,
     owner_task_token bytea,
     last_failure_code text,
+    updated_at timestamp with time zone,
     CONSTRAINT runs_durability_check CHECK (((durability)::text = ANY ((ARRAY['temporal'::character varying, 'legacy'::character varying])::text[]))),
     CONSTRAINT runs_generation_check CHECK ((generation >= 1)),
     CONSTRAINT runs_lifecycle_version_check CHECK ((lifecycle_version = ANY (ARRAY[1, 2]))),

@@ -365,19 +365,23 @@ class AgentActivities:
             return result
         log.warning("provider failed at step %s of run %s: %s", ctx.step, ctx.run_id, kind,
                     extra={"run_id": ctx.run_id, "step": ctx.step})
-        await _settle(owner, call, status="failed", code=kind)
+        await _settle(owner, call, status="failed", code=kind, retry_after_s=retry_after)
         raise _StepFailed(kind, retry_after)
 
     async def _wait_out_backoff(self, owner: RunOwner, row: dict[str, Any], inp: RunInput) -> None:
-        """Wait what is left of the last counted failure's backoff before the first ask
+        """Wait what is left of the last counted failure's backoff, or of its provider's
+        ``Retry-After`` when that is longer, before the first ask
         (``qimpl.backoff.backoff_left``, R-EXEC-6): Temporal's retry delay is the failing
         attempt's to set, and a retry that came without it (its report lost to a takeover
         of its lease, a crash after the count) must not ask sooner. Holding the lease."""
         failures = int(row["provider_failures"])
         if failures < 1:
             return
-        left = min(backoff_left(failures, await owner.seconds_since_failure(), base_s=inp.failure_backoff_s,
-                                max_s=inp.failure_backoff_max_s), max(owner.seconds_left(), 0.0))
+        last = await owner.last_failure()
+        since, retry_after = last if last is not None else (None, None)
+        left = min(backoff_left(failures, since, base_s=inp.failure_backoff_s,
+                                max_s=inp.failure_backoff_max_s, retry_after_s=retry_after),
+                   max(owner.seconds_left(), 0.0))
         if left > 0:
             log.info("run %s waits %.1f s more of its failure backoff (failure %s)", inp.run_id, left, failures,
                      extra={"event": "activity.backoff_resumed", "run_id": inp.run_id, "delay_s": left})

@@ -99,17 +99,22 @@ def large_answer(ctx: ScenarioContext) -> None:
 
 
 AFTER_COUNT = "activity.after_failure_count"
-#: The backoff this scenario's API hands its runs: longer than any retry that comes
-#: without it (the watcher's takeover and Temporal's retry, about 1-2 s; a heartbeat
-#: timeout then a retry, about 3-4 s at the 2 s default), so a retry that skipped it shows.
-LOST_REPORT_BACKOFF_S = 6.0
+#: The backoff this scenario's API hands its runs, and the longer ``Retry-After`` its
+#: provider asks for: longer than any retry that comes without the failing attempt's own
+#: report (the watcher's takeover and Temporal's retry, about 1-2 s; a heartbeat timeout
+#: then a retry, about 3-4 s at the 2 s default), so a retry that skipped the delay shows,
+#: and one that kept the backoff but lost the Retry-After (known to the killed attempt
+#: only, unless its failure record keeps it) shows too.
+LOST_REPORT_BACKOFF_S = 2.0
+LOST_REPORT_RETRY_AFTER_S = 5.0
 
 
 @scenario(
     "failure-backoff-after-a-lost-report",
-    title="SIGKILL the worker right after it counted a provider failure, before it told "
-          "Temporal when to retry: the survivor's watcher takes the run over at lease speed, "
-          "and the next ask still waits out the failure's backoff on the database's clock",
+    title="SIGKILL the worker right after it counted a provider failure (a 429 with "
+          "Retry-After 5 s, the backoff 2 s), before it told Temporal when to retry: the "
+          "survivor's watcher takes the run over, and the next ask still waits out the "
+          "provider's Retry-After on the database's clock",
     requirements=("R-EXEC-6", "R-Q-4"),
     faults=(f"sigkill at {AFTER_COUNT}",),
     crash_points=(AFTER_COUNT,),
@@ -118,7 +123,8 @@ def failure_backoff_after_a_lost_report(ctx: ScenarioContext) -> None:
     api = ctx.processes.api(QIMPL_PROVIDER_BACKOFF_S=str(LOST_REPORT_BACKOFF_S),
                             QIMPL_PROVIDER_BACKOFF_MAX_S=str(LOST_REPORT_BACKOFF_S))
     run_id = accepted(ctx, api, prompt=make_prompt(
-        steps=2, answer="waited", fail={"steps": [1], "attempts": [1], "error": "unreachable"}))
+        steps=2, answer="waited", fail={"steps": [1], "attempts": [1], "error": "rate_limited",
+                                        "retry_after_s": LOST_REPORT_RETRY_AFTER_S}))
     ctx.strike_worker(AFTER_COUNT, "worker-doomed")
     ctx.processes.worker("worker-survivor")
     run = ctx.wait_terminal(api, run_id, timeout_s=40)
@@ -129,8 +135,9 @@ def failure_backoff_after_a_lost_report(ctx: ScenarioContext) -> None:
     failed = [c for c in calls if c[0] == "failed"]
     later = [c for c in calls if failed and c[1] > failed[0][2]]
     gap = later[0][1] - failed[0][2] if failed and later else None
-    ctx.expect(f"the next ask came at least the {LOST_REPORT_BACKOFF_S:.0f} s backoff after the counted "
-               "failure ended, on the database's clock", gap is not None and gap >= LOST_REPORT_BACKOFF_S - 0.05,
+    ctx.expect(f"the next ask came at least the {LOST_REPORT_RETRY_AFTER_S:.0f} s Retry-After after the "
+               "counted failure ended, on the database's clock",
+               gap is not None and gap >= LOST_REPORT_RETRY_AFTER_S - 0.05,
                f"{gap:.2f} s" if gap is not None else f"calls {calls}", "R-EXEC-6", judged=len(failed))
     taken = ctx.sql("SELECT count(*) FROM run_transitions WHERE run_id = %s AND owner_attempt > 1", run_id)[0][0]
     ctx.expect("a later attempt owned the run", taken > 0, f"{taken} writes by later attempts", "R-EXEC-6")

@@ -415,8 +415,15 @@ def retry_stranded_on_a_dead_takeover_queue(ctx: ScenarioContext) -> None:
                json.dumps(moves)[:400], "R-EXEC-13")
     kinds = _history_kinds(ctx, wf_id)
     sts = [i for i, k in enumerate(kinds) if k == "ACTIVITY_TASK_TIMED_OUT:SCHEDULE_TO_START"]
+    # The server usually ends the moved retry with a ScheduleToStart timeout, and sometimes
+    # runs it instead (seen once in five full runs; the run then completes all the same):
+    # the workflow's answer is judged here when it was asked, and on every test run by
+    # replaying a recorded history of it (tests/integration/test_replay_redispatch.py).
+    ctx.figures["stranded_retry_schedule_to_start"] = float(bool(sts))
     ctx.expect("the workflow scheduled the never-started activity again after its ScheduleToStart timeout",
-               bool(sts) and "ACTIVITY_TASK_SCHEDULED" in kinds[sts[0]:],
-               " ".join(k for k in kinds if k.startswith("ACTIVITY")), "R-EXEC-13")
+               not sts or "ACTIVITY_TASK_SCHEDULED" in kinds[sts[0]:],
+               " ".join(k for k in kinds if k.startswith("ACTIVITY"))
+               + ("" if sts else " (the server ran the moved retry: no timeout to answer)"),
+               "R-EXEC-13", judged=len(sts[:1]))
     steps = _steps_once(ctx, run_id)
     ctx.expect("one checkpoint per step", steps == list(range(1, STEPS + 1)), str(steps), "R-EXEC-4")

@@ -152,3 +152,39 @@ def test_the_owners_checkpoint_is_accepted_and_named_by_its_session(
     for sql in ("UPDATE run_checkpoints SET step = 2 WHERE run_id = %s",
                 "DELETE FROM run_checkpoints WHERE run_id = %s"):
         assert _refused(worker, sql, (run_id,)) in ("QG015", "42501")
+
+
+@pytest.mark.req("R-EXEC-8")
+@pytest.mark.req("R-EXEC-12")
+def test_a_transition_is_recorded_at_the_instant_its_guard_judged(
+        dsn: str, worker: psycopg.Connection[Any]) -> None:
+    """``20261210_090000_judged_at``: the guard compares the deadline with one instant and
+    stamps the row with it, whatever the writer sent; the audit record carries that same
+    instant (an ``AFTER`` trigger's own clock reads later, past a deadline the guard met)."""
+    run_id = _seed(dsn)
+    worker.execute("UPDATE runs SET row_version = row_version + 1,"
+                   " updated_at = now() - interval '1 day' WHERE run_id = %s", (run_id,))
+    with psycopg.connect(dsn, autocommit=True) as c:
+        stamped, recorded, forged = c.execute(
+            "SELECT r.updated_at, t.at, r.updated_at < now() - interval '1 hour' FROM runs r"
+            " JOIN run_transitions t ON t.run_id = r.run_id AND t.row_version = r.row_version"
+            " WHERE r.run_id = %s", (run_id,)).fetchone()
+    assert not forged, "the writer's updated_at was kept"
+    assert recorded == stamped
+
+
+@pytest.mark.req("R-EXEC-6")
+def test_only_a_failed_call_keeps_a_retry_after(dsn: str) -> None:
+    """``20261210_100000_retry_after``: the seconds a provider asked for, on a failed
+    call's record only, never negative."""
+    run_id = _seed(dsn, owner_attempt=1)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SET session_replication_role = replica")  # the record alone, without its guard
+        calls = [c.execute("INSERT INTO provider_calls (run_id, tenant_id, generation, attempt, step,"
+                           " row_version) VALUES (%s, 't', 1, 1, %s, 1) RETURNING id",
+                           (run_id, step)).fetchone()[0] for step in (1, 2, 3)]
+        c.execute("SET session_replication_role = origin")
+        settle = "UPDATE provider_calls SET status = %s, retry_after_s = %s WHERE id = %s"
+        assert _refused(c, settle, ("succeeded", 1.0, calls[0])) == "23514"
+        assert _refused(c, settle, ("failed", -1.0, calls[1])) == "23514"
+        assert _refused(c, settle, ("failed", 8.0, calls[2])) is None

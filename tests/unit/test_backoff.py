@@ -49,3 +49,7 @@ def test_a_retry_waits_what_is_left_of_the_backoff() -> None:
     assert backoff_left(3, 5.0, base_s=3, max_s=30) == 7.0  # the third failure waits 12 s
     assert backoff_left(1, 4.0, base_s=3, max_s=30) == 0.0  # Temporal's delay already passed
     assert backoff_left(9, 0.0, base_s=3, max_s=30) == 30.0
+    # The provider's Retry-After, kept on the failed call's record, when above the backoff.
+    assert backoff_left(1, 1.0, base_s=3, max_s=30, retry_after_s=8) == 7.0
+    assert backoff_left(1, 1.0, base_s=3, max_s=30, retry_after_s=2) == 2.0  # the backoff is longer
+    assert backoff_left(1, 9.0, base_s=3, max_s=30, retry_after_s=8) == 0.0
