@@ -34,6 +34,7 @@ from qualify.faults import Nemesis
 from qualify.forkserver import ENTRY_POINTS
 from qualify.history import HistoryRecorder
 from qualify.processes import Deployment, ManagedProcess, Processes
+from qualify.run_notices import RunNotices
 from qualify.timing import spends, spent
 
 #: The spec's default deadline (R-EXEC-8: 1 h), independent of the implementation's.
@@ -137,6 +138,8 @@ class ScenarioContext:
     #: the server closed it; the runner closes it at teardown).
     _db: Any = field(default=None, repr=False)
     _db_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: The scenario's ``RunNotices`` (started on the first wait for a run; closed with ``close``).
+    _notices: Any = field(default=None, repr=False)
 
     def waiting(self, kind: str) -> Any:
         """A span of the scenario's time of ``kind`` (``qualify.timing.KINDS``): ``with
@@ -231,12 +234,23 @@ class ScenarioContext:
             raise HarnessError(f"read of run {run_id} answered {resp.status_code}: {resp.text[:200]}")
         return _json(resp)
 
+    def notices(self) -> RunNotices:
+        """The scenario's LISTEN session on the product's run notifications (started on
+        first use): waits for a run read it again when it changed, not on an interval."""
+        if self._notices is None:
+            self._notices = RunNotices(self.deployment.dsn).start()
+        return self._notices
+
     @spends("wait_run")
     def wait_terminal(self, api: ManagedProcess, run_id: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
-        """Poll the run until terminal; records the final read. HarnessError on timeout."""
+        """Read the run through the API until it is terminal, again each time the product
+        notifies a change of it (``qualify.run_notices``; at least every 0.5 s); records the
+        final read. HarnessError on timeout."""
         self.history.record("client", op="read", phase="invoke", run_id=run_id)
         deadline = time.monotonic() + timeout_s
+        notices = self.notices()
         while True:
+            mark = notices.seen(run_id)
             doc = self.read_run(api, run_id)
             if doc["state"] in TERMINAL:
                 self.history.record("client", op="read", phase="ok", run_id=run_id,
@@ -247,19 +261,23 @@ class ScenarioContext:
             if time.monotonic() > deadline:
                 self.history.record("client", op="read", phase="info", run_id=run_id, state=doc["state"])
                 raise HarnessError(f"run {run_id} still {doc['state']} after {timeout_s} s")
-            time.sleep(0.05)
+            notices.wait(run_id, mark, deadline - time.monotonic())
 
     @spends("wait_run")
     def wait_state(self, api: ManagedProcess, run_id: str, state: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
-        """Poll the run until it is in ``state``; HarnessError on timeout or another terminal state."""
+        """Read the run until it is in ``state`` (as ``wait_terminal``: again on each
+        notified change); HarnessError on timeout or another terminal state."""
         deadline = time.monotonic() + timeout_s
+        notices = self.notices()
         while True:
+            mark = notices.seen(run_id)
             doc = self.read_run(api, run_id)
             if doc["state"] == state:
                 return doc
             if doc["state"] in TERMINAL or time.monotonic() > deadline:
                 raise HarnessError(f"run {run_id} is {doc['state']}, waited for {state}")
-            time.sleep(0.05)
+            interrupt.check()
+            notices.wait(run_id, mark, deadline - time.monotonic())
 
     # -- synthetic provider barriers ------------------------------------------------
     @spends("wait_barrier")
@@ -352,7 +370,10 @@ class ScenarioContext:
                 raise
 
     def close(self) -> None:
-        """Close the scenario's database session (idempotent)."""
+        """Close the scenario's database sessions (idempotent)."""
+        notices, self._notices = self._notices, None
+        if notices is not None:
+            notices.close(wake=self.sql)
         db, self._db = self._db, None
         if db is not None:
             with contextlib.suppress(Exception):

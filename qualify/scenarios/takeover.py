@@ -348,9 +348,12 @@ def _history_kinds(ctx: ScenarioContext, wf_id: str) -> list[str]:
 def _terminal_within(ctx: ScenarioContext, api: ManagedProcess, run_id: str, timeout_s: float) -> dict[str, Any]:
     """The run once terminal, or as it is after ``timeout_s`` (a finding, not a harness fault)."""
     deadline = time.monotonic() + timeout_s
+    notices = ctx.notices()
+    mark = notices.seen(run_id)
     run = ctx.read_run(api, run_id)
     while run["state"] not in TERMINAL and time.monotonic() < deadline:
-        time.sleep(0.05)
+        notices.wait(run_id, mark, deadline - time.monotonic())
+        mark = notices.seen(run_id)
         run = ctx.read_run(api, run_id)
     return run
 
