@@ -99,13 +99,15 @@ def postgres_restarted_mid_sweep(ctx: ScenarioContext) -> None:
 
 @scenario(
     "expiry-without-worker",
-    title="No worker at all, deadline 5 s: the one-shot sweep expires the run; a worker "
+    title="No worker at all, deadline 2 s: the one-shot sweep expires the run; a worker "
           "started afterwards makes no provider call for it",
     requirements=("R-EXEC-8", "R-OPS-3", "R-OPS-4"),
 )
 def expiry_without_worker(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
-    run_id = accepted(ctx, api, prompt=make_prompt(steps=2), deadline_seconds=5)
+    # 2 s: nothing but the create must happen before the deadline (the API's least is 1 s;
+    # one more keeps a create slowed by a loaded machine clear of it).
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=2), deadline_seconds=2)
     deadline = ctx.read_run(api, run_id)["deadline_at"]
     poll_until(ctx, "deadline", lambda: ctx.sql("SELECT clock_timestamp() > %s::timestamptz", deadline)[0][0],
           timeout_s=15, kind="wait_deadline")

@@ -360,7 +360,8 @@ def _terminal_within(ctx: ScenarioContext, api: ManagedProcess, run_id: str, tim
 
 AFTER_MOVE = "takeover.after_move"
 #: A run taken over from a stranded retry: well inside any deadline, a few heartbeat
-#: timeouts (the scenario's H is the harness's 2 s).
+#: timeouts and retry timers on the default timers (the harness's H is 1 s; a passing run
+#: does not wait the bound out).
 STRANDED_WITHIN_S = 15.0
 
 
