@@ -289,6 +289,16 @@ class Nemesis:
             "point": evidence["point"], "pid": evidence["pid"], **evidence.get("context", {}),
             "process_status": status, "owner_sessions": [[p, s, w] for p, s, w in sessions], **context})
 
+    def held_without_lease(self, proc: ManagedProcess, evidence: dict[str, Any], *, orphaned: bool,
+                           held_s: float, **context: Any) -> dict[str, Any]:
+        """Record ``proc`` held at a crash point after its attempt closed the run's lease (a
+        report to Temporal delayed ``held_s`` seconds). Landed when the process is alive
+        and the run was an orphan (``running``, its lock free) during the hold."""
+        alive = psutil.pid_exists(evidence["pid"]) and proc.alive
+        return self._record(f"crash_point:{evidence['action']}", proc.name, alive and orphaned, {
+            "point": evidence["point"], "pid": evidence["pid"], **evidence.get("context", {}),
+            "held_s": held_s, "orphaned": orphaned, **context})
+
     # -- the network (R-Q-11): proxies between one process and PostgreSQL or Temporal ------
     def provider_outage(self, *, started_t: float, ended_t: float, failed_calls: int,
                         **context: Any) -> dict[str, Any]:

@@ -559,6 +559,15 @@ CATALOG: tuple[Mutant, ...] = (
         "provider-outage-survived",
         "Temporal held the 429's retry for its Retry-After: no later attempt claimed the run sooner"),
     Mutant(
+        "failure-count-keeps-the-token",
+        "a counted failure takes its attempt's task token off the run before its report (R-EXEC-13, R-EXEC-6)",
+        (Patch("qimpl/db/owner.py",
+               'f" last_failure_code = %(failure_code)s, owner_task_token = NULL {_FENCE}"',
+               'f" last_failure_code = %(failure_code)s {_FENCE}"'),),
+        "failure-reported-after-the-lease",
+        "Temporal held the retry for the 3 s Retry-After: no later attempt claimed the run sooner after "
+        "the failed call ended, on the database's clock"),
+    Mutant(
         "retry-after-not-recorded", "a failed call's record keeps its provider's Retry-After (R-EXEC-6)",
         # Only an attempt that never got the failing attempt's delay from Temporal needs it.
         (Patch("qimpl/workflows/activities.py",

@@ -70,6 +70,9 @@ BEFORE_LEASE = declare("activity.before_lease", "an attempt started, before it a
 AFTER_CLAIM = declare("activity.after_claim", "the attempt owns the run, before any step")
 AFTER_FAILURE_COUNT = declare("activity.after_failure_count",
                               "a failed step is counted, Temporal not yet told when to retry")
+BEFORE_FAILURE_REPORT = declare(
+    "activity.before_failure_report",
+    "a counted failure's attempt closed its lease, Temporal not yet told when to retry")
 BEFORE_CHECKPOINT = declare(
     "activity.before_checkpoint_commit", "a step's provider call returned, its checkpoint not yet committed"
 )
@@ -178,6 +181,10 @@ class AgentActivities:
         self.taken_over += moved
         try:
             return await self._run_agent(inp, attempt)
+        except ApplicationError as exc:
+            if exc.type == "StepFailure":  # the lease is closed; the report with its delay is next
+                await BEFORE_FAILURE_REPORT.areach(run_id=inp.run_id, attempt=attempt)
+            raise
         finally:
             self.taken_over -= moved
 

@@ -7,6 +7,7 @@ from collections import Counter
 
 from qimpl.lifecycle import workflow_id
 from qualify.fakes.synthetic import make_prompt
+from qualify.procs import wait_until
 from qualify.scenarios.base import ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted, provider_calls
 
@@ -142,3 +143,56 @@ def failure_backoff_after_a_lost_report(ctx: ScenarioContext) -> None:
                f"{gap:.2f} s" if gap is not None else f"calls {calls}", "R-EXEC-6", judged=len(failed))
     taken = ctx.sql("SELECT count(*) FROM run_transitions WHERE run_id = %s AND owner_attempt > 1", run_id)[0][0]
     ctx.expect("a later attempt owned the run", taken > 0, f"{taken} writes by later attempts", "R-EXEC-6")
+
+
+BEFORE_REPORT = "activity.before_failure_report"
+#: How long the attempt holds its failure report once its lease is gone, the run orphaned
+#: meanwhile: several looks of the takeover watcher (every 0.1 s, QIMPL_TAKEOVER_POLL_S),
+#: yet under the 0.7 s after which it fails a started attempt that never claims by its id
+#: (first described after one poll, then seen unchanged for 2 x QIMPL_TAKEOVER_UNCLAIMED_S,
+#: 0.3 s, for an attempt that heartbeated), which no report of an attempt alive can race.
+REPORT_HELD_S = 0.4
+HELD_RETRY_AFTER_S = 3.0
+
+
+@scenario(
+    "failure-reported-after-the-lease",
+    title="A counted failure (a 429 with Retry-After 3 s) is reported to Temporal 0.4 s after "
+          "its attempt closed the lease, the run orphaned meanwhile: the takeover watcher has "
+          "no task token to fail it by, so Temporal gets the report and holds the retry for "
+          "the Retry-After, and no later attempt claims the run sooner",
+    requirements=("R-EXEC-6", "R-EXEC-13", "R-Q-4"),
+    faults=(f"hold at {BEFORE_REPORT} for {REPORT_HELD_S} s",),
+    crash_points=(BEFORE_REPORT,),
+)
+def failure_reported_after_the_lease(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api()
+    worker = ctx.processes.worker("worker-1", QIMPL_CRASH_POINTS=f"{BEFORE_REPORT}:hold")
+    run_id = accepted(ctx, api, prompt=make_prompt(
+        steps=2, answer="held", fail={"steps": [1], "attempts": [1], "error": "rate_limited",
+                                      "retry_after_s": HELD_RETRY_AFTER_S}))
+    evidence = ctx.wait_crash_point(BEFORE_REPORT, worker)
+    held_from = ctx.db_now()
+    orphaned = ctx.sql("SELECT count(*) FROM qimpl_lease_orphans(100) WHERE run_id = %s", run_id)[0][0]
+    wait_until(lambda: ctx.db_now() - held_from >= REPORT_HELD_S, timeout_s=10,
+               what="the report's hold, on the database's clock", interval_s=0.02, kind="wait_crash_point")
+    ctx.nemesis.held_without_lease(worker, evidence, orphaned=orphaned == 1,
+                                   held_s=round(ctx.db_now() - held_from, 3), run_id=run_id)
+    ctx.release_crash_point(BEFORE_REPORT)
+    run = ctx.wait_terminal(api, run_id, timeout_s=30)
+    ctx.expect("the run completed", run["state"] == "completed", f"{run['state']} / {run['error_code']}",
+               "R-EXEC-6")
+    ctx.expect("the run was orphaned while the report was held (running, its lock free)",
+               orphaned == 1, f"{orphaned} orphan rows", "R-EXEC-13")
+    failed = ctx.sql("SELECT extract(epoch FROM ended_at)::float8 FROM provider_calls WHERE run_id = %s"
+                     " AND status = 'failed' ORDER BY id LIMIT 1", run_id)
+    claims = ctx.sql("SELECT extract(epoch FROM at)::float8 FROM run_transitions WHERE run_id = %s"
+                     " AND owner_attempt > 1 ORDER BY id LIMIT 1", run_id)
+    held = claims[0][0] - failed[0][0] if failed and claims else None
+    ctx.expect(f"Temporal held the retry for the {HELD_RETRY_AFTER_S:.0f} s Retry-After: no later attempt "
+               "claimed the run sooner after the failed call ended, on the database's clock",
+               held is not None and held >= HELD_RETRY_AFTER_S - 0.05,
+               f"{held:.2f} s" if held is not None else f"failed {failed}, claims {claims}", "R-EXEC-6")
+    ended = [line for line in worker.log_path.read_text(errors="replace").splitlines()
+             if '"takeover.attempt_failed"' in line and run_id in line]
+    ctx.expect("the watcher failed no attempt of the run", not ended, "; ".join(ended)[:300], "R-EXEC-13")
