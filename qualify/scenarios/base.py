@@ -241,43 +241,43 @@ class ScenarioContext:
             self._notices = RunNotices(self.deployment.dsn).start()
         return self._notices
 
-    @spends("wait_run")
-    def wait_terminal(self, api: ManagedProcess, run_id: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
-        """Read the run through the API until it is terminal, again each time the product
-        notifies a change of it (``qualify.run_notices``; at least every 0.5 s); records the
-        final read. HarnessError on timeout."""
-        self.history.record("client", op="read", phase="invoke", run_id=run_id)
+    def read_until(self, api: ManagedProcess, run_id: str, done: Callable[[dict[str, Any]], bool], *,
+                   timeout_s: float) -> dict[str, Any]:
+        """Read the run through the API until ``done(read)`` or ``timeout_s`` seconds passed,
+        again each time the product notifies a change of it (``qualify.run_notices``; at
+        least every 0.5 s); returns the last read, for the caller to judge."""
         deadline = time.monotonic() + timeout_s
         notices = self.notices()
         while True:
-            mark = notices.seen(run_id)
+            mark = notices.seen(run_id)  # before the read: a change after it wakes the wait
             doc = self.read_run(api, run_id)
-            if doc["state"] in TERMINAL:
-                self.history.record("client", op="read", phase="ok", run_id=run_id,
-                                    state=doc["state"], row_version=doc["row_version"],
-                                    usage=doc.get("usage"))
+            if done(doc) or time.monotonic() > deadline:
                 return doc
             interrupt.check()
-            if time.monotonic() > deadline:
-                self.history.record("client", op="read", phase="info", run_id=run_id, state=doc["state"])
-                raise HarnessError(f"run {run_id} still {doc['state']} after {timeout_s} s")
             notices.wait(run_id, mark, deadline - time.monotonic())
 
     @spends("wait_run")
+    def wait_terminal(self, api: ManagedProcess, run_id: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Read the run until it is terminal (``read_until``); records the final read.
+        HarnessError on timeout."""
+        self.history.record("client", op="read", phase="invoke", run_id=run_id)
+        doc = self.read_until(api, run_id, lambda d: d["state"] in TERMINAL, timeout_s=timeout_s)
+        if doc["state"] not in TERMINAL:
+            self.history.record("client", op="read", phase="info", run_id=run_id, state=doc["state"])
+            raise HarnessError(f"run {run_id} still {doc['state']} after {timeout_s} s")
+        self.history.record("client", op="read", phase="ok", run_id=run_id,
+                            state=doc["state"], row_version=doc["row_version"], usage=doc.get("usage"))
+        return doc
+
+    @spends("wait_run")
     def wait_state(self, api: ManagedProcess, run_id: str, state: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
-        """Read the run until it is in ``state`` (as ``wait_terminal``: again on each
-        notified change); HarnessError on timeout or another terminal state."""
-        deadline = time.monotonic() + timeout_s
-        notices = self.notices()
-        while True:
-            mark = notices.seen(run_id)
-            doc = self.read_run(api, run_id)
-            if doc["state"] == state:
-                return doc
-            if doc["state"] in TERMINAL or time.monotonic() > deadline:
-                raise HarnessError(f"run {run_id} is {doc['state']}, waited for {state}")
-            interrupt.check()
-            notices.wait(run_id, mark, deadline - time.monotonic())
+        """Read the run until it is in ``state`` (``read_until``); HarnessError on timeout
+        or another terminal state."""
+        doc = self.read_until(api, run_id, lambda d: d["state"] == state or d["state"] in TERMINAL,
+                              timeout_s=timeout_s)
+        if doc["state"] != state:
+            raise HarnessError(f"run {run_id} is {doc['state']}, waited for {state}")
+        return doc
 
     # -- synthetic provider barriers ------------------------------------------------
     @spends("wait_barrier")

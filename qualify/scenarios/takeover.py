@@ -347,15 +347,7 @@ def _history_kinds(ctx: ScenarioContext, wf_id: str) -> list[str]:
 @spends("wait_takeover")
 def _terminal_within(ctx: ScenarioContext, api: ManagedProcess, run_id: str, timeout_s: float) -> dict[str, Any]:
     """The run once terminal, or as it is after ``timeout_s`` (a finding, not a harness fault)."""
-    deadline = time.monotonic() + timeout_s
-    notices = ctx.notices()
-    mark = notices.seen(run_id)
-    run = ctx.read_run(api, run_id)
-    while run["state"] not in TERMINAL and time.monotonic() < deadline:
-        notices.wait(run_id, mark, deadline - time.monotonic())
-        mark = notices.seen(run_id)
-        run = ctx.read_run(api, run_id)
-    return run
+    return ctx.read_until(api, run_id, lambda run: run["state"] in TERMINAL, timeout_s=timeout_s)
 
 
 AFTER_MOVE = "takeover.after_move"
