@@ -199,6 +199,9 @@ class UpEnvironment:
             interrupt.check()
             self.postgres.start()
             fresh = self._create_database()
+            # Temporal's address is final only once it answers: a boot that failed starts
+            # again on fresh ports (``finish_start``), before any process is given it.
+            self.temporal.finish_start()
             deployment = Deployment(
                 dsn=self.postgres.dsn(DATABASE), temporal_address=self.temporal.address,
                 task_queue=TASK_QUEUE, control_dir=self.control_dir, logs_dir=self.logs_dir,
@@ -211,10 +214,8 @@ class UpEnvironment:
                            **self.opts.settings},
                 sink_url=self.sink.url if self.sink is not None else "", access_log=True)
             self.processes = Processes(deployment)
-            # The processes boot (seconds of imports) while the rest is prepared: the API
-            # needs only the database, the worker Temporal too.
+            # Both processes boot together (seconds of imports) while the key is provisioned.
             api = self.processes.spawn_api(port=self.opts.port)
-            self.temporal.wait_ready()
             worker = self.processes.spawn_worker()
             api_key = self._provision(self.postgres.dsn(DATABASE), fresh=fresh)
             worker.wait_ready()

@@ -185,12 +185,7 @@ class EmbeddedStack:
             interrupt.check()
             self.postgres.use_golden(golden)
             self.postgres.start()
-            try:
-                self.temporal.wait_ready()
-            except HarnessError:
-                self.temporal.stop()
-                self.temporal.port = 0
-                self.temporal.start()
+            self.temporal.finish_start()
         except BaseException:
             self.stop()
             raise

@@ -115,6 +115,16 @@ class TemporalServer(Restartable):
         wait_until(self._ready, timeout_s=START_TIMEOUT_S, what="temporal", proc=self.proc,
                    interval_s=0.03, kind="stack")
 
+    def finish_start(self) -> None:
+        """Wait for the server ``spawn`` started; when that boot failed (one of the random
+        ports it binds of its own was taken meanwhile), ``start`` again on fresh ports."""
+        try:
+            self.wait_ready()
+        except HarnessError:
+            self.stop()
+            self.port = 0
+            self.start()
+
     def start(self) -> None:
         for _ in range(5):
             self.spawn()
