@@ -17,10 +17,15 @@ from typing import Any
 
 import httpx
 
-__all__ = ["TLS", "async_client", "client", "delete", "get", "post", "stream"]
+__all__ = ["TLS", "async_client", "client", "delete", "get", "options", "post", "request", "stream"]
 
 #: The one TLS context of this process's harness calls.
 TLS = ssl.create_default_context()
+
+
+def request(method: str, url: str, **kwargs: Any) -> httpx.Response:
+    """``httpx.request`` with the shared context; raises what httpx raises."""
+    return httpx.request(method, url, verify=TLS, **kwargs)
 
 
 def get(url: str, **kwargs: Any) -> httpx.Response:
@@ -31,6 +36,11 @@ def get(url: str, **kwargs: Any) -> httpx.Response:
 def post(url: str, **kwargs: Any) -> httpx.Response:
     """``httpx.post`` with the shared context; raises what httpx raises."""
     return httpx.post(url, verify=TLS, **kwargs)
+
+
+def options(url: str, **kwargs: Any) -> httpx.Response:
+    """``httpx.options`` with the shared context; raises what httpx raises."""
+    return httpx.options(url, verify=TLS, **kwargs)
 
 
 def delete(url: str, **kwargs: Any) -> httpx.Response:

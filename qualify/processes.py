@@ -219,8 +219,8 @@ class Processes:
         self.exec_kinds = exec_kinds
         self.history = history
 
-    def _launcher(self, kind: str) -> ForkServer | None:
-        return None if kind in self.exec_kinds else self.launcher
+    def _launcher(self, kind: str, forked: bool = False) -> ForkServer | None:
+        return self.launcher if forked or kind not in self.exec_kinds else None
 
     def _started(self, proc: ManagedProcess) -> ManagedProcess:
         self.all[proc.name] = proc
@@ -232,23 +232,26 @@ class Processes:
     def _log(self, name: str) -> Path:
         return self.deployment.logs_dir / f"{name}.log"
 
-    def api(self, name: str = "api-1", **env: str) -> ManagedProcess:
-        """An API process on a free port, started and ready."""
-        return self.spawn_api(name, env=env).wait_ready()
+    def api(self, name: str = "api-1", *, forked: bool = False, **env: str) -> ManagedProcess:
+        """An API process on a free port, started and ready (``forked``: see ``spawn_api``)."""
+        return self.spawn_api(name, env=env, forked=forked).wait_ready()
 
-    def worker(self, name: str = "worker-1", **env: str) -> ManagedProcess:
-        """A worker process, started and ready."""
-        return self.spawn_worker(name, env=env).wait_ready()
+    def worker(self, name: str = "worker-1", *, forked: bool = False, **env: str) -> ManagedProcess:
+        """A worker process, started and ready (``forked``: see ``spawn_worker``)."""
+        return self.spawn_worker(name, env=env, forked=forked).wait_ready()
 
     def spawn_api(self, name: str = "api-1", *, port: int = 0, env: Mapping[str, str] | None = None,
-                  access_log: bool | None = None) -> ManagedProcess:
+                  access_log: bool | None = None, forked: bool = False) -> ManagedProcess:
         """An API process on ``port`` (0: a free port) with ``env`` over the deployment's,
-        spawned, not yet ready (``wait_ready``): several processes can then boot at once."""
+        spawned, not yet ready (``wait_ready``): several processes can then boot at once.
+        ``forked``: forked from the fork server when there is one, even in a scenario that
+        execs its API (a further instance of an entry point the scenario already execs);
+        exec'd when every process is (``--spawn exec``)."""
         port = port or free_port()
         proc = ManagedProcess(
             name=name, kind="api", port=port, log_path=self._log(name),
             env=self.deployment.env("qimpl_api", **(env or {})),
-            launcher=self._launcher("api"),
+            launcher=self._launcher("api", forked),
             argv=[sys.executable, "-m", "uvicorn", "--factory", "qimpl.api.app:create_app",
                   "--host", "127.0.0.1", "--port", str(port),
                   *(["--log-level", "info"] if (self.deployment.access_log if access_log is None else access_log)
@@ -256,13 +259,14 @@ class Processes:
         )
         return self._started(proc)
 
-    def spawn_worker(self, name: str = "worker-1", *,
-                     env: Mapping[str, str] | None = None) -> ManagedProcess:
-        """A worker process, spawned, not yet ready (``wait_ready``)."""
+    def spawn_worker(self, name: str = "worker-1", *, env: Mapping[str, str] | None = None,
+                     forked: bool = False) -> ManagedProcess:
+        """A worker process, spawned, not yet ready (``wait_ready``); ``forked`` as in
+        ``spawn_api``."""
         proc = ManagedProcess(
             name=name, kind="worker", log_path=self._log(name),
             env=self.deployment.env("qimpl_worker", **(env or {})),
-            argv=[sys.executable, "-m", "qimpl.workflows.worker"], launcher=self._launcher("worker"),
+            argv=[sys.executable, "-m", "qimpl.workflows.worker"], launcher=self._launcher("worker", forked),
         )
         return self._started(proc)
 

@@ -219,7 +219,7 @@ def tenant_isolation(ctx: ScenarioContext) -> None:
     bodies: list[str] = []
 
     def call(method: str, path: str, key: str, **kw: object) -> httpx.Response:
-        resp = httpx.request(method, f"{api.base_url}{path}", timeout=15,
+        resp = http.request(method, f"{api.base_url}{path}", timeout=15,
                              headers={"Authorization": f"Bearer {key}", "Idempotency-Key": f"k-{len(bodies)}"},
                              **kw)  # type: ignore[arg-type]
         bodies.append(resp.text + " " + " ".join(f"{k}:{v}" for k, v in resp.headers.items()))

@@ -70,9 +70,10 @@ class Follower:
 
         def follow() -> None:
             try:
-                done = follow_run(list(urls), "agent-1", run_id, stream_key=key, api_key=API_KEY,
-                                  deadline_s=deadline_s, max_reconnects=50, backoff_s=(0.05, 0.5),
-                                  on_event=on_event)
+                with http.client(timeout=httpx.Timeout(10.0, read=60.0)) as client:
+                    done = follow_run(list(urls), "agent-1", run_id, stream_key=key, api_key=API_KEY,
+                                      deadline_s=deadline_s, max_reconnects=50, backoff_s=(0.05, 0.5),
+                                      on_event=on_event, client=client)
                 self.result.terminal, self.result.run = done.terminal, done.run
                 self.result.connections, self.result.ended = done.connections, done.ended
             except Exception as exc:  # noqa: BLE001 - reported by the scenario's checks

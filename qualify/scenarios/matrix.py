@@ -246,7 +246,7 @@ def api_contract_matrix(ctx: ScenarioContext) -> None:
                 resp.read() if resp.status_code != 200 else None
                 got = Answer(resp.status_code, error_code(resp) if resp.status_code != 200 else None)
         else:
-            resp = httpx.request(method, f"{url}{_fill(path, run_id)}", headers=headers, json=body, timeout=30)
+            resp = http.request(method, f"{url}{_fill(path, run_id)}", headers=headers, json=body, timeout=30)
             got = Answer(resp.status_code, error_code(resp) if resp.status_code >= 300 else None)
             if method == "GET" and path in LISTINGS and resp.status_code == 200:
                 listed[(path, kind)] = {r["run_id"] for r in resp.json()["runs"]}

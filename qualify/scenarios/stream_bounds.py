@@ -242,7 +242,7 @@ def browser_stream_token(ctx: ScenarioContext) -> None:
             "an expired token": "401 stream_token_expired", "no credential at all": "401 stream_key_required"}
     ctx.expect("another run's, a forged and an expired token, and none, are refused with their codes",
                refusals == want, str(refusals), "R-EVENT-6", "R-AUTH-3", judged=len(want))
-    allowed = httpx.options(f"{api.base_url}{PATH.format(run_id=run_id)}", timeout=15, headers={
+    allowed = http.options(f"{api.base_url}{PATH.format(run_id=run_id)}", timeout=15, headers={
         "Origin": BROWSER_ORIGIN, "Access-Control-Request-Method": "GET",
         "Access-Control-Request-Headers": "last-event-id"})
     stranger = http.get(f"{api.base_url}/healthz", headers={"Origin": "http://evil.example.test"}, timeout=15)

@@ -88,3 +88,18 @@ def test_the_takeover_scenarios_run_on_a_servers_default_timers() -> None:
     assert takeover and takeover <= default, sorted(takeover - default)
     assert "paused-owner" in default
     assert not [sid for sid in default if REGISTRY[sid].needs_platform]
+
+
+def test_a_process_asked_forked_is_forked_in_an_exec_set_scenario_and_execd_in_exec_mode() -> None:
+    """``rolling-restarts`` execs one instance of each entry point and forks the other
+    (``forked=True``); with no fork server (``--spawn exec``) every process is exec'd."""
+    from qualify.processes import Processes
+
+    server: Any = object()
+    auto = Processes(deployment=None, launcher=server, exec_kinds=frozenset({"api", "worker"}))  # type: ignore[arg-type]
+    assert auto._launcher("api") is None and auto._launcher("worker") is None
+    assert auto._launcher("api", forked=True) is server and auto._launcher("worker", True) is server
+    fork_all = Processes(deployment=None, launcher=server)  # type: ignore[arg-type]
+    assert fork_all._launcher("api") is server
+    exec_all = Processes(deployment=None, launcher=None, exec_kinds=frozenset())  # type: ignore[arg-type]
+    assert exec_all._launcher("api", forked=True) is None
