@@ -232,13 +232,13 @@ class Processes:
     def _log(self, name: str) -> Path:
         return self.deployment.logs_dir / f"{name}.log"
 
-    def api(self, name: str = "api-1", *, forked: bool = False, **env: str) -> ManagedProcess:
-        """An API process on a free port, started and ready (``forked``: see ``spawn_api``)."""
-        return self.spawn_api(name, env=env, forked=forked).wait_ready()
+    def api(self, name: str = "api-1", **env: str) -> ManagedProcess:
+        """An API process on a free port, started and ready."""
+        return self.spawn_api(name, env=env).wait_ready()
 
-    def worker(self, name: str = "worker-1", *, forked: bool = False, **env: str) -> ManagedProcess:
-        """A worker process, started and ready (``forked``: see ``spawn_worker``)."""
-        return self.spawn_worker(name, env=env, forked=forked).wait_ready()
+    def worker(self, name: str = "worker-1", **env: str) -> ManagedProcess:
+        """A worker process, started and ready."""
+        return self.spawn_worker(name, env=env).wait_ready()
 
     def spawn_api(self, name: str = "api-1", *, port: int = 0, env: Mapping[str, str] | None = None,
                   access_log: bool | None = None, forked: bool = False) -> ManagedProcess:

@@ -128,8 +128,8 @@ def dispatch_unknown(ctx: ScenarioContext) -> None:
 def rolling_restarts(ctx: ScenarioContext) -> None:
     # One instance of each entry point exec'd, the other forked: the drain and the start
     # again are the entry point's own either way, and each exec costs about 0.8 s of CPU.
-    apis = [ctx.processes.api("api-1"), ctx.processes.api("api-2", forked=True)]
-    workers = [ctx.processes.worker("worker-1"), ctx.processes.worker("worker-2", forked=True)]
+    apis = [ctx.processes.api("api-1"), ctx.processes.spawn_api("api-2", forked=True).wait_ready()]
+    workers = [ctx.processes.worker("worker-1"), ctx.processes.spawn_worker("worker-2", forked=True).wait_ready()]
     run_ids = []
     for round_ in range(2):
         for i in range(3):
