@@ -130,9 +130,11 @@ def auto_slices(cpus: int) -> int:
     """``-n auto``: the number of slices whose measured CPU demand fills ``cpus``
     (``qualify.timing.slices_for`` over ``qualify/data/slice_load.json``, the load of a
     full run). Measured on 2 cores (issue 24, tuned timers, forked processes but the exec
-    set; 2026-12-05): a slice of the 95-scenario catalog keeps 0.39 of a core busy at four
+    set; 2026-12-05): a slice of the 95-scenario catalog kept 0.39 of a core busy at four
     slices, so auto is 5 (at most 2.5 per CPU); the catalog took 125 s at four slices and
-    113-116 s at five."""
+    113-116 s at five. Since the slices load no other pytest plugin, a slice of the
+    96-scenario catalog keeps 0.34 busy at five (102-105 s; 111 s at six), and the cap
+    keeps auto at 5."""
     return slices_for(cpus)
 
 
