@@ -201,8 +201,10 @@ class SpawnPolicy:
         """The fork server and the entry points to exec for a scenario whose exec-set
         entry points are ``exec_only`` (``Scenario.exec_only``; empty: not in the set).
         ``exec``: no fork server, everything exec'd; ``fork``: everything forked; ``auto``:
-        ``exec_only`` exec'd, the rest forked (no fork server when that is everything)."""
-        if self.mode == "exec" or (self.mode == "auto" and exec_only >= set(ENTRY_POINTS)):
+        ``exec_only`` exec'd, the rest forked, and the fork server there even when
+        ``exec_only`` is every entry point, for the further instances a scenario asks
+        forked (``Processes.spawn_api(..., forked=True)``)."""
+        if self.mode == "exec":
             return None, frozenset()
         return self.launcher_for(False), (exec_only if self.mode == "auto" else frozenset())
 

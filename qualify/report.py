@@ -67,6 +67,7 @@ def scenario_doc(r: ScenarioResult, *, report_dir: Path, stack_kind: str) -> dic
         "repro": repro_line(r.scenario.id, r.seed, stack_kind),
         "spawn": r.spawn,
         "execd": r.execd,
+        "spawned": r.spawned,
         "time_by_kind": r.time_by_kind,
         "temporal_timers": r.temporal_timers,
     }

@@ -64,6 +64,8 @@ class ScenarioResult:
     #: The kinds of process (``api``, ``worker``) the scenario exec'd at least once: the
     #: real entry points, not forks of the preloaded server.
     execd: list[str] = field(default_factory=list)
+    #: How each process last started, by name (``api-1``: ``exec`` or ``fork``).
+    spawned: dict[str, str] = field(default_factory=dict)
     #: The Temporal server's timers the scenario ran on: ``tuned`` (``TUNED_DYNAMIC_CONFIG``)
     #: or ``default`` (the server's own, as users run it).
     temporal_timers: str = "default"
@@ -243,5 +245,6 @@ def _run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_di
         spawn="+".join(sorted({p.spawned_by for p in processes.all.values() if p.spawned_by},
                               reverse=True)) or "exec",
         execd=sorted({p.kind for p in processes.all.values() if p.spawned_by == "exec"}),
+        spawned={name: p.spawned_by for name, p in sorted(processes.all.items()) if p.spawned_by},
         temporal_timers=timers,
     )
