@@ -116,6 +116,8 @@ class ManagedProcess:
         self.launcher = launcher
         #: How the last spawn started the process: ``exec`` or ``fork``.
         self.spawned_by = ""
+        #: Every pid this process had (a restart spawns it again).
+        self.pids: list[int] = []
 
     @property
     def pid(self) -> int:
@@ -145,6 +147,7 @@ class ManagedProcess:
         else:
             self.proc = spawn(self.argv, log_path=self.log_path, env=self.env)
             self.spawned_by = "exec"
+        self.pids.append(self.proc.pid)
         self.started_at = time.time()
         return self
 
@@ -196,6 +199,16 @@ class ManagedProcess:
     def stop(self) -> None:
         if self.proc is not None:
             kill_tree(self.proc, first=signal.SIGTERM, grace_s=3)
+        if "FAKETIME" in self.env:
+            _remove_faketime_shm(self.pids)
+
+
+def _remove_faketime_shm(pids: list[int]) -> None:
+    """Remove what libfaketime left in ``/dev/shm`` for ``pids`` (its ``faketime_shm_<pid>``
+    and semaphore, removed at a clean exit only: a SIGKILLed or stopped process leaves them)."""
+    for pid in pids:
+        for name in (f"faketime_shm_{pid}", f"sem.faketime_sem_{pid}"):
+            Path("/dev/shm", name).unlink(missing_ok=True)
 
 
 #: Settings of a started process that the checkers judge against, recorded in the

@@ -38,3 +38,29 @@ def test_a_skewed_child_sees_the_offset_and_its_recorder_does_not(offset: int) -
     assert before - 1 + offset <= doc["wall"] <= after + 1 + offset
     assert before - 1 <= doc["true"] <= after + 1
     assert abs(doc["mono"] - time.monotonic()) < 60  # monotonic clocks are left alone
+
+
+def test_a_killed_skewed_child_leaves_libfaketimes_shm_and_the_harness_removes_it() -> None:
+    """libfaketime removes its ``/dev/shm`` segment and semaphore at a clean exit only; the
+    harness SIGKILLs skewed workers, so ``ManagedProcess.stop`` removes them by pid."""
+    from pathlib import Path
+
+    from qualify.processes import _remove_faketime_shm, faketime_env
+    from qualify.procs import wait_until
+
+    try:
+        env = faketime_env(300)
+    except HarnessError:
+        pytest.skip("libfaketime is not installed (a dependency of qualify)")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.time(); time.sleep(60)"],
+                            env={**os.environ, **env})
+    shm = Path("/dev/shm", f"faketime_shm_{proc.pid}")
+    try:
+        wait_until(shm.exists, timeout_s=30, what="libfaketime's shm")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert shm.exists()  # the leak: a killed process never cleans up
+    _remove_faketime_shm([proc.pid])
+    assert not shm.exists()
+    assert not Path("/dev/shm", f"sem.faketime_sem_{proc.pid}").exists()
