@@ -26,7 +26,7 @@ from qualify.runner import run_scenario
 from qualify.scenarios import REGISTRY, Scenario
 from qualify.spec_ids import REQUIREMENTS
 from qualify.stack import TIMER_MODES, make_stack
-from qualify.timing import cpu_seconds, longest_first, slice_load, slices_for
+from qualify.timing import cpu_seconds, expected_wall_s, longest_first, slice_load, slices_for
 from qualify.verdict import EXIT_CODES, Verdict, merge
 
 __all__ = ["SessionOptions", "crash_point_catalog", "new_report_dir", "resolve", "run_session"]
@@ -317,7 +317,8 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
         opts.stack_kind, pg_dsn=opts.pg_dsn, temporal_address=opts.temporal_address,
         timers=opts.temporal_timers)
     on_event("seed", seed)
-    on_event("plan", {"total": len(scenarios)})
+    on_event("plan", {"total": len(scenarios),
+                      "expected_s": expected_wall_s([sc.id for sc in scenarios], opts.parallel)})
     prov = provenance()
     report_dir = new_report_dir(opts.reports_root, prov["git_sha"])
     on_event("report_dir", report_dir)

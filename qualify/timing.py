@@ -33,7 +33,7 @@ from typing import Any, ParamSpec, TypeVar
 P = ParamSpec("P")
 R = TypeVar("R")
 
-__all__ = ["KINDS", "LOAD_PATH", "Ledger", "bind", "cpu_seconds", "longest_first", "slice_load", "slices_for",
+__all__ = ["KINDS", "LOAD_PATH", "Ledger", "bind", "cpu_seconds", "expected_wall_s", "longest_first", "slice_load", "slices_for",
            "spends", "spent", "sum_by_kind"]
 
 #: Each catalog scenario's seconds in a recent full run (``python -m qualify.timing
@@ -140,6 +140,19 @@ def longest_first(ids: Sequence[str], seconds: Mapping[str, float] | None = None
     known = sorted(float(v) for v in seconds.values())
     median = known[len(known) // 2] if known else 0.0
     return sorted(ids, key=lambda i: -float(seconds.get(i, median)))
+
+
+def expected_wall_s(ids: Sequence[str], slices: int, seconds: Mapping[str, float] | None = None
+                    ) -> float | None:
+    """The wall seconds ``ids`` are expected to take over ``slices`` parallel slices: their
+    expected seconds summed, over the slices (pure but for reading ``SECONDS_PATH`` when
+    ``seconds`` is None); None when any id has no expected duration (a random schedule, a
+    scenario added since the last measured run)."""
+    if seconds is None:
+        seconds = json.loads(SECONDS_PATH.read_text()) if SECONDS_PATH.exists() else {}
+    if not ids or any(i not in seconds for i in ids):
+        return None
+    return sum(float(seconds[i]) for i in ids) / max(1, min(slices, len(ids)))
 
 
 def cpu_seconds() -> float:

@@ -97,3 +97,28 @@ def test_cpu_seconds_counts_a_reaped_child() -> None:
     before = cpu_seconds()
     subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
     assert cpu_seconds() - before > 0.05
+
+
+def test_expected_wall_is_the_expected_seconds_over_the_slices_when_every_one_is_known() -> None:
+    from qualify.timing import expected_wall_s
+
+    seconds = {"a": 10.0, "b": 20.0, "c": 30.0}
+    assert expected_wall_s(["a", "b", "c"], 3, seconds) == 20.0
+    assert expected_wall_s(["a", "b"], 5, seconds) == 15.0  # no more slices than scenarios
+    assert expected_wall_s(["a", "random-1"], 2, seconds) is None
+    assert expected_wall_s([], 2, seconds) is None
+
+
+def test_the_eta_starts_from_the_plan_and_ends_on_the_measured_mean() -> None:
+    """A full run on 2 cores: 96 scenarios, 92 s expected; the first short scenario ends
+    after 15 s. The mean alone said 23 minutes (a new user's first line read
+    'ETA 23:02' for a 1 min 42 s run)."""
+    from qualify.console import eta_s
+
+    first = eta_s(15.0, 1, 96, 92.0)
+    assert 60 < first < 120, first
+    assert eta_s(15.0, 1, 96, None) == 15.0 * 95  # no plan: the mean, as before
+    assert eta_s(100.0, 96, 96, 92.0) == 0.0
+    late = eta_s(90.0, 90, 96, 92.0)  # near the end the measured mean dominates
+    assert abs(late - (0.0625 * 2.0 + 0.9375 * 6.0)) < 1e-9
+    assert eta_s(0.0, 0, 96, 92.0) == 92.0
