@@ -186,12 +186,8 @@ class SpawnPolicy:
         self.mode = mode
         self.server: ForkServer | None = None
 
-    def launcher_for(self, execs: bool) -> ForkServer | None:
-        """The fork server for a scenario, or None to exec its processes. ``execs``: the
-        scenario is one of the named set that execs its entry points (``exec_because``),
-        which ``auto`` honours; ``fork`` and ``exec`` apply to every scenario."""
-        if self.mode == "exec" or (self.mode == "auto" and execs):
-            return None
+    def fork_server(self) -> ForkServer:
+        """The slice's fork server, started on first need and again if it died."""
         if self.server is None or not self.server.alive:
             self.stop()
             self.server = ForkServer().start()
@@ -206,7 +202,7 @@ class SpawnPolicy:
         forked (``Processes.spawn_api(..., forked=True)``)."""
         if self.mode == "exec":
             return None, frozenset()
-        return self.launcher_for(False), (exec_only if self.mode == "auto" else frozenset())
+        return self.fork_server(), (exec_only if self.mode == "auto" else frozenset())
 
     def stop(self) -> None:
         if self.server is not None:

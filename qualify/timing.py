@@ -33,7 +33,7 @@ from typing import Any, ParamSpec, TypeVar
 P = ParamSpec("P")
 R = TypeVar("R")
 
-__all__ = ["KINDS", "LOAD_PATH", "Ledger", "bind", "cpu_seconds", "expected_wall_s", "longest_first", "slice_load", "slices_for",
+__all__ = ["KINDS", "LOAD_PATH", "Ledger", "bind", "cpu_seconds", "expected_seconds", "expected_wall_s", "longest_first", "slice_load", "slices_for",
            "spends", "spent", "sum_by_kind"]
 
 #: Each catalog scenario's seconds in a recent full run (``python -m qualify.timing
@@ -130,13 +130,18 @@ def sum_by_kind(scenarios: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return {k: round(total[k], 3) for k in KINDS if k in total}
 
 
+def expected_seconds() -> dict[str, float]:
+    """Each catalog scenario's expected seconds (``SECONDS_PATH``; empty when missing)."""
+    return json.loads(SECONDS_PATH.read_text()) if SECONDS_PATH.exists() else {}
+
+
 def longest_first(ids: Sequence[str], seconds: Mapping[str, float] | None = None) -> list[str]:
     """``ids`` with the longest expected first (pure but for reading ``SECONDS_PATH`` when
     ``seconds`` is None; an unknown id counts as the median): handed to parallel slices in
     this order, the long scenarios start at once and the short ones fill the gaps (the
     longest-processing-time rule), instead of a long one starting last and running alone."""
     if seconds is None:
-        seconds = json.loads(SECONDS_PATH.read_text()) if SECONDS_PATH.exists() else {}
+        seconds = expected_seconds()
     known = sorted(float(v) for v in seconds.values())
     median = known[len(known) // 2] if known else 0.0
     return sorted(ids, key=lambda i: -float(seconds.get(i, median)))
@@ -149,7 +154,7 @@ def expected_wall_s(ids: Sequence[str], slices: int, seconds: Mapping[str, float
     ``seconds`` is None); None when any id has no expected duration (a random schedule, a
     scenario added since the last measured run)."""
     if seconds is None:
-        seconds = json.loads(SECONDS_PATH.read_text()) if SECONDS_PATH.exists() else {}
+        seconds = expected_seconds()
     if not ids or any(i not in seconds for i in ids):
         return None
     return sum(float(seconds[i]) for i in ids) / max(1, min(slices, len(ids)))

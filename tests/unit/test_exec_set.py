@@ -12,10 +12,7 @@ from qualify.scenarios import REGISTRY
 from qualify.session import ENTRY_POINT_KINDS, entry_points_execd, full_run_gates
 
 
-def test_auto_execs_the_named_set_and_exec_mode_execs_everything() -> None:
-    assert SpawnPolicy("auto").launcher_for(True) is None
-    assert SpawnPolicy("exec").launcher_for(False) is None
-    assert SpawnPolicy("exec").launcher_for(True) is None
+def test_exec_mode_has_no_fork_server_and_execs_everything() -> None:
     assert SpawnPolicy("exec").spawn_for(frozenset()) == (None, frozenset())
     assert SpawnPolicy("exec").spawn_for(frozenset({"api"})) == (None, frozenset())
 
@@ -24,7 +21,7 @@ def test_auto_execs_only_the_entry_points_a_scenario_names(monkeypatch: pytest.M
     server = object()
     for mode in ("auto", "fork"):
         policy = SpawnPolicy(mode)
-        monkeypatch.setattr(policy, "launcher_for", lambda execs: server)
+        monkeypatch.setattr(policy, "fork_server", lambda: server)
         launcher, kinds = policy.spawn_for(frozenset({"worker"}))
         assert launcher is server
         assert kinds == (frozenset({"worker"}) if mode == "auto" else frozenset())
