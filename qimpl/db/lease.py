@@ -51,6 +51,12 @@ is failed the same way once it is seen started and silent. The retry takes the l
 its first or second try (a busy lock is a retryable failure). The ``paused-owner``,
 ``takeover-*`` and ``owner-paused-inside-*`` scenarios measure it.
 
+The session comes from the worker's ready sessions (``qimpl.db.lease_sessions``) when it
+has them: already connected, with no lock and no lease setting while it waited; the
+settings above are applied and read back at every claim all the same, and the session
+goes back only after a clean end, unlocked and reset, or is closed. Without them (tests,
+tools) each lease connects anew.
+
 Every owner write is made *on this connection*: once the session is gone, so is the
 ability to write, and a resumed zombie's first write fails (the connection is dead) or
 is fenced by ``row_version``/``owner_attempt`` (the connection was replaced). Either
@@ -65,9 +71,10 @@ from typing import Any
 import psycopg
 from psycopg import pq
 
+from qimpl.db.lease_sessions import LeaseSessions
 from qimpl.errors import LockNotAcquired, LostOwnership
 
-__all__ = ["LeaseNotBounded", "OwnershipLease", "lock_key_sql"]
+__all__ = ["LeaseNotBounded", "OwnershipLease", "client_params", "lock_key_sql"]
 
 #: The advisory lock key of a run: one bigint derived from its id.
 lock_key_sql = "hashtextextended('qimpl-run:' || %s, 0)"
@@ -99,6 +106,17 @@ def keepalive_s(lease_s: float) -> tuple[int, int, int]:
     return max(1, int(lease_s / 2)), max(1, int(lease_s / 4)), 2
 
 
+def client_params(lease_s: float) -> dict[str, Any]:
+    """libpq's client-side keepalive parameters of a lease session (no ``options``: see the
+    module doc)."""
+    idle, interval, count = keepalive_s(lease_s)
+    params: dict[str, Any] = {"keepalives": 1, "keepalives_idle": idle,
+                              "keepalives_interval": interval, "keepalives_count": count}
+    if pq.version() >= 120000:  # libpq 12 added tcp_user_timeout
+        params["tcp_user_timeout"] = lease_ms(lease_s)
+    return params
+
+
 class OwnershipLease:
     """Async context manager: ``async with OwnershipLease(dsn, run_id, lease_s=2.0, ...) as lease``.
 
@@ -109,12 +127,15 @@ class OwnershipLease:
     """
 
     def __init__(self, dsn: str, run_id: str, *, lease_s: float, application_name: str,
-                 tenant_id: str) -> None:
+                 tenant_id: str, sessions: LeaseSessions | None = None) -> None:
         self.dsn = dsn
         self.run_id = run_id
         self.tenant_id = tenant_id
         self.lease_s = lease_s
         self.application_name = application_name
+        #: Ready sessions to check one out from (``qimpl.db.lease_sessions``); None, or a
+        #: pool made for another lease or database: a new connection.
+        self.sessions = sessions if sessions is not None and sessions.serves(dsn, lease_s) else None
         self._conn: psycopg.AsyncConnection[Any] | None = None
 
     @property
@@ -139,15 +160,6 @@ class OwnershipLease:
         return {"tcp_user_timeout": ms, "tcp_keepalives_idle": idle,
                 "tcp_keepalives_interval": interval, "tcp_keepalives_count": count,
                 "client_connection_check_interval": ms}
-
-    def _connect_params(self) -> dict[str, Any]:
-        """libpq's client-side keepalive parameters (no ``options``: see the module doc)."""
-        idle, interval, count = keepalive_s(self.lease_s)
-        params: dict[str, Any] = {"keepalives": 1, "keepalives_idle": idle,
-                                  "keepalives_interval": interval, "keepalives_count": count}
-        if pq.version() >= 120000:  # libpq 12 added tcp_user_timeout
-            params["tcp_user_timeout"] = lease_ms(self.lease_s)
-        return params
 
     async def _apply_settings(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Set the lease's session settings with ``set_config(..., false)``: the mandatory
@@ -192,25 +204,38 @@ class OwnershipLease:
                 + " (a pooler or server that ignores SET?); not taking the run's lock")
 
     async def __aenter__(self) -> OwnershipLease:
-        conn = await psycopg.AsyncConnection.connect(
-            self.dsn, autocommit=True, application_name=self.application_name,
-            **self._connect_params(),
-        )
+        if self.sessions is not None:
+            conn = await self.sessions.acquire(timeout_s=self.lease_s)
+        else:
+            conn = await psycopg.AsyncConnection.connect(
+                self.dsn, autocommit=True, application_name=self.application_name,
+                **client_params(self.lease_s),
+            )
         try:
             await self._apply_settings(conn)
             await self._verify_settings(conn)
             # The lease session is the run's only writer: scope it to the run's tenant, so
-            # row-level security admits its writes and nothing else (R-AUTH-4).
-            await conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (self.tenant_id,))
+            # row-level security admits its writes and nothing else (R-AUTH-4). A pooled
+            # session is named after the run here (a new one is named at connect).
+            await conn.execute("SELECT set_config('qimpl.tenant', %s, false),"
+                               " set_config('application_name', %s, false)",
+                               (self.tenant_id, self.application_name))
             cur = await conn.execute(f"SELECT pg_try_advisory_lock({lock_key_sql})", (self.run_id,))
             row = await cur.fetchone()
             if not (row and row[0]):
                 raise LockNotAcquired(f"run {self.run_id} is owned by another session")
         except BaseException:
-            await conn.close()
+            await self._end(conn, reuse=False)
             raise
         self._conn = conn
         return self
+
+    async def _end(self, conn: psycopg.AsyncConnection[Any], *, reuse: bool) -> None:
+        """Close the session, or give it back to ``sessions`` (reset, its locks freed)."""
+        if self.sessions is not None:
+            await self.sessions.release(conn, reuse=reuse)
+        else:
+            await conn.close()
 
     async def touch(self) -> None:
         """Renew the lease (R-EXEC-11); raises LostOwnership when the session is gone or
@@ -242,6 +267,7 @@ class OwnershipLease:
     ) -> None:
         if self._conn is not None:
             # Closing the session releases the lock; an explicit unlock would need a live
-            # session, which a fenced owner may not have.
-            await self._conn.close()
-            self._conn = None
+            # session, which a fenced owner may not have. Only a lease that ended cleanly
+            # gives a pooled session back for reuse (unlocked and reset first).
+            conn, self._conn = self._conn, None
+            await self._end(conn, reuse=et is None)

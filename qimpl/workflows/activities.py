@@ -40,6 +40,7 @@ from qimpl.backoff import backoff_left, failure_delay
 from qimpl.crashpoints import declare
 from qimpl.db import runs as repo
 from qimpl.db.lease import OwnershipLease
+from qimpl.db.lease_sessions import LeaseSessions
 from qimpl.db.owner import RunOwner
 from qimpl.db.sessions import bound_session, keepalive_params
 from qimpl.errors import (
@@ -155,8 +156,12 @@ class AgentActivities:
     """Activities bound to one database and one provider (created by the worker)."""
 
     def __init__(self, *, dsn: str, provider: Provider, tools: ToolRegistry | None = None,
-                 slot_limit: int = 0, lock_timeout_s: float = 5.0) -> None:
+                 slot_limit: int = 0, lock_timeout_s: float = 5.0,
+                 sessions: LeaseSessions | None = None) -> None:
         self.dsn = dsn
+        #: The worker's ready lease sessions (``qimpl.db.lease_sessions``); None: each
+        #: attempt connects its own.
+        self.sessions = sessions
         self.provider = provider
         self.tools = ToolSteps(tools or ToolRegistry())
         self.slot_limit = slot_limit
@@ -194,6 +199,7 @@ class AgentActivities:
             async with OwnershipLease(
                 self.dsn, inp.run_id, lease_s=inp.lease,
                 application_name=f"qimpl-owner:{inp.run_id}", tenant_id=inp.tenant_id,
+                sessions=self.sessions,
             ) as lease:
                 return await self._under_lease(lease, inp, attempt)
         except LockNotAcquired as exc:

@@ -27,6 +27,8 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from qimpl import metrics
+from qimpl.db.lease import client_params
+from qimpl.db.lease_sessions import LeaseSessions
 from qimpl.db.roles import refuse_unsafe_role
 from qimpl.db.sessions import keepalive_params
 from qimpl.errors import UnsafeDatabaseRole
@@ -111,6 +113,16 @@ def agent_activities(settings: WorkerSettings,
     return AgentActivities(dsn=settings.database_url, provider=provider, tools=tools,
                            slot_limit=settings.concurrency_limit,
                            lock_timeout_s=settings.api_lock_timeout_s)
+
+
+def lease_sessions(settings: WorkerSettings) -> LeaseSessions:
+    """The worker's ready lease sessions: one per activity slot at most (each activity
+    holds one lease session), for the worker's lease (``qimpl.db.lease_sessions``). Not
+    opened."""
+    lease_s = settings.lease_s or settings.heartbeat_timeout_s
+    return LeaseSessions(settings.database_url, lease_s=lease_s,
+                         max_size=settings.max_concurrent_activities + settings.takeover_slots,
+                         connect_params=client_params(lease_s))
 
 
 def build_takeover_worker(client: Client, settings: WorkerSettings, activities: AgentActivities,
@@ -219,27 +231,32 @@ async def run(settings: WorkerSettings, plugins: tuple[Provider, ToolRegistry]) 
                                       type(exc).__name__, EXIT_TEMPORAL)) from None
     await check_search_attributes(client, settings)
     activities = agent_activities(settings, plugins)
-    worker = build_worker(client, settings, activities=activities)
-    queue = takeover_queue(settings.task_queue, uuid.uuid4().hex[:12])
-    takeover_worker = (build_takeover_worker(client, settings, activities, queue)
-                       if settings.takeover_slots and settings.takeover_watch else None)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    if settings.metrics_port:
-        start_http_server(settings.metrics_port, addr="127.0.0.1")
-    async with worker, takeover_worker or contextlib.nullcontext():
-        reconciler = asyncio.create_task(reconcile_forever(client, settings, stop))
-        watcher = asyncio.create_task(watch_leases(
-            client, settings, stop, (queue, activities) if takeover_worker else None))
-        log.info("worker ready on %s", settings.task_queue,
-                 extra={"event": "worker.ready", "pid": os.getpid(),
-                        "takeover_queue": queue if takeover_worker else None,
-                        "reconcile_tenants": settings.reconcile_tenants})
-        await stop.wait()
-        await reconciler
-        await watcher
+    activities.sessions = sessions = lease_sessions(settings)
+    await sessions.open()
+    try:
+        worker = build_worker(client, settings, activities=activities)
+        queue = takeover_queue(settings.task_queue, uuid.uuid4().hex[:12])
+        takeover_worker = (build_takeover_worker(client, settings, activities, queue)
+                           if settings.takeover_slots and settings.takeover_watch else None)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        if settings.metrics_port:
+            start_http_server(settings.metrics_port, addr="127.0.0.1")
+        async with worker, takeover_worker or contextlib.nullcontext():
+            reconciler = asyncio.create_task(reconcile_forever(client, settings, stop))
+            watcher = asyncio.create_task(watch_leases(
+                client, settings, stop, (queue, activities) if takeover_worker else None))
+            log.info("worker ready on %s", settings.task_queue,
+                     extra={"event": "worker.ready", "pid": os.getpid(),
+                            "takeover_queue": queue if takeover_worker else None,
+                            "reconcile_tenants": settings.reconcile_tenants})
+            await stop.wait()
+            await reconciler
+            await watcher
+    finally:
+        await sessions.close()
     log.info("worker stopped", extra={"event": "worker.stopped"})
 
 

@@ -1,0 +1,106 @@
+"""Ready sessions for ownership leases: a worker's pool of connected PostgreSQL sessions
+that hold no lock and no lease setting while they wait (issue 21, R-EXEC-2).
+
+Why: a lease session used to be a new connection per activity attempt. On the 2-core
+benchmark machine each one cost PostgreSQL about 25 ms of CPU (a backend forked,
+authenticated, its catalog caches filled, every statement planned afresh, the backend
+torn down): more than the worker's own CPU per run, and the largest single cost of a run
+at concurrency 10 (``bench/RESULTS.md``). A pooled session is already connected and
+keeps its prepared statements.
+
+What a pooled session carries between leases, and why that is safe:
+
+* **Nothing the fence relies on.** An attempt checks a session out for its whole lease
+  (one dedicated connection across all its commits, R-EXEC-2), and every lease setting
+  is applied and read back at every claim (``OwnershipLease``), exactly as on a new
+  connection. While it waits in the pool a session runs with the server's defaults: no
+  ``idle_session_timeout`` (PostgreSQL would otherwise end it after a lease of waiting).
+* **Back in the pool only after a clean end.** ``release(reuse=True)`` first unlocks every
+  session advisory lock and resets every setting (``pg_advisory_unlock_all(); RESET
+  ALL``), all before the activity returns, so the run's lock is free when Temporal hears
+  of the result. Any doubt (an error, an open transaction, a statement still running, a
+  failed reset) closes the session instead, which frees its locks as before. An attempt
+  that ended with an exception (lost ownership, a step failure, a cancel) never reuses
+  its session.
+* **Checked on the way out.** Each checkout checks the session with an empty query (one
+  round trip); one that PostgreSQL ended while it waited (a server restart, a
+  terminated backend) is replaced before any lease statement runs on it.
+
+A paused worker's pooled sessions hold no lock, so they delay no takeover; its leased
+sessions are ended by their timeouts as before. The pool holds at most one session per
+activity slot (``max_concurrent_activities`` plus the takeover slots), the number of lease
+connections a worker could hold before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import pq
+from psycopg_pool import AsyncConnectionPool
+
+__all__ = ["IDLE_APPLICATION_NAME", "LeaseSessions"]
+
+#: ``application_name`` of a pooled session between leases; a leased one is named after
+#: its run (``qimpl-owner:<run id>``) from its first statement.
+IDLE_APPLICATION_NAME = "qimpl-owner-ready"
+
+#: Run on a session going back to the pool: no lock and no setting of the lease it served
+#: survives (application_name returns to IDLE_APPLICATION_NAME, its connect-time value).
+RESET_SQL = "SELECT pg_advisory_unlock_all(); RESET ALL"
+
+
+class LeaseSessions:
+    """``max_size`` ready sessions to ``dsn`` for leases of ``lease_s`` seconds.
+
+    ``connect_params``: libpq connection parameters of every session (the lease's
+    client-side keepalives, ``OwnershipLease.client_params``). Open it with ``open()``
+    inside the event loop that uses it and ``close()`` it at shutdown."""
+
+    def __init__(self, dsn: str, *, lease_s: float, max_size: int, min_size: int = 2,
+                 connect_params: dict[str, Any] | None = None) -> None:
+        self.dsn = dsn
+        self.lease_s = lease_s
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
+            dsn, min_size=min(min_size, max_size), max_size=max_size, open=False,
+            name="qimpl-lease-sessions", check=AsyncConnectionPool.check_connection,
+            kwargs={"autocommit": True, "application_name": IDLE_APPLICATION_NAME,
+                    **(connect_params or {})})
+
+    def serves(self, dsn: str, lease_s: float) -> bool:
+        """Whether a lease of ``lease_s`` seconds on ``dsn`` may use these sessions (their
+        client-side keepalives were set for this pool's lease)."""
+        return dsn == self.dsn and lease_s == self.lease_s
+
+    async def open(self) -> None:
+        """Start filling the pool (returns at once; connections are made in the background)."""
+        await self._pool.open(wait=False)
+
+    async def close(self) -> None:
+        """Close every session, leased ones included once they come back."""
+        await self._pool.close()
+
+    async def acquire(self, timeout_s: float) -> psycopg.AsyncConnection[Any]:
+        """A checked, ready session. Raises ``psycopg_pool.PoolTimeout`` (an
+        ``OperationalError``) when none is ready within ``timeout_s`` seconds."""
+        return await self._pool.getconn(timeout=timeout_s)
+
+    async def release(self, conn: psycopg.AsyncConnection[Any], *, reuse: bool) -> None:
+        """Give ``conn`` back: reset for the next lease when ``reuse`` and it is idle and
+        whole, otherwise closed (which frees its locks). Its locks are free when this
+        returns. Never raises for the session's state."""
+        if reuse and not conn.closed and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+            try:
+                await conn.execute(RESET_SQL)
+            except psycopg.Error:
+                reuse = False
+        else:
+            reuse = False
+        if not reuse:
+            await conn.close()
+        await self._pool.putconn(conn)
+
+    def stats(self) -> dict[str, int]:
+        """The pool's counters (``psycopg_pool``'s ``get_stats``), for logs and tests."""
+        return self._pool.get_stats()
