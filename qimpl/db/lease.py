@@ -145,6 +145,11 @@ class OwnershipLease:
             raise LostOwnership(f"lease connection of run {self.run_id} is gone")
         return self._conn
 
+    def live(self) -> bool:
+        """Whether this lease still holds its session (False once it has ended, whatever
+        became of the session: closed, or back among the ready sessions)."""
+        return self._conn is not None and not self._conn.closed
+
     @property
     def touch_interval_s(self) -> float:
         """Seconds between touches: a quarter of the lease."""

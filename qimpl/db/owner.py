@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import psycopg
@@ -105,18 +105,31 @@ class RunOwner:
     """The fenced writes of one attempt on its lease connection ``conn``."""
 
     def __init__(self, conn: AConn, *, run_id: str, generation: int, attempt: int,
-                 row_version: int, deadline_left_s: float) -> None:
-        self.conn = conn
+                 row_version: int, deadline_left_s: float,
+                 live: Callable[[], bool] | None = None) -> None:
+        self._conn = conn
+        self._live = live
         self.run_id = run_id
         self.generation = generation
         self.attempt = attempt
         self.row_version = row_version
         self._deadline_mono = time.monotonic() + deadline_left_s
 
+    @property
+    def conn(self) -> AConn:
+        """The lease session every write of this owner goes through. Raises LostOwnership
+        once the lease that gave it has ended (``live``): a pooled session may serve
+        another run by then (``qimpl.db.lease_sessions``), and a call this attempt still
+        makes (a provider that emits output after its step returned) must not reach it."""
+        if self._live is not None and not self._live():
+            raise LostOwnership(f"the lease of run {self.run_id} (attempt {self.attempt}) has ended")
+        return self._conn
+
     # -- the claim ---------------------------------------------------------------------
     @classmethod
     async def claim(cls, conn: AConn, run_id: str, *, generation: int, attempt: int,
-                    slot_limit: int = 0, task_token: bytes | None = None) -> Claim:
+                    slot_limit: int = 0, task_token: bytes | None = None,
+                    live: Callable[[], bool] | None = None) -> Claim:
         """Make this attempt the owner (R-EXEC-2): ``accepted -> queued -> running`` or a
         takeover ``running -> running`` with ``owner_attempt = attempt``. Call only while
         holding the run's advisory lock.
@@ -130,7 +143,10 @@ class RunOwner:
         fewer than ``slot_limit`` of its tenant's runs are ``running`` or
         ``awaiting_approval``; otherwise it stays ``queued`` (its dispatch recorded as
         confirmed). Claims of one tenant are serialised by a transaction-level advisory
-        lock so that two cannot both see room."""
+        lock so that two cannot both see room.
+
+        ``live``: whether the lease that holds ``conn`` still does (``OwnershipLease.live``);
+        the owner refuses to use ``conn`` once it returns False."""
         # The writer's identity, recorded by the audit trigger with every write of this
         # session (``run_transitions.writer_token``): set outside the claim's transaction,
         # so a rolled-back claim does not take it back.
@@ -138,7 +154,7 @@ class RunOwner:
                            (f"{run_id}:{generation}:{attempt}",))
         try:
             return await cls._claim(conn, run_id, generation=generation, attempt=attempt,
-                                    slot_limit=slot_limit, task_token=task_token)
+                                    slot_limit=slot_limit, task_token=task_token, live=live)
         except psycopg.Error as exc:
             if exc.sqlstate != DEADLINE_SQLSTATE:
                 raise
@@ -148,7 +164,8 @@ class RunOwner:
 
     @classmethod
     async def _claim(cls, conn: AConn, run_id: str, *, generation: int, attempt: int,
-                     slot_limit: int, task_token: bytes | None) -> Claim:
+                     slot_limit: int, task_token: bytes | None,
+                     live: Callable[[], bool] | None) -> Claim:
         async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(f"SELECT *, {_LEFT} FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
             row = await cur.fetchone()
@@ -209,7 +226,7 @@ class RunOwner:
             await INSIDE_CLAIM.areach(run_id=run_id, attempt=attempt)
         owner = cls(conn, run_id=run_id, generation=generation, attempt=attempt,
                     row_version=int(row["row_version"]),
-                    deadline_left_s=float(row["deadline_left_s"]))
+                    deadline_left_s=float(row["deadline_left_s"]), live=live)
         return Claim(row, owner)
 
     # -- the deadline ------------------------------------------------------------------

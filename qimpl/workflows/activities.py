@@ -263,7 +263,7 @@ class AgentActivities:
                     claimed: Callable[[], None]) -> dict[str, Any]:
         claim = await RunOwner.claim(lease.conn, inp.run_id, generation=inp.generation,
                                      attempt=attempt, slot_limit=self.slot_limit,
-                                     task_token=activity.info().task_token)
+                                     task_token=activity.info().task_token, live=lease.live)
         if claim.owner is None:
             if claim.waiting_for_slot and claim.row["generation"] == inp.generation:
                 # No tenant slot free (R-EXEC-9): stay queued; Temporal retries (<= 1 s backoff).

@@ -14,9 +14,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import pq
 
 from qimpl.db.lease import LeaseNotBounded, OwnershipLease, client_params, lock_key_sql
 from qimpl.db.lease_sessions import IDLE_APPLICATION_NAME, LeaseSessions
+from qimpl.db.owner import RunOwner
+from qimpl.errors import LostOwnership
 from qualify.stack._embedded import WORKER_ROLE, with_user
 from tests.integration.test_lease import _IgnoredSettings
 
@@ -157,6 +160,35 @@ def test_a_ready_session_the_server_ended_is_replaced(dsn: str) -> None:
                 await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
             async with _lease(dsn, run_id, sessions) as lease:
                 assert (await _state(lease.conn))[0] != pid
+
+    asyncio.run(go())
+
+
+@pytest.mark.req("R-EXEC-2", "R-EXEC-11")
+def test_an_owner_cannot_reach_its_session_once_its_lease_ended(dsn: str) -> None:
+    """The session outlives the lease in the pool: a call the ended attempt still makes (a
+    provider emitting output after its step returned) is refused before any statement,
+    even while the same session serves the next run's lease."""
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+
+    async def go() -> None:
+        async with _ready(dsn) as sessions:
+            async with _lease(dsn, first, sessions) as lease:
+                owner = RunOwner(lease.conn, run_id=first, generation=1, attempt=1, row_version=1,
+                                 deadline_left_s=60, live=lease.live)
+                session = owner.conn
+            with pytest.raises(LostOwnership):
+                await owner.output_delta(1, "late")
+            async with _lease(dsn, second, sessions) as lease:
+                assert lease.conn is session, "the next lease did not get the same session"
+                async with lease.conn.transaction():
+                    await lease.conn.execute("SELECT 1")
+                    with pytest.raises(LostOwnership):
+                        await owner.output_delta(1, "late")
+                    # Nothing reached the session: the next run's transaction is intact.
+                    assert lease.conn.info.transaction_status == pq.TransactionStatus.INTRANS, \
+                        "the ended owner's call ran inside the next run's transaction"
+                assert (await _state(lease.conn))[1] == f"lease-test:{second}"
 
     asyncio.run(go())
 
