@@ -101,14 +101,28 @@ class Claim:
         return self.owner is None and self.row["state"] == RunState.QUEUED
 
 
+def lease_unproven(proved_at: float, now: float, lease_s: float) -> bool:
+    """Whether an owner must prove its lease again before a provider or tool call: the
+    statement that last proved it was sent at ``proved_at`` (monotonic seconds) and
+    PostgreSQL ends the session ``lease_s`` after a statement ends, so at ``now`` the lease
+    is certain only while less than half of it has passed (the other half covers the
+    answer's way back and clock reads). R-EXEC-11."""
+    return now - proved_at >= lease_s / 2
+
+
 class RunOwner:
     """The fenced writes of one attempt on its lease connection ``conn``."""
 
     def __init__(self, conn: AConn, *, run_id: str, generation: int, attempt: int,
                  row_version: int, deadline_left_s: float,
-                 live: Callable[[], bool] | None = None) -> None:
+                 live: Callable[[], bool] | None = None, lease_s: float | None = None) -> None:
         self._conn = conn
         self._live = live
+        self._lease_s = lease_s
+        #: When (monotonic seconds) the last statement that proved this owner's lease was
+        #: *sent*: PostgreSQL ends the session ``lease_s`` after a statement ends, so the
+        #: lease is alive at least until ``sent + lease_s`` (``before_call``).
+        self._proved_at = time.monotonic()
         self.run_id = run_id
         self.generation = generation
         self.attempt = attempt
@@ -129,7 +143,7 @@ class RunOwner:
     @classmethod
     async def claim(cls, conn: AConn, run_id: str, *, generation: int, attempt: int,
                     slot_limit: int = 0, task_token: bytes | None = None,
-                    live: Callable[[], bool] | None = None) -> Claim:
+                    live: Callable[[], bool] | None = None, lease_s: float | None = None) -> Claim:
         """Make this attempt the owner (R-EXEC-2): ``accepted -> queued -> running`` or a
         takeover ``running -> running`` with ``owner_attempt = attempt``. Call only while
         holding the run's advisory lock.
@@ -146,7 +160,8 @@ class RunOwner:
         lock so that two cannot both see room.
 
         ``live``: whether the lease that holds ``conn`` still does (``OwnershipLease.live``);
-        the owner refuses to use ``conn`` once it returns False."""
+        the owner refuses to use ``conn`` once it returns False. ``lease_s``: the lease,
+        seconds (``before_call``); None: no check before calls."""
         # The writer's identity, recorded by the audit trigger with every write of this
         # session (``run_transitions.writer_token``): set outside the claim's transaction,
         # so a rolled-back claim does not take it back.
@@ -154,7 +169,8 @@ class RunOwner:
                            (f"{run_id}:{generation}:{attempt}",))
         try:
             return await cls._claim(conn, run_id, generation=generation, attempt=attempt,
-                                    slot_limit=slot_limit, task_token=task_token, live=live)
+                                    slot_limit=slot_limit, task_token=task_token, live=live,
+                                    lease_s=lease_s)
         except psycopg.Error as exc:
             if exc.sqlstate != DEADLINE_SQLSTATE:
                 raise
@@ -165,7 +181,7 @@ class RunOwner:
     @classmethod
     async def _claim(cls, conn: AConn, run_id: str, *, generation: int, attempt: int,
                      slot_limit: int, task_token: bytes | None,
-                     live: Callable[[], bool] | None) -> Claim:
+                     live: Callable[[], bool] | None, lease_s: float | None) -> Claim:
         async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(f"SELECT *, {_LEFT} FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
             row = await cur.fetchone()
@@ -226,7 +242,7 @@ class RunOwner:
             await INSIDE_CLAIM.areach(run_id=run_id, attempt=attempt)
         owner = cls(conn, run_id=run_id, generation=generation, attempt=attempt,
                     row_version=int(row["row_version"]),
-                    deadline_left_s=float(row["deadline_left_s"]), live=live)
+                    deadline_left_s=float(row["deadline_left_s"]), live=live, lease_s=lease_s)
         return Claim(row, owner)
 
     # -- the deadline ------------------------------------------------------------------
@@ -246,6 +262,7 @@ class RunOwner:
         the fence matched no row, the guard refused or the session was lost; DeadlinePassed
         for the deadline; any other database error (a value it refuses to store, a lock or
         statement timeout) propagates unchanged while the session lives."""
+        sent = time.monotonic()
         async with self._refusals(what), self.conn.transaction(), self.conn.cursor(
                 row_factory=dict_row if dict_rows else tuple_row) as cur:
             await cur.execute(sql, params)
@@ -256,7 +273,33 @@ class RunOwner:
             self._refused("fenced")
             raise LostOwnership(f"{what} fenced")
         self.row_version = int(got["row_version"]) if dict_rows else int(got[0])
+        self._proved_at = sent
         return got
+
+    async def before_call(self) -> None:
+        """Right before a provider or tool call: prove the lease again when the statement
+        that last proved it was sent half a lease ago or more (``lease_unproven``), so an
+        owner that was paused or starved since (a stopped process; a pause while it waited
+        for that statement's answer included) stops instead of calling (R-EXEC-11). One
+        read on the lease session, only then; the usual path costs nothing.
+
+        Raises LostOwnership when the run is no longer this owner's (taken over, ended,
+        another row version), and psycopg's OperationalError when the session is gone:
+        both mean "do not call". Left open: a pause after this returns and before the
+        call's request leaves the process (a few hundred microseconds); only a fencing
+        token checked by the provider or tool itself closes that."""
+        if self._lease_s is None or not lease_unproven(self._proved_at, time.monotonic(), self._lease_s):
+            return
+        sent = time.monotonic()
+        cur = await self.conn.execute(
+            "SELECT state, generation, owner_attempt, row_version FROM runs WHERE run_id = %s",
+            (self.run_id,))
+        row = await cur.fetchone()
+        mine = (RunState.RUNNING, self.generation, self.attempt, self.row_version)
+        if row is None or tuple(row) != mine:
+            self._refused("lease_unproven")
+            raise LostOwnership(f"run {self.run_id} is no longer owned by attempt {self.attempt}")
+        self._proved_at = sent
 
     def _refused(self, how: str) -> None:
         """Log a write the database refused (the evidence a stale writer was stopped by the
@@ -328,6 +371,7 @@ class RunOwner:
         the deadline (``provider_calls_guard``). Raises LostOwnership when refused (QG012:
         the call must not be made, R-EXEC-7/11) or DeadlinePassed (QG006, R-EXEC-8)."""
         what = f"provider call {step} of run {self.run_id}"
+        sent = time.monotonic()
         async with self._refusals(what):
             cur = await self.conn.execute(
                 "INSERT INTO provider_calls (run_id, generation, attempt, step, row_version)"
@@ -335,6 +379,7 @@ class RunOwner:
                 (self.run_id, self.generation, self.attempt, step, self.row_version))
             got = await cur.fetchone()
         assert got is not None
+        self._proved_at = sent
         return int(got[0])
 
     async def call_ended(self, call: int, *, status: str, input_tokens: int | None = None,

@@ -143,6 +143,7 @@ class ToolSteps:
             usage = {**usage, "tool_calls": int(usage.get("tool_calls", 0)) + 1}
             await owner.journal(invocation, status="intent", usage=usage)
             await AFTER_INTENT.areach(run_id=owner.run_id, step=step, attempt=owner.attempt)
+            await owner.before_call()  # paused since the intent? then the lease may be gone
             outcome = await self._invoke(owner, spec, invocation, tenant_id=tenant_id)
             if outcome is None:
                 return _unknown(call["call_id"]), usage

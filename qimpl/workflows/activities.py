@@ -263,7 +263,8 @@ class AgentActivities:
                     claimed: Callable[[], None]) -> dict[str, Any]:
         claim = await RunOwner.claim(lease.conn, inp.run_id, generation=inp.generation,
                                      attempt=attempt, slot_limit=self.slot_limit,
-                                     task_token=activity.info().task_token, live=lease.live)
+                                     task_token=activity.info().task_token, live=lease.live,
+                                     lease_s=lease.lease_s)
         if claim.owner is None:
             if claim.waiting_for_slot and claim.row["generation"] == inp.generation:
                 # No tenant slot free (R-EXEC-9): stay queued; Temporal retries (<= 1 s backoff).
@@ -379,6 +380,7 @@ class AgentActivities:
         call is not made."""
         call = await owner.call_started(ctx.step)
         deltas = OutputDeltas(owner, ctx.step)
+        await owner.before_call()  # paused since the record? then the lease may be gone
         try:
             async with asyncio.timeout(owner.seconds_left()) as deadline:
                 result = await self.provider.step(dataclasses.replace(ctx, emit=deltas.emit))

@@ -38,7 +38,8 @@ def fence_probe(dsn: str, run_id: str, tenant: str, token: dict[str, int], step:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True,
                                                          application_name="qualify-probe") as conn:
             await conn.execute("SELECT set_config('qimpl.tenant', %s, false)", (tenant,))
-            owner = RunOwner(conn, run_id=run_id, deadline_left_s=3600.0, **token)
+            owner = RunOwner(conn, run_id=run_id, deadline_left_s=3600.0, generation=token["generation"],
+                             attempt=token["attempt"], row_version=token["row_version"])
             try:
                 if write == "checkpoint":
                     await owner.checkpoint(step, state={"probe": True}, usage={})

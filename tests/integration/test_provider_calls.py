@@ -5,6 +5,7 @@ the run read counts every recorded call (R-EXEC-7, R-EXEC-8, R-AUTH-4)."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -13,6 +14,7 @@ import psycopg
 import pytest
 
 from qimpl.db import usage as usage_db
+from qimpl.db.lease import OwnershipLease
 from qimpl.db.owner import RunOwner
 from qimpl.errors import DeadlinePassed, LostOwnership
 from qimpl.usage import run_usage
@@ -165,3 +167,32 @@ def test_the_read_counts_every_recorded_call_also_those_without_an_outcome(dsn: 
         "provider_calls": 3, "provider_calls_no_outcome": 1, "input_tokens": 10, "output_tokens": 5,
         "tool_calls": 2}
     assert usage["wall_time_s"] >= usage["wall_s"] >= 0
+
+
+
+@pytest.mark.req("R-EXEC-11")
+def test_an_owner_stopped_past_its_lease_after_the_record_does_not_call(dsn: str) -> None:
+    """The process stops (here the event loop is blocked, as under SIGSTOP: no keeper
+    runs) after the call's record committed and before the call; PostgreSQL ends the lease
+    session meanwhile. ``before_call`` must refuse the call on resume, although the owner
+    saw no error since its record (a random schedule found it: a paused worker's owner
+    asked for a step its successor had already checkpointed). Not stopped: no statement."""
+    run_id = _running(dsn)
+    lease_s = 0.5
+
+    async def go() -> None:
+        async with OwnershipLease(with_user(dsn, WORKER_ROLE), run_id, lease_s=lease_s,
+                                  application_name=f"stalled:{run_id}", tenant_id="t") as lease:
+            owner = RunOwner(lease.conn, run_id=run_id, generation=1, attempt=1, row_version=3,
+                             deadline_left_s=3600, live=lease.live, lease_s=lease_s)
+            await owner.call_started(1)
+            await owner.before_call()  # fresh: returns without a statement
+            with psycopg.connect(dsn, autocommit=True) as other:
+                last = other.execute("SELECT query FROM pg_stat_activity WHERE application_name = %s",
+                                     (f"stalled:{run_id}",)).fetchone()
+            assert last is not None and last[0].startswith("INSERT INTO provider_calls"), last
+            time.sleep(lease_s * 3)  # stopped: the server ends the idle session
+            with pytest.raises((LostOwnership, psycopg.OperationalError)):
+                await owner.before_call()
+
+    asyncio.run(go())
