@@ -112,8 +112,7 @@ def agent_activities(settings: WorkerSettings,
     provider, tools = plugins or load_plugins(settings)
     return AgentActivities(dsn=settings.database_url, provider=provider, tools=tools,
                            slot_limit=settings.concurrency_limit,
-                           lock_timeout_s=settings.api_lock_timeout_s,
-                           unclaimed_s=settings.takeover_unclaimed_s)
+                           lock_timeout_s=settings.api_lock_timeout_s)
 
 
 def lease_sessions(settings: WorkerSettings) -> LeaseSessions:
