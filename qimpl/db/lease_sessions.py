@@ -34,6 +34,7 @@ connections a worker could hold before.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import psycopg
@@ -89,17 +90,28 @@ class LeaseSessions:
     async def release(self, conn: psycopg.AsyncConnection[Any], *, reuse: bool) -> None:
         """Give ``conn`` back: reset for the next lease when ``reuse`` and it is idle and
         whole, otherwise closed (which frees its locks). Its locks are free when this
-        returns. Never raises for the session's state."""
-        if reuse and not conn.closed and conn.info.transaction_status == pq.TransactionStatus.IDLE:
-            try:
-                await conn.execute(RESET_SQL)
-            except psycopg.Error:
+        returns. Never raises for the session's state. The reset is bounded by the lease
+        (a server that stops answering); a reset that fails, times out or is cancelled
+        (the activity cancelled, the worker shutting down) closes the session, and the
+        session always goes back to the pool, so the pool never loses a slot."""
+        try:
+            if reuse and not conn.closed and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+                try:
+                    async with asyncio.timeout(self.lease_s):
+                        await conn.execute(RESET_SQL)
+                except (psycopg.Error, TimeoutError):
+                    reuse = False
+            else:
                 reuse = False
-        else:
+        except BaseException:
             reuse = False
-        if not reuse:
-            await conn.close()
-        await self._pool.putconn(conn)
+            raise
+        finally:
+            try:
+                if not reuse:
+                    await conn.close()
+            finally:
+                await self._pool.putconn(conn)
 
     def stats(self) -> dict[str, int]:
         """The pool's counters (``psycopg_pool``'s ``get_stats``), for logs and tests."""

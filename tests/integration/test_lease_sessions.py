@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from psycopg import pq
 
+from qimpl.db import lease_sessions
 from qimpl.db.lease import LeaseNotBounded, OwnershipLease, client_params, lock_key_sql
 from qimpl.db.lease_sessions import IDLE_APPLICATION_NAME, LeaseSessions
 from qimpl.db.owner import RunOwner
@@ -189,6 +190,33 @@ def test_an_owner_cannot_reach_its_session_once_its_lease_ended(dsn: str) -> Non
                     assert lease.conn.info.transaction_status == pq.TransactionStatus.INTRANS, \
                         "the ended owner's call ran inside the next run's transaction"
                 assert (await _state(lease.conn))[1] == f"lease-test:{second}"
+
+    asyncio.run(go())
+
+
+@pytest.mark.req("R-EXEC-2")
+def test_a_release_cancelled_mid_reset_closes_the_session_and_keeps_the_slot(
+        dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An activity cancelled (or a worker stopping) while its session is being reset: the
+    session is closed, which frees the run's lock, and its pool slot is not lost (a review
+    found each such cancel took one slot for good: PoolTimeout for every attempt after)."""
+    run_id = str(uuid.uuid4())
+    monkeypatch.setattr(lease_sessions, "RESET_SQL",
+                        "SELECT pg_sleep(2); SELECT pg_advisory_unlock_all(); RESET ALL")
+
+    async def go() -> None:
+        async with _ready(dsn) as sessions:  # one session
+            lease = _lease(dsn, run_id, sessions)
+            await lease.__aenter__()
+            pid = (await _state(lease.conn))[0]
+            ending = asyncio.create_task(lease.__aexit__(None, None, None))
+            await asyncio.sleep(0.3)  # inside the reset
+            ending.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await ending
+            assert await _lock_is_free(dsn, run_id), "the cancelled release kept the run's lock"
+            assert not await _alive(dsn, pid), "the session of a cancelled reset was kept"
+            assert await _waiting_pid(sessions) != pid  # the slot is there, with a new session
 
     asyncio.run(go())
 
