@@ -56,7 +56,7 @@ class LeaseSessions:
     """``max_size`` ready sessions to ``dsn`` for leases of ``lease_s`` seconds.
 
     ``connect_params``: libpq connection parameters of every session (the lease's
-    client-side keepalives, ``OwnershipLease.client_params``). Open it with ``open()``
+    client-side keepalives, ``qimpl.db.lease.client_params``). Open it with ``open()``
     inside the event loop that uses it and ``close()`` it at shutdown."""
 
     def __init__(self, dsn: str, *, lease_s: float, max_size: int, min_size: int = 2,
@@ -112,7 +112,3 @@ class LeaseSessions:
                     await conn.close()
             finally:
                 await self._pool.putconn(conn)
-
-    def stats(self) -> dict[str, int]:
-        """The pool's counters (``psycopg_pool``'s ``get_stats``), for logs and tests."""
-        return self._pool.get_stats()

@@ -103,6 +103,12 @@ class Settings(BaseSettings):
     def _dsn(cls, value: str) -> str:
         return _check_dsn(value)
 
+    @property
+    def lease(self) -> float:
+        """The ownership lease in effect, seconds: ``lease_s``, or the heartbeat timeout
+        when it is unset (the rule of ``RunInput.lease``, which the API dispatches)."""
+        return self.lease_s if self.lease_s is not None else self.heartbeat_timeout_s
+
 
 class _ProviderSettings(BaseSettings):
     """The provider, read by both the API (legacy inline path, ``/v1/answer``) and the

@@ -119,10 +119,9 @@ def lease_sessions(settings: WorkerSettings) -> LeaseSessions:
     """The worker's ready lease sessions: one per activity slot at most (each activity
     holds one lease session), for the worker's lease (``qimpl.db.lease_sessions``). Not
     opened."""
-    lease_s = settings.lease_s or settings.heartbeat_timeout_s
-    return LeaseSessions(settings.database_url, lease_s=lease_s,
+    return LeaseSessions(settings.database_url, lease_s=settings.lease,
                          max_size=settings.max_concurrent_activities + settings.takeover_slots,
-                         connect_params=client_params(lease_s))
+                         connect_params=client_params(settings.lease))
 
 
 def build_takeover_worker(client: Client, settings: WorkerSettings, activities: AgentActivities,
@@ -175,7 +174,7 @@ async def watch_leases(client: Client, settings: WorkerSettings, stop: asyncio.E
         return
     queue, activities = takeover if takeover else (None, None)
     await LeaseWatcher(client, dsn=settings.database_url,
-                       lease_s=settings.lease_s or settings.heartbeat_timeout_s,
+                       lease_s=settings.lease,
                        poll_s=settings.takeover_poll_s,
                        unclaimed_s=settings.takeover_unclaimed_s,
                        task_queue=settings.task_queue if takeover else None, takeover_queue=queue,
