@@ -20,20 +20,17 @@ from typing import Any
 
 import psycopg
 
-from qimpl.settings import Settings
+from qimpl.settings.base import DEFAULT_HEARTBEAT_TIMEOUT_S, DEFAULT_LEASE_S
 from qualify.faults import Nemesis
 from qualify.history import HistoryRecorder
 from qualify.processes import Deployment, Processes
 from qualify.procs import kill_tree, spawn, wait_until
 from qualify.scenarios.base import ScenarioContext
 
-__all__ = ["DEFAULT_LEASE_S", "BenchEnv", "Plan", "Subprocess", "deployment_context", "python_m"]
+__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT_S", "DEFAULT_LEASE_S", "BenchEnv", "Plan", "Subprocess", "deployment_context", "python_m"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: qimpl's own default heartbeat timeout (= the ownership lease), seconds: the targets
-#: are "with default settings", so the benchmark runs qimpl with it.
-DEFAULT_LEASE_S: float = float(Settings.model_fields["heartbeat_timeout_s"].default)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,10 +136,13 @@ def python_m(module: str, *args: str) -> list[str]:
 
 @contextmanager
 def deployment_context(env: BenchEnv, name: str, *, lease_s: float = DEFAULT_LEASE_S,
+                       heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
                        seed: int = 0) -> Iterator[ScenarioContext]:
     """A scenario's context (fresh database cloned from the migrated template, its own
     task queue and control directory, real API/worker processes on demand) for ``name``,
-    as ``qualify.runner`` builds it, but never judged: the benchmark only measures.
+    as ``qualify.runner`` builds it, but never judged: the benchmark only measures. Its
+    processes run with the lease and heartbeat timeout given (seconds), by default
+    qimpl's own (the targets are "with default settings").
     Every process started through it is stopped and reaped on exit."""
     db = "b_" + hashlib.sha256(f"{name}:{time.time_ns()}".encode()).hexdigest()[:12]
     dsn = env.stack.create_database(db)
@@ -150,7 +150,8 @@ def deployment_context(env: BenchEnv, name: str, *, lease_s: float = DEFAULT_LEA
     control = out / "control"
     control.mkdir(parents=True, exist_ok=True)
     deployment = Deployment(dsn=dsn, temporal_address=env.temporal_address, task_queue=f"q-{db}",
-                            control_dir=control, logs_dir=out / "logs", heartbeat_timeout_s=lease_s)
+                            control_dir=control, logs_dir=out / "logs",
+                            heartbeat_timeout_s=heartbeat_timeout_s, lease_s=lease_s)
     history = HistoryRecorder(out / "history.jsonl")
     processes = Processes(deployment)
     ctx = ScenarioContext(deployment=deployment, processes=processes, history=history,

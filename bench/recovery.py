@@ -1,12 +1,13 @@
-"""Section 4, recovery, with qimpl's default lease (``DEFAULT_LEASE_S``, the heartbeat
-timeout). Seconds throughout.
+"""Section 4, recovery, with qimpl's default lease (``DEFAULT_LEASE_S``) and heartbeat
+timeout (``DEFAULT_HEARTBEAT_TIMEOUT_S``, above the lease). Seconds throughout.
 
 - ``recovery.sigkill_p50_s``/``p95``: the owning worker SIGKILLed while it holds at a
   synthetic-provider barrier in step 2 (checkpoint 1 committed) -> checkpoint 2
   committed by the surviving worker (``run_checkpoints.created_at``, the database's
   clock, against the kill's wall clock on the same machine); ``plan.sigkill_trials``
   trials, two workers up at every kill. ``recovery.sigkill_lease1_p50_s``: the same with
-  the harness's 1 s lease (half the trials), to show how much of it is the lease;
+  the harness's 1 s lease and heartbeat timeout (half the trials), to show how much of it
+  is the lease;
   ``..._retry_started_p50_s``: the share until Temporal started the retried attempt (its
   history's ``ActivityTaskStarted``), the rest being qimpl's claim and step 2.
 - ``recovery.sigstop_s``, ``recovery.in_txn_s``, ``recovery.cancel_s``: the harness's
@@ -14,7 +15,7 @@ timeout). Seconds throughout.
   ``owner-paused-inside-checkpoint-transaction`` (stopped between the UPDATE and the
   commit -> first write of a later attempt) and ``cancel-stops-a-long-step`` (cancel
   commit -> the provider call cancelled), run by ``qualify.runner`` with the default lease
-  and judged as usual; the median of their figures over ``plan.pause_trials`` runs. Every
+  and heartbeat timeout and judged as usual; the median of their figures over ``plan.pause_trials`` runs. Every
   process runs with the default lease, the pause scenarios' own included (``qualify run``
   gives those 3 s, ``Deployment.paused_lease_s``): their targets are lease + 1.5 s.
 - ``tuned.*``: the SIGKILL trials and the two pause scenarios again on a second stack
@@ -29,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.env import DEFAULT_LEASE_S, BenchEnv, deployment_context
+from bench.env import DEFAULT_HEARTBEAT_TIMEOUT_S, DEFAULT_LEASE_S, BenchEnv, deployment_context
 from bench.stats import summarize
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
@@ -85,12 +86,14 @@ def _retry_started(address: str, run_id: str) -> tuple[float, int] | None:
     return asyncio.run(fetch())
 
 
-def _sigkill_trials(env: BenchEnv, trials: int, *, lease_s: float = DEFAULT_LEASE_S
+def _sigkill_trials(env: BenchEnv, trials: int, *, lease_s: float = DEFAULT_LEASE_S,
+                    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
                     ) -> tuple[list[float], list[float]]:
     """(seconds from each SIGKILL of the owner to checkpoint 2 by a surviving worker,
     seconds from each SIGKILL to Temporal starting the attempt that did it)."""
     samples, started = [], []
-    with deployment_context(env, f"recovery-sigkill-{lease_s:g}", lease_s=lease_s) as ctx:
+    with deployment_context(env, f"recovery-sigkill-{lease_s:g}", lease_s=lease_s,
+                            heartbeat_timeout_s=heartbeat_timeout_s) as ctx:
         api = ctx.processes.api()
         workers = [ctx.processes.spawn_worker("worker-0"), ctx.processes.spawn_worker("worker-1")]
         for w in workers:
@@ -128,7 +131,8 @@ def _scenario_figures(env: BenchEnv, trials: int) -> tuple[dict[str, Any], dict[
         values = []
         for i in range(trials):
             result = run_scenario(env.stack, REGISTRY[sid], seed=i, out_dir=Path(env.workdir, sid, str(i)),
-                                  heartbeat_timeout_s=DEFAULT_LEASE_S, paused_lease_s=DEFAULT_LEASE_S)
+                                  heartbeat_timeout_s=DEFAULT_HEARTBEAT_TIMEOUT_S,
+                                  lease_s=DEFAULT_LEASE_S, paused_lease_s=DEFAULT_LEASE_S)
             verdicts.setdefault(sid, []).append(str(result.verdict))
             ran_with = result.figures.get("paused_lease_s", DEFAULT_LEASE_S)
             if ran_with != DEFAULT_LEASE_S:  # judged against lease_s + 1.5 s: it must be that lease
@@ -171,15 +175,17 @@ def measure_tuned(env: BenchEnv) -> dict[str, Any]:
 def measure_recovery(env: BenchEnv) -> dict[str, Any]:
     """Every recovery figure (see the module docstring), on the stack's default Temporal
     server and then on a tuned one; processes always reaped."""
-    out: dict[str, Any] = {"recovery.lease_s": DEFAULT_LEASE_S}
+    out: dict[str, Any] = {"recovery.lease_s": DEFAULT_LEASE_S,
+                           "recovery.heartbeat_timeout_s": DEFAULT_HEARTBEAT_TIMEOUT_S}
     samples, started = _sigkill_trials(env, env.plan.sigkill_trials)
     kills = summarize(samples)
     out.update({"recovery.sigkill_p50_s": kills.p50, "recovery.sigkill_p95_s": kills.p95,
                 "recovery.sigkill_max_s": kills.max})
     if started:
         out["recovery.sigkill_retry_started_p50_s"] = summarize(started).p50
-    # The same with the harness's lease (1 s): how much of the figure is the lease.
-    samples, started = _sigkill_trials(env, max(2, env.plan.sigkill_trials // 2), lease_s=HARNESS_LEASE_S)
+    # The same with the harness's lease and timeout (1 s): how much of the figure is the lease.
+    samples, started = _sigkill_trials(env, max(2, env.plan.sigkill_trials // 2), lease_s=HARNESS_LEASE_S,
+                                       heartbeat_timeout_s=HARNESS_LEASE_S)
     out["recovery.sigkill_lease1_p50_s"] = summarize(samples).p50
     if started:
         out["recovery.sigkill_lease1_retry_started_p50_s"] = summarize(started).p50

@@ -123,7 +123,8 @@ def _specs() -> tuple[FigureSpec, ...]:
                      f"dbos.tput_c{c}") for c in CONCURRENCY]
     s += _sharded_specs()
     s += [
-        FigureSpec("recovery.lease_s", "recovery", "lease = heartbeat timeout (qimpl default)", "s"),
+        FigureSpec("recovery.lease_s", "recovery", "ownership lease L (qimpl default)", "s"),
+        FigureSpec("recovery.heartbeat_timeout_s", "recovery", "heartbeat timeout H (qimpl default, above L)", "s"),
         FigureSpec("recovery.sigkill_p50_s", "recovery", "worker SIGKILL -> next checkpoint by a survivor p50", "s",
                    "dbos.resume_after_kill_s"),
         FigureSpec("recovery.sigkill_p95_s", "recovery", "worker SIGKILL -> next checkpoint by a survivor p95", "s",
@@ -308,9 +309,10 @@ def _best_run(v: Mapping[str, float | None]) -> float | None:
 
 def _targets() -> tuple[Target, ...]:
     t = [
-        Target("sigkill-p50", "worker SIGKILL -> next checkpoint by a survivor p50 <= H + 0.5 s (default server)",
+        # Judged against the lease, which is below H: stricter than the H + 0.5 s.
+        Target("sigkill-p50", "worker SIGKILL -> next checkpoint by a survivor p50 <= L + 0.5 s (default server; L < H)",
                _pair(_key("recovery.sigkill_p50_s"), _plus("recovery.lease_s", 0.5))),
-        Target("sigkill-p95", "worker SIGKILL -> next checkpoint by a survivor p95 <= H + 1 s (default server)",
+        Target("sigkill-p95", "worker SIGKILL -> next checkpoint by a survivor p95 <= L + 1 s (default server; L < H)",
                _pair(_key("recovery.sigkill_p95_s"), _plus("recovery.lease_s", 1.0))),
         Target("sigstop-takeover", "SIGSTOPped owner -> takeover p50 <= lease + 1.5 s (default server)",
                _pair(_key("recovery.sigstop_s"), _plus("recovery.lease_s", 1.5))),

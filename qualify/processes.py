@@ -47,6 +47,10 @@ class Deployment:
     logs_dir: Path
     namespace: str = "default"
     heartbeat_timeout_s: float = 1.0
+    #: The ownership lease, seconds; None: the heartbeat timeout, the lease the catalog
+    #: was written for (its waits are multiples of it, docs/scenario-timings.md).
+    #: ``bench`` and ``qualify up`` set the product's defaults (a lease below the timeout).
+    lease_s: float | None = None
     #: The ownership lease of the scenarios that pause an owner inside a transaction
     #: (``qualify.scenarios.lease``), seconds. 3 s in ``qualify run``: long enough that the
     #: harness sees the paused session idle in transaction before PostgreSQL ends it, even
@@ -59,6 +63,11 @@ class Deployment:
     #: The API's access log (uvicorn's, one line per request, in its log file): off in the
     #: harness (its scenarios make thousands of requests), on for ``qualify up``.
     access_log: bool = False
+
+    @property
+    def lease(self) -> float:
+        """The ownership lease the processes are given, seconds (``lease_s``)."""
+        return self.lease_s if self.lease_s is not None else self.heartbeat_timeout_s
 
     @property
     def sink_dir(self) -> Path:
@@ -83,6 +92,7 @@ class Deployment:
             QIMPL_PROVIDER_CONFIG=json.dumps({"control_dir": str(self.control_dir)}),
             QIMPL_CONTROL_DIR=str(self.control_dir),
             QIMPL_HEARTBEAT_TIMEOUT_S=str(self.heartbeat_timeout_s),
+            QIMPL_LEASE_S=str(self.lease),
             # Counted failures spaced 0.2 s doubling to 1 s, as Temporal's own retry was before
             # the backoff: the scenarios that count failures stay fast. provider-outage-survived
             # sets the product's defaults (qimpl.backoff) back.

@@ -136,16 +136,17 @@ def judge(checks: list[Check], faults: list[dict[str, Any]], *, expected_faults:
 
 def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir: Path,
                  heartbeat_timeout_s: float = 1.0, launcher: ForkServer | None = None,
-                 paused_lease_s: float | None = None,
+                 paused_lease_s: float | None = None, lease_s: float | None = None,
                  exec_kinds: frozenset[str] = frozenset()) -> ScenarioResult:
     """Run one scenario on ``stack``; never raises for a product or harness failure.
     With ``launcher``, its API and worker processes are forked from that fork server,
     except those of ``exec_kinds`` (exec'd);
-    ``paused_lease_s`` (seconds) replaces ``Deployment.paused_lease_s``' default."""
+    ``paused_lease_s`` (seconds) replaces ``Deployment.paused_lease_s``' default, and
+    ``lease_s`` (seconds; None: the heartbeat timeout) ``Deployment.lease_s``."""
     with bind(Ledger()) as ledger:
         result = _run_scenario(stack, scenario, seed=seed, out_dir=out_dir,
                                heartbeat_timeout_s=heartbeat_timeout_s, launcher=launcher,
-                               paused_lease_s=paused_lease_s, exec_kinds=exec_kinds)
+                               paused_lease_s=paused_lease_s, lease_s=lease_s, exec_kinds=exec_kinds)
     result.time_by_kind = ledger.close()
     result.duration_s = round(ledger.total_s, 3)
     return result
@@ -153,7 +154,8 @@ def run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir
 
 def _run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_dir: Path,
                   heartbeat_timeout_s: float, launcher: ForkServer | None,
-                  paused_lease_s: float | None, exec_kinds: frozenset[str]) -> ScenarioResult:
+                  paused_lease_s: float | None, lease_s: float | None,
+                  exec_kinds: frozenset[str]) -> ScenarioResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     assert stack.info is not None
     control = out_dir / "control"
@@ -172,7 +174,7 @@ def _run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_di
     deployment = Deployment(dsn=dsn, temporal_address=temporal_address,
                             task_queue=f"q-{db_name}", control_dir=control,
                             logs_dir=out_dir / "logs", heartbeat_timeout_s=heartbeat_timeout_s,
-                            sink_url=sink.url)
+                            lease_s=lease_s, sink_url=sink.url)
     if paused_lease_s is not None:
         deployment = dataclasses.replace(deployment, paused_lease_s=paused_lease_s)
     history = HistoryRecorder(out_dir / "history.jsonl")

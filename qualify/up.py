@@ -33,6 +33,7 @@ import psutil
 import psycopg
 
 from qimpl.backoff import DEFAULT_BASE_S, DEFAULT_MAX_S
+from qimpl.settings.base import DEFAULT_HEARTBEAT_TIMEOUT_S, DEFAULT_LEASE_S
 from qualify import interrupt
 from qualify.errors import HarnessError, UsageError
 from qualify.processes import Deployment, ManagedProcess, Processes, SinkProcess
@@ -205,7 +206,7 @@ class UpEnvironment:
             deployment = Deployment(
                 dsn=self.postgres.dsn(DATABASE), temporal_address=self.temporal.address,
                 task_queue=TASK_QUEUE, control_dir=self.control_dir, logs_dir=self.logs_dir,
-                heartbeat_timeout_s=2.0,
+                heartbeat_timeout_s=DEFAULT_HEARTBEAT_TIMEOUT_S, lease_s=DEFAULT_LEASE_S,
                 extra_env={**self.provider,
                            "DURABLE_AGENT_RECONCILE_TENANTS": json.dumps([self.opts.tenant]),
                            # A service to try by hand: the product's failure backoff.

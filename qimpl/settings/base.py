@@ -19,7 +19,13 @@ from qimpl.settings._fields import (
     _json_value,
 )
 
-__all__ = ["Settings"]
+__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT_S", "DEFAULT_LEASE_S", "Settings"]
+
+#: Temporal's activity heartbeat timeout, seconds: the backstop (R-EXEC-2, R-EXEC-13).
+DEFAULT_HEARTBEAT_TIMEOUT_S: float = 3.0
+#: The ownership lease, seconds: below the heartbeat timeout, so the takeover watcher
+#: ends a dead attempt before Temporal's own timeout does (R-EXEC-11, R-EXEC-13).
+DEFAULT_LEASE_S: float = 2.0
 
 
 class Settings(BaseSettings):
@@ -44,12 +50,12 @@ class Settings(BaseSettings):
                             description="the queue workers poll and the API dispatches to",
                             json_schema_extra=_example("agent-runs"))
     heartbeat_timeout_s: float = Field(
-        default=2.0, gt=0,
-        description="activity heartbeat timeout **and** the ownership lease, seconds (see \"The ownership lease\"); set it alike on the API and the workers (R-EXEC-2)",
-        json_schema_extra=_example("2"))
-    lease_s: float | None = Field(
-        default=None, gt=0, le=600,
-        description="the ownership lease, seconds: how long a run's advisory lock outlives its owner's last statement, and so how soon a paused or cut-off owner is taken over (R-EXEC-11, R-EXEC-13); unset: the heartbeat timeout. Set it alike on the API and the workers",
+        default=DEFAULT_HEARTBEAT_TIMEOUT_S, gt=0,
+        description="Temporal's activity heartbeat timeout, seconds: its own backstop when no takeover watcher can act (see \"Takeover\"). Keep it above the lease, so the watcher, not this timeout, ends a dead attempt; set it alike on the API and the workers (R-EXEC-2)",
+        json_schema_extra=_example("3"))
+    lease_s: float = Field(
+        default=DEFAULT_LEASE_S, gt=0, le=600,
+        description="the ownership lease, seconds: how long a run's advisory lock outlives its owner's last statement, and so how soon a paused or cut-off owner is taken over (R-EXEC-11, R-EXEC-13). Keep it below the heartbeat timeout; set it alike on the API and the workers",
         json_schema_extra=_example("2"))
     provider_max_failures: int = Field(
         default=5, ge=1,
@@ -104,10 +110,12 @@ class Settings(BaseSettings):
         return _check_dsn(value)
 
     @property
-    def lease(self) -> float:
-        """The ownership lease in effect, seconds: ``lease_s``, or the heartbeat timeout
-        when it is unset (the rule of ``RunInput.lease``, which the API dispatches)."""
-        return self.lease_s if self.lease_s is not None else self.heartbeat_timeout_s
+    def lease_below_heartbeat(self) -> bool:
+        """Whether the lease ends before Temporal's heartbeat timeout, so the takeover
+        watcher ends a dead attempt before Temporal does (R-EXEC-13). False is allowed
+        (the fence is the same) but a paused owner's takeover then costs one more retry
+        timer of the server; the worker logs ``takeover.lease_not_below_heartbeat``."""
+        return self.lease_s < self.heartbeat_timeout_s
 
 
 class _ProviderSettings(BaseSettings):

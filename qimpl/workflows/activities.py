@@ -27,7 +27,7 @@ import copy
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -53,7 +53,7 @@ from qimpl.errors import (
 from qimpl.legacy import run_inline
 from qimpl.lifecycle import TERMINAL, RunState
 from qimpl.provider import Provider, StepContext, StepResult
-from qimpl.takeover import home_queue
+from qimpl.takeover import first_heartbeat_s, home_queue
 from qimpl.tool_journal import store as journal_db
 from qimpl.tool_journal.rules import tool_results
 from qimpl.tool_journal.seam import ToolRegistry
@@ -152,13 +152,20 @@ class _StepFailed(Exception):
         self.retry_after_s = retry_after_s
 
 
+def _nothing() -> None:
+    """The claim callback of an attempt that heartbeated first thing."""
+
+
 class AgentActivities:
     """Activities bound to one database and one provider (created by the worker)."""
 
     def __init__(self, *, dsn: str, provider: Provider, tools: ToolRegistry | None = None,
                  slot_limit: int = 0, lock_timeout_s: float = 5.0,
-                 sessions: LeaseSessions | None = None) -> None:
+                 sessions: LeaseSessions | None = None, unclaimed_s: float = 0.3) -> None:
         self.dsn = dsn
+        #: The takeover watcher's bound for a silent unclaimed attempt, seconds
+        #: (``QIMPL_TAKEOVER_UNCLAIMED_S``): sets when a first attempt heartbeats.
+        self.unclaimed_s = unclaimed_s
         #: The worker's ready lease sessions (``qimpl.db.lease_sessions``); None: each
         #: attempt connects its own.
         self.sessions = sessions
@@ -179,21 +186,30 @@ class AgentActivities:
         a step failed (counted in the run) or ownership was lost while the run is live.
         """
         attempt = activity.info().attempt
-        # First thing, a heartbeat: the takeover watcher tells an attempt that runs from
-        # one a paused worker's poll took and never runs by it (R-EXEC-13, qimpl.takeover).
-        activity.heartbeat()
         moved = home_queue(activity.info().task_queue) != activity.info().task_queue
+        # A heartbeat before the claim: the takeover watcher tells an attempt that runs from
+        # one a paused worker's poll took and never runs by it (R-EXEC-13). A retry sends it
+        # first thing; a first attempt only if it has not claimed the run by then
+        # (``qimpl.takeover.first_heartbeat_s``).
+        delay = first_heartbeat_s(attempt, moved=moved, unclaimed_s=self.unclaimed_s)
+        beat: asyncio.TimerHandle | None = None
+        if delay <= 0:
+            activity.heartbeat()
+        else:
+            beat = asyncio.get_running_loop().call_later(delay, activity.heartbeat)
         self.taken_over += moved
         try:
-            return await self._run_agent(inp, attempt)
+            return await self._run_agent(inp, attempt, beat.cancel if beat else _nothing)
         except ApplicationError as exc:
             if exc.type == "StepFailure":  # the lease is closed; the report with its delay is next
                 await BEFORE_FAILURE_REPORT.areach(run_id=inp.run_id, attempt=attempt)
             raise
         finally:
             self.taken_over -= moved
+            if beat is not None:
+                beat.cancel()
 
-    async def _run_agent(self, inp: RunInput, attempt: int) -> dict[str, Any]:
+    async def _run_agent(self, inp: RunInput, attempt: int, claimed: Callable[[], None]) -> dict[str, Any]:
         await BEFORE_LEASE.areach(run_id=inp.run_id, attempt=attempt)
         try:
             async with OwnershipLease(
@@ -201,7 +217,7 @@ class AgentActivities:
                 application_name=f"qimpl-owner:{inp.run_id}", tenant_id=inp.tenant_id,
                 sessions=self.sessions,
             ) as lease:
-                return await self._under_lease(lease, inp, attempt)
+                return await self._under_lease(lease, inp, attempt, claimed)
         except LockNotAcquired as exc:
             raise ApplicationError(str(exc), type="LockNotAcquired") from None
         except (LostOwnership, psycopg.OperationalError,
@@ -213,16 +229,20 @@ class AgentActivities:
                         extra={"event": "owner.fenced", "run_id": inp.run_id, "attempt": attempt})
             raise ApplicationError("lost ownership", type="LostOwnership") from None
 
-    async def _under_lease(self, lease: OwnershipLease, inp: RunInput, attempt: int) -> dict[str, Any]:
+    async def _under_lease(self, lease: OwnershipLease, inp: RunInput, attempt: int,
+                           claimed: Callable[[], None]) -> dict[str, Any]:
         """The agent loop beside the lease keeper and the Temporal heartbeat, in one task
         group: losing the lease cancels the loop within a touch interval (L / 4), inside a
         provider call included (R-EXEC-11). The heartbeat has a task of its own, so a
         statement waiting on a lock never delays it. Re-raises the first real error."""
 
         async def heartbeat() -> None:
+            # Not at once: the claim below holds the run's lock, and a run that ends within
+            # a touch interval (L / 4) costs Temporal no heartbeat (the heartbeat timeout
+            # is above the lease, qimpl.settings).
             while True:
-                activity.heartbeat()
                 await asyncio.sleep(lease.touch_interval_s)
+                activity.heartbeat()
 
         async def keep() -> None:
             while True:
@@ -233,13 +253,14 @@ class AgentActivities:
             async with asyncio.TaskGroup() as group:
                 beats = group.create_task(heartbeat())
                 keeper = group.create_task(keep())
-                loop = group.create_task(self._loop(lease, inp, attempt))
+                loop = group.create_task(self._loop(lease, inp, attempt, claimed))
                 loop.add_done_callback(lambda _: (keeper.cancel(), beats.cancel()))
         except BaseExceptionGroup as failed:
             raise _first_error(failed) from None
         return loop.result()
 
-    async def _loop(self, lease: OwnershipLease, inp: RunInput, attempt: int) -> dict[str, Any]:
+    async def _loop(self, lease: OwnershipLease, inp: RunInput, attempt: int,
+                    claimed: Callable[[], None]) -> dict[str, Any]:
         claim = await RunOwner.claim(lease.conn, inp.run_id, generation=inp.generation,
                                      attempt=attempt, slot_limit=self.slot_limit,
                                      task_token=activity.info().task_token, live=lease.live,
@@ -249,6 +270,7 @@ class AgentActivities:
                 # No tenant slot free (R-EXEC-9): stay queued; Temporal retries (<= 1 s backoff).
                 raise ApplicationError("no tenant slot free", type="SlotUnavailable")
             return repo.outcome(claim.row)  # R-EXEC-5: terminal, parked or superseded
+        claimed()  # the run is ours and its lock held: no heartbeat before the loop's own
         owner, row = claim.owner, claim.row
         info = activity.info()
         if home_queue(info.task_queue) != info.task_queue:

@@ -112,16 +112,17 @@ def agent_activities(settings: WorkerSettings,
     provider, tools = plugins or load_plugins(settings)
     return AgentActivities(dsn=settings.database_url, provider=provider, tools=tools,
                            slot_limit=settings.concurrency_limit,
-                           lock_timeout_s=settings.api_lock_timeout_s)
+                           lock_timeout_s=settings.api_lock_timeout_s,
+                           unclaimed_s=settings.takeover_unclaimed_s)
 
 
 def lease_sessions(settings: WorkerSettings) -> LeaseSessions:
     """The worker's ready lease sessions: one per activity slot at most (each activity
     holds one lease session), for the worker's lease (``qimpl.db.lease_sessions``). Not
     opened."""
-    return LeaseSessions(settings.database_url, lease_s=settings.lease,
+    return LeaseSessions(settings.database_url, lease_s=settings.lease_s,
                          max_size=settings.max_concurrent_activities + settings.takeover_slots,
-                         connect_params=client_params(settings.lease))
+                         connect_params=client_params(settings.lease_s))
 
 
 def build_takeover_worker(client: Client, settings: WorkerSettings, activities: AgentActivities,
@@ -174,7 +175,7 @@ async def watch_leases(client: Client, settings: WorkerSettings, stop: asyncio.E
         return
     queue, activities = takeover if takeover else (None, None)
     await LeaseWatcher(client, dsn=settings.database_url,
-                       lease_s=settings.lease,
+                       lease_s=settings.lease_s,
                        poll_s=settings.takeover_poll_s,
                        unclaimed_s=settings.takeover_unclaimed_s,
                        task_queue=settings.task_queue if takeover else None, takeover_queue=queue,
@@ -229,6 +230,12 @@ async def run(settings: WorkerSettings, plugins: tuple[Provider, ToolRegistry]) 
         raise SystemExit(_unreachable(f"Temporal at {settings.temporal_address}",
                                       type(exc).__name__, EXIT_TEMPORAL)) from None
     await check_search_attributes(client, settings)
+    if settings.takeover_watch and not settings.lease_below_heartbeat:
+        log.warning("the lease (%s s) is not below the heartbeat timeout (%s s): Temporal's "
+                    "timeout can end a paused owner's attempt before the takeover watcher, "
+                    "which costs its takeover one more retry timer (docs/operations.md, Takeover)",
+                    settings.lease_s, settings.heartbeat_timeout_s,
+                    extra={"event": "takeover.lease_not_below_heartbeat"})
     activities = agent_activities(settings, plugins)
     activities.sessions = sessions = lease_sessions(settings)
     await sessions.open()

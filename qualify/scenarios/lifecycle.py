@@ -218,7 +218,7 @@ def lock_session_killed(ctx: ScenarioContext) -> None:
     held = ctx.wait_barrier("lock")
     ctx.nemesis.terminate_backend(ctx.deployment.dsn, f"qimpl-owner:{run_id}")
     killed_at = time.time()
-    # The owner's lease keeper notices within a touch interval (H / 4) and cancels the
+    # The owner's lease keeper notices within a touch interval (L / 4) and cancels the
     # loop, provider call included, before anything else happens (R-EXEC-11).
     stop_by = time.monotonic() + 5
     while not (cancelled := _cancellations(ctx, run_id, int(held["attempt"]))):
@@ -227,7 +227,7 @@ def lock_session_killed(ctx: ScenarioContext) -> None:
         time.sleep(0.02)
     stopped_after = round(cancelled[0]["t"] - killed_at, 3) if cancelled else None
     ctx.figures["owner_stopped_after_lease_loss_s"] = stopped_after if stopped_after is not None else -1.0
-    bound = ctx.deployment.heartbeat_timeout_s / 4 + 0.75  # one touch interval + slack
+    bound = ctx.deployment.lease / 4 + 0.75  # one touch interval + slack
     ctx.expect(f"the owner's provider call was cancelled within {bound:.2f} s of losing its lease",
                stopped_after is not None and stopped_after <= bound,
                f"cancelled after {stopped_after} s", "R-EXEC-11")

@@ -281,7 +281,7 @@ def owner_behind_a_slow_network_then_reset(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
     ctx.processes.worker("worker-1", **via_pg, **via_tp)
     ctx.nemesis.slow([pg, tp], 60)
-    lease = ctx.deployment.heartbeat_timeout_s  # the lease defaults to the heartbeat timeout
+    lease = ctx.deployment.lease
     run_id = accepted(ctx, api, prompt=make_prompt(steps=6, answer="slow then cut", delay_ms=int(lease * 1500),
                                                    barrier={"step": 4, "name": "reset"}))
     held = ctx.wait_barrier("reset", timeout_s=60)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from qimpl.takeover import Pending, TakeoverTracker, home_queue, should_move, takeover_queue
+from qimpl.takeover import (
+    Pending,
+    TakeoverTracker,
+    first_heartbeat_s,
+    home_queue,
+    should_move,
+    takeover_queue,
+)
 
 KEY = ("run-1", 1)
 
@@ -176,3 +183,24 @@ def test_moves_hold_a_slot_until_claimed() -> None:
 def test_a_move_is_not_a_new_pending_attempt() -> None:
     a = Pending(attempt=2, state="started", started_at=1.0, activity_id="1", task_queue="q")
     assert a == Pending(attempt=2, state="started", started_at=1.0, activity_id="1", task_queue="q.takeover.me")
+
+
+@pytest.mark.req("R-EXEC-13")
+def test_a_retry_heartbeats_at_once_a_first_attempt_before_the_watcher_could_fail_it() -> None:
+    assert first_heartbeat_s(2, moved=False, unclaimed_s=0.3) == 0.0
+    assert first_heartbeat_s(1, moved=True, unclaimed_s=0.3) == 0.0
+    held = first_heartbeat_s(1, moved=False, unclaimed_s=0.3)
+    assert 0 < held < 0.3 / 3, "a first attempt must heartbeat before the watcher's shortest bound"
+    # The watcher's shortest bound for a silent started attempt is unclaimed_s / 3 (one
+    # its lost owner's worker started): a first attempt heartbeats well before it.
+    tracker = TakeoverTracker(unclaimed_s=0.3)
+    key = ("r", 1)
+    tracker.look([key], 0.0)
+    silent = Pending(attempt=1, state="started", started_at=10.0, activity_id="1", worker="w")
+    tracker.unclaimed(key, silent, 0.0)
+    assert not tracker.unclaimed(key, silent, held)
+    beat = Pending(attempt=1, state="started", started_at=10.0, activity_id="1", worker="w",
+                   heartbeat_at=10.0 + held)
+    assert not tracker.unclaimed(key, beat, held)
+    assert not tracker.unclaimed(key, beat, held + 0.3), "a heartbeated attempt waits 2 x unclaimed_s"
+    assert tracker.unclaimed(key, beat, held + 0.6)
