@@ -13,7 +13,8 @@
 
 from __future__ import annotations
 
-__all__ = ["SAFE_MESSAGES", "DeadlinePassed", "DispatchUnknown", "LockNotAcquired", "LostOwnership",
+__all__ = ["SAFE_MESSAGES", "DeadlinePassed", "DispatchUnknown", "LeaseSessionUnavailable",
+           "LockNotAcquired", "LostOwnership",
            "ProviderFailed", "ProviderTimedOut", "QimplError", "RunNotFound", "UnsafeDatabaseRole"]
 
 
@@ -34,6 +35,14 @@ class DeadlinePassed(QimplError):
 
 class LockNotAcquired(QimplError):
     code = "run_lock_busy"
+
+
+class LeaseSessionUnavailable(QimplError):
+    """No ready lease session within the lease (``qimpl.db.lease_sessions``): the
+    database does not accept connections, or every session is in use. Nothing was
+    claimed or written; the attempt is retried. Not a lost ownership."""
+
+    code = "lease_session_unavailable"
 
 
 class RunNotFound(QimplError):

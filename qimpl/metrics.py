@@ -65,6 +65,10 @@ DISPATCH_CONFIRMED = Counter("qimpl_dispatch_confirmed_total",
 RECONCILE_WARNINGS = Counter("qimpl_reconcile_warnings_total",
                              "Reconciler problems (dispatch unknown, candidate errors)",
                              ["tenant", "kind"])
+LEASE_SESSIONS_UNAVAILABLE = Counter(
+    "qimpl_lease_sessions_unavailable_total",
+    "Agent attempts that found no ready lease session within the lease (database refusing "
+    "connections, or every session in use); retried, nothing written")
 WORKER_POLLERS = Gauge("qimpl_task_queue_pollers",
                        "Pollers on the task queue whose worker Temporal heard from within "
                        f"{LIVE_WINDOW_S:g} s (worker availability)",

@@ -39,7 +39,9 @@ from typing import Any
 
 import psycopg
 from psycopg import pq
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from qimpl.errors import LeaseSessionUnavailable
 
 __all__ = ["IDLE_APPLICATION_NAME", "LeaseSessions"]
 
@@ -83,9 +85,15 @@ class LeaseSessions:
         await self._pool.close()
 
     async def acquire(self, timeout_s: float) -> psycopg.AsyncConnection[Any]:
-        """A checked, ready session. Raises ``psycopg_pool.PoolTimeout`` (an
-        ``OperationalError``) when none is ready within ``timeout_s`` seconds."""
-        return await self._pool.getconn(timeout=timeout_s)
+        """A checked, ready session. Raises ``LeaseSessionUnavailable`` when none is ready
+        within ``timeout_s`` seconds (the database refuses connections, or every session
+        is in use)."""
+        try:
+            return await self._pool.getconn(timeout=timeout_s)
+        except PoolTimeout:
+            raise LeaseSessionUnavailable(
+                f"no lease session ready within {timeout_s:g} s (at most {self._pool.max_size}:"
+                " the database refuses connections, or every session is in use)") from None
 
     async def release(self, conn: psycopg.AsyncConnection[Any], *, reuse: bool) -> None:
         """Give ``conn`` back: reset for the next lease when ``reuse`` and it is idle and

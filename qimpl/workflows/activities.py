@@ -35,6 +35,7 @@ import psycopg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from qimpl import metrics
 from qimpl.approvals import approval_request
 from qimpl.backoff import backoff_left, failure_delay
 from qimpl.crashpoints import declare
@@ -46,6 +47,7 @@ from qimpl.db.sessions import bound_session, keepalive_params
 from qimpl.errors import (
     SAFE_MESSAGES,
     DeadlinePassed,
+    LeaseSessionUnavailable,
     LockNotAcquired,
     LostOwnership,
     ProviderFailed,
@@ -220,6 +222,12 @@ class AgentActivities:
                 return await self._under_lease(lease, inp, attempt, claimed)
         except LockNotAcquired as exc:
             raise ApplicationError(str(exc), type="LockNotAcquired") from None
+        except LeaseSessionUnavailable as exc:
+            # Nothing claimed or written: not a lost ownership (owner.fenced), its own signal.
+            metrics.LEASE_SESSIONS_UNAVAILABLE.inc()
+            log.warning("run %s (attempt %s): %s", inp.run_id, attempt, exc,
+                        extra={"event": "owner.no_lease_session", "run_id": inp.run_id, "attempt": attempt})
+            raise ApplicationError(str(exc), type="LeaseSessionUnavailable") from None
         except (LostOwnership, psycopg.OperationalError,
                 psycopg.errors.IdleInTransactionSessionTimeout) as exc:
             saved = await self._saved_outcome_if_terminal(inp.run_id, inp.tenant_id)

@@ -20,7 +20,7 @@ from qimpl.db import lease_sessions
 from qimpl.db.lease import LeaseNotBounded, OwnershipLease, client_params, lock_key_sql
 from qimpl.db.lease_sessions import IDLE_APPLICATION_NAME, LeaseSessions
 from qimpl.db.owner import RunOwner
-from qimpl.errors import LostOwnership
+from qimpl.errors import LeaseSessionUnavailable, LostOwnership
 from qualify.stack._embedded import WORKER_ROLE, with_user
 from tests.integration.test_lease import _IgnoredSettings
 
@@ -112,6 +112,24 @@ def test_a_clean_lease_gives_its_session_back_unlocked_and_reset(dsn: str) -> No
                     "a session back in the pool kept something of its lease"
             finally:
                 await sessions.release(conn, reuse=True)
+
+    asyncio.run(go())
+
+
+@pytest.mark.req("R-EXEC-2")
+def test_no_ready_session_within_the_lease_is_its_own_error_not_a_lost_ownership(dsn: str) -> None:
+    """Every session in use: the next lease waits at most the lease, then raises
+    LeaseSessionUnavailable (the activity retries it and counts it apart from fenced
+    owners), never psycopg_pool's PoolTimeout, an OperationalError the activity would
+    report as a lost ownership."""
+    async def go() -> None:
+        async with _ready(dsn) as sessions, _lease(dsn, str(uuid.uuid4()), sessions):
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(LeaseSessionUnavailable, match="no lease session ready"):
+                async with _lease(dsn, str(uuid.uuid4()), sessions):
+                    pass
+            waited = asyncio.get_running_loop().time() - started
+            assert LEASE_S <= waited < LEASE_S + 1.0, waited
 
     asyncio.run(go())
 
