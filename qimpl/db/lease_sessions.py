@@ -13,11 +13,13 @@ What a pooled session carries between leases, and why that is safe:
 * **Nothing the fence relies on.** An attempt checks a session out for its whole lease
   (one dedicated connection across all its commits, R-EXEC-2), and every lease setting
   is applied and read back at every claim (``OwnershipLease``), exactly as on a new
-  connection. While it waits in the pool a session runs with the server's defaults: no
-  ``idle_session_timeout`` (PostgreSQL would otherwise end it after a lease of waiting).
+  connection. While it waits in the pool a session runs with the server's defaults but
+  for ``idle_session_timeout``, at most ``WAITING_BOUND_S`` (300 s), not the lease
+  (PostgreSQL would otherwise end it after a lease of waiting): a paused or cut-off
+  worker's waiting sessions give their connection slots back within that bound.
 * **Back in the pool only after a clean end.** ``release(reuse=True)`` first unlocks every
   session advisory lock and resets every setting (``pg_advisory_unlock_all(); RESET
-  ALL``), all before the activity returns, so the run's lock is free when Temporal hears
+  ALL``, then the waiting bound, in one round trip), all before the activity returns, so the run's lock is free when Temporal hears
   of the result. Any doubt (an error, an open transaction, a statement still running, a
   failed reset) closes the session instead, which frees its locks as before. An attempt
   that ended with an exception (lost ownership, a step failure, a cancel) never reuses
@@ -43,15 +45,33 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from qimpl.errors import LeaseSessionUnavailable
 
-__all__ = ["IDLE_APPLICATION_NAME", "LeaseSessions"]
+__all__ = ["IDLE_APPLICATION_NAME", "WAITING_BOUND_S", "LeaseSessions"]
 
 #: ``application_name`` of a pooled session between leases; a leased one is named after
 #: its run (``qimpl-owner:<run id>``) from its first statement.
 IDLE_APPLICATION_NAME = "qimpl-owner-ready"
 
+#: Longest a session waits in the pool, seconds, by the server's own clock: a paused or
+#: cut-off worker's waiting sessions hold no lock, but without a bound they would hold
+#: their connection slots until TCP gives up (hours for a paused worker, whose kernel still
+#: answers keepalives). The pool replaces a session the server ended at its next checkout.
+WAITING_BOUND_S = 300
+
+#: The waiting bound, as a statement: ``idle_session_timeout`` at most WAITING_BOUND_S (a
+#: tighter non-zero server value is kept).
+BOUND_SQL = ("SELECT set_config('idle_session_timeout', (SELECT CASE WHEN setting::bigint"
+             f" BETWEEN 1 AND {WAITING_BOUND_S * 1000} THEN setting ELSE '{WAITING_BOUND_S * 1000}'"
+             " END FROM pg_settings WHERE name = 'idle_session_timeout'), false)")
+
 #: Run on a session going back to the pool: no lock and no setting of the lease it served
-#: survives (application_name returns to IDLE_APPLICATION_NAME, its connect-time value).
-RESET_SQL = "SELECT pg_advisory_unlock_all(); RESET ALL"
+#: survives (application_name returns to IDLE_APPLICATION_NAME, its connect-time value),
+#: and it waits under the waiting bound. One round trip.
+RESET_SQL = f"SELECT pg_advisory_unlock_all(); RESET ALL; {BOUND_SQL}"
+
+
+async def _bound(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Pool ``configure``: a new session waits under the waiting bound too."""
+    await conn.execute(BOUND_SQL)
 
 
 class LeaseSessions:
@@ -68,6 +88,7 @@ class LeaseSessions:
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             dsn, min_size=min(min_size, max_size), max_size=max_size, open=False,
             name="qimpl-lease-sessions", check=AsyncConnectionPool.check_connection,
+            configure=_bound,
             kwargs={"autocommit": True, "application_name": IDLE_APPLICATION_NAME,
                     **(connect_params or {})})
 

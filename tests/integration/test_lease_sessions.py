@@ -108,8 +108,23 @@ def test_a_clean_lease_gives_its_session_back_unlocked_and_reset(dsn: str) -> No
                     "the second lease did not reuse the ready session with its own settings"
             conn = await sessions.acquire(timeout_s=5)
             try:
-                assert await _state(conn) == (pid, IDLE_APPLICATION_NAME, "", "0", "0", 0), \
-                    "a session back in the pool kept something of its lease"
+                assert await _state(conn) == (pid, IDLE_APPLICATION_NAME, "", "5min", "0", 0), \
+                    "a session back in the pool kept something of its lease, or waits unbounded"
+            finally:
+                await sessions.release(conn, reuse=True)
+
+    asyncio.run(go())
+
+
+@pytest.mark.req("R-EXEC-2")
+def test_a_waiting_session_is_bounded_by_the_server_from_its_connect(dsn: str) -> None:
+    """A session that never served a lease waits under the waiting bound too, so a paused
+    or lost worker's pool gives its connection slots back (``WAITING_BOUND_S``)."""
+    async def go() -> None:
+        async with _ready(dsn) as sessions:
+            conn = await sessions.acquire(timeout_s=5)
+            try:
+                assert (await _state(conn))[3] == f"{lease_sessions.WAITING_BOUND_S // 60}min"
             finally:
                 await sessions.release(conn, reuse=True)
 
