@@ -31,7 +31,7 @@ def run_input(row: dict[str, Any], settings: Settings) -> RunInput:
         deadline_at=row["deadline_at"].isoformat(),
         heartbeat_timeout_s=settings.heartbeat_timeout_s,
         max_provider_failures=settings.provider_max_failures,
-        lease_s=settings.lease_s,
+        lease_s=settings.lease,
         failure_backoff_s=settings.provider_backoff_s,
         failure_backoff_max_s=settings.provider_backoff_max_s,
         search_attributes=settings.temporal_search_attributes,

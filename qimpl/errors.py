@@ -4,6 +4,7 @@
     ├── LostOwnership          a fenced write: stale row_version/attempt or terminal run (R-EXEC-7)
     ├── DeadlinePassed         the database refused a write: the run's deadline passed (R-EXEC-8)
     ├── LockNotAcquired        another owner holds the run's advisory lock (R-EXEC-2)
+    ├── LeaseSessionUnavailable  no ready lease session within the lease: retried (R-EXEC-2)
     ├── RunNotFound            run_not_found (R-AUTH-1)
     ├── DispatchUnknown        durable_dispatch_unknown (R-CREATE-5)
     ├── UnsafeDatabaseRole     database_role_unsafe: a process would bypass row-level security (R-AUTH-4)

@@ -65,11 +65,35 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["TAKEOVER_QUEUE_MARK", "Pending", "TakeoverTracker", "first_heartbeat_s", "home_queue",
-           "should_move", "takeover_queue"]
+__all__ = ["TAKEOVER_QUEUE_MARK", "Pending", "TakeoverTracker", "first_heartbeat_s",
+           "heartbeat_throttle_s", "home_queue", "should_move", "takeover_queue", "watcher_margin_s"]
 
 #: Between a task queue's name and a worker instance in that worker's takeover queue.
 TAKEOVER_QUEUE_MARK = ".takeover."
+
+
+def heartbeat_throttle_s(heartbeat_timeout_s: float, lease_s: float) -> float:
+    """The longest interval, seconds, between two heartbeats the SDK sends for one attempt
+    (the worker's ``max_heartbeat_throttle_interval``; the SDK's own is ``0.8 H``):
+    ``H - 5 L / 4``, at least a touch interval (``L / 4``, how often the owner calls it)
+    and at most ``0.8 H``. Why: Temporal times an attempt out ``H`` after the last
+    heartbeat it *received*, which for an owner paused mid-run is up to this interval old;
+    the shorter it is, the later Temporal's timeout comes after the lease has ended
+    (``watcher_margin_s``). At the defaults (H = 4 s, L = 2 s): 1.5 s, no more heartbeats
+    than the SDK's own 1.6 s at the former H = 2 s."""
+    return max(lease_s / 4, min(0.8 * heartbeat_timeout_s, heartbeat_timeout_s - 1.25 * lease_s))
+
+
+def watcher_margin_s(heartbeat_timeout_s: float, lease_s: float, poll_s: float = 0.1) -> float:
+    """Seconds by which the takeover watcher ends a paused owner's attempt before Temporal's
+    heartbeat timeout does, at worst, wherever the owner was paused (R-EXEC-13): Temporal
+    times the attempt out ``H`` after the last heartbeat it received, at worst
+    ``heartbeat_throttle_s`` before the pause; PostgreSQL ends the lease at most ``L``
+    after the pause (the owner's last statement came before it), and the watcher looks
+    every ``poll_s``. Negative: Temporal's timeout may come first, and then the takeover
+    costs one more retry timer of the server (the fence is the same). At the defaults
+    (H = 4 s, L = 2 s): 0.4 s; at H = L: negative."""
+    return heartbeat_timeout_s - heartbeat_throttle_s(heartbeat_timeout_s, lease_s) - lease_s - poll_s
 
 
 def first_heartbeat_s(attempt: int, *, moved: bool, unclaimed_s: float) -> float:
@@ -147,8 +171,10 @@ class Pending:
 
     @property
     def silent(self) -> bool:
-        """No heartbeat since this attempt started. A live attempt heartbeats first thing
-        (``qimpl.workflows.activities``), so a silent one has not run (yet)."""
+        """No heartbeat since this attempt started. A live attempt heartbeats before its
+        claim (a retry first thing, a first attempt only if it has not claimed by
+        ``first_heartbeat_s``, ``qimpl.workflows.activities``), so a silent one whose run
+        stays orphaned has not run (yet)."""
         if self.heartbeat_at is None:
             return True
         return self.started_at is not None and self.heartbeat_at < self.started_at

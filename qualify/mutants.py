@@ -645,6 +645,14 @@ CATALOG: tuple[Mutant, ...] = (
         "openai-provider-stream-breaks",
         "cut_body: one counted failure under provider_error:provider_stream_broken, then the retry succeeded"),
     Mutant(
+        "heartbeat-throttle-uncapped", "heartbeats fresh enough that the watcher beats Temporal's timeout (R-EXEC-13)",
+        (Patch("qimpl/workflows/worker.py",
+               "return timedelta(seconds=heartbeat_throttle_s(settings.heartbeat_timeout_s, settings.lease))",
+               "return timedelta(seconds=0.8 * settings.heartbeat_timeout_s)"),),
+        "owner-paused-mid-run",
+        "the watcher ended the paused attempt by its task token, before Temporal's heartbeat timeout "
+        "could (qimpl.takeover.watcher_margin_s)"),
+    Mutant(
         "pool-hands-out-dead-connections", "the API's pool replaces dead connections on checkout",
         (Patch("qimpl/api/deps.py", "            check=_check,\n", "            check=None,\n"),),
         "api-pool-connections-killed", "none failed: the pool replaced every dead connection on checkout"),

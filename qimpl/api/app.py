@@ -36,7 +36,13 @@ from qimpl.api.limits import RequestLimits
 from qimpl.api.routers import controls, events, legacy, listing, operations, runs, tools
 from qimpl.db.roles import refuse_unsafe_role
 from qimpl.logs import setup_logging
-from qimpl.settings import ApiSettings, exit_config, load_or_exit, plugin_error
+from qimpl.settings import (
+    ApiSettings,
+    exit_config,
+    load_or_exit,
+    plugin_error,
+    warn_lease_not_below_heartbeat,
+)
 
 __all__ = ["create_app"]
 
@@ -80,6 +86,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             await services.pool.close()
             raise
         app.state.services = services
+        warn_lease_not_below_heartbeat(services.settings, log)  # the API dispatches both
         async with services.pool.connection() as conn:
             await refuse_unsafe_role(conn, "API", log)
         services.events.start()

@@ -89,6 +89,8 @@ class LeaseSessions:
             dsn, min_size=min(min_size, max_size), max_size=max_size, open=False,
             name="qimpl-lease-sessions", check=AsyncConnectionPool.check_connection,
             configure=_bound,
+            # The pool closes its extra idle sessions itself before the server's bound does.
+            max_idle=WAITING_BOUND_S * 0.8,
             kwargs={"autocommit": True, "application_name": IDLE_APPLICATION_NAME,
                     **(connect_params or {})})
 

@@ -18,14 +18,18 @@ from qimpl.settings._fields import (
     _import_path,
     _json_value,
 )
+from qimpl.takeover import watcher_margin_s
 
-__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT_S", "DEFAULT_LEASE_S", "Settings"]
+__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT_S", "DEFAULT_LEASE_S", "DEFAULT_LEASE_SHARE", "Settings"]
 
 #: Temporal's activity heartbeat timeout, seconds: the backstop (R-EXEC-2, R-EXEC-13).
-DEFAULT_HEARTBEAT_TIMEOUT_S: float = 3.0
-#: The ownership lease, seconds: below the heartbeat timeout, so the takeover watcher
-#: ends a dead attempt before Temporal's own timeout does (R-EXEC-11, R-EXEC-13).
-DEFAULT_LEASE_S: float = 2.0
+DEFAULT_HEARTBEAT_TIMEOUT_S: float = 4.0
+#: The ownership lease when ``QIMPL_LEASE_S`` is unset: this share of the heartbeat
+#: timeout, so the takeover watcher ends a dead attempt before Temporal's own timeout
+#: does (R-EXEC-11, R-EXEC-13; ``qimpl.takeover.heartbeat_throttle_s``).
+DEFAULT_LEASE_SHARE: float = 0.5
+#: The ownership lease with every default, seconds.
+DEFAULT_LEASE_S: float = DEFAULT_HEARTBEAT_TIMEOUT_S * DEFAULT_LEASE_SHARE
 
 
 class Settings(BaseSettings):
@@ -51,11 +55,11 @@ class Settings(BaseSettings):
                             json_schema_extra=_example("agent-runs"))
     heartbeat_timeout_s: float = Field(
         default=DEFAULT_HEARTBEAT_TIMEOUT_S, gt=0,
-        description="Temporal's activity heartbeat timeout, seconds: its own backstop when no takeover watcher can act (see \"Takeover\"). Keep it above the lease, so the watcher, not this timeout, ends a dead attempt; set it alike on the API and the workers (R-EXEC-2)",
-        json_schema_extra=_example("3"))
-    lease_s: float = Field(
-        default=DEFAULT_LEASE_S, gt=0, le=600,
-        description="the ownership lease, seconds: how long a run's advisory lock outlives its owner's last statement, and so how soon a paused or cut-off owner is taken over (R-EXEC-11, R-EXEC-13). Keep it below the heartbeat timeout; set it alike on the API and the workers",
+        description="Temporal's activity heartbeat timeout, seconds: its own backstop when no takeover watcher can act, and how long a first attempt paused before its claim keeps its run (see \"Takeover\"). Keep it above the lease, so the watcher, not this timeout, ends a dead attempt; set it alike on the API and the workers (R-EXEC-2)",
+        json_schema_extra=_example("4"))
+    lease_s: float | None = Field(
+        default=None, gt=0, le=600,
+        description="the ownership lease, seconds: how long a run's advisory lock outlives its owner's last statement, and so how soon a paused or cut-off owner is taken over (R-EXEC-11, R-EXEC-13); unset: half the heartbeat timeout (until 2026-12-05: the whole of it). Keep it below the heartbeat timeout; set it alike on the API and the workers",
         json_schema_extra=_example("2"))
     provider_max_failures: int = Field(
         default=5, ge=1,
@@ -110,12 +114,20 @@ class Settings(BaseSettings):
         return _check_dsn(value)
 
     @property
+    def lease(self) -> float:
+        """The ownership lease in effect, seconds: ``lease_s``, or ``DEFAULT_LEASE_SHARE``
+        of the heartbeat timeout when it is unset. The API dispatches this value
+        (``RunInput.lease_s``)."""
+        return self.lease_s if self.lease_s is not None else self.heartbeat_timeout_s * DEFAULT_LEASE_SHARE
+
+    @property
     def lease_below_heartbeat(self) -> bool:
-        """Whether the lease ends before Temporal's heartbeat timeout, so the takeover
-        watcher ends a dead attempt before Temporal does (R-EXEC-13). False is allowed
-        (the fence is the same) but a paused owner's takeover then costs one more retry
-        timer of the server; the worker logs ``takeover.lease_not_below_heartbeat``."""
-        return self.lease_s < self.heartbeat_timeout_s
+        """Whether the lease leaves room below Temporal's heartbeat timeout for the
+        takeover watcher to end a paused owner's attempt first, wherever the owner was
+        paused (``qimpl.takeover.watcher_margin_s`` > 0, R-EXEC-13). False is allowed (the
+        fence is the same) but such a takeover may then cost one more retry timer of the
+        server; the API and the worker log ``takeover.lease_not_below_heartbeat``."""
+        return watcher_margin_s(self.heartbeat_timeout_s, self.lease) > 0
 
 
 class _ProviderSettings(BaseSettings):

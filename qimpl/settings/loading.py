@@ -4,6 +4,7 @@ a missing or malformed setting (exit code 64), and the generated settings table.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Mapping
 from functools import lru_cache
@@ -19,8 +20,19 @@ from qimpl.settings.base import Settings
 from qimpl.settings.provider import OpenAIChatSettings
 from qimpl.settings.worker import WorkerSettings
 
-__all__ = ["PROCESSES", "ConfigError", "config_error", "env_name", "exit_config", "get_settings", "load", "load_or_exit",
-           "plugin_error", "settings_table"]
+__all__ = [
+    "PROCESSES",
+    "ConfigError",
+    "config_error",
+    "env_name",
+    "exit_config",
+    "get_settings",
+    "load",
+    "load_or_exit",
+    "plugin_error",
+    "settings_table",
+    "warn_lease_not_below_heartbeat",
+]
 
 #: Which process reads which model (the table's last column), in table order.
 PROCESSES: dict[str, type[BaseSettings]] = {
@@ -154,3 +166,15 @@ def settings_table() -> str:
     for var, default, procs, meaning in rows.values():
         lines.append(f"| {var} | {default} | {', '.join(procs)} | {meaning} |")
     return "\n".join(lines) + "\n"
+
+
+def warn_lease_not_below_heartbeat(settings: Settings, log: logging.Logger) -> None:
+    """Log ``takeover.lease_not_below_heartbeat`` (a warning, at a process's start) when
+    the lease leaves the takeover watcher no room below Temporal's heartbeat timeout
+    (``Settings.lease_below_heartbeat``, R-EXEC-13). Allowed: the fence is the same."""
+    if not settings.lease_below_heartbeat:
+        log.warning("the lease (%s s) leaves no room below the heartbeat timeout (%s s): Temporal's "
+                    "timeout can end a paused owner's attempt before the takeover watcher, which "
+                    "costs its takeover one more retry timer (docs/operations.md, Takeover)",
+                    settings.lease, settings.heartbeat_timeout_s,
+                    extra={"event": "takeover.lease_not_below_heartbeat"})

@@ -244,12 +244,16 @@ class AgentActivities:
         provider call included (R-EXEC-11). The heartbeat has a task of its own, so a
         statement waiting on a lock never delays it. Re-raises the first real error."""
 
+        # Every touch interval (L / 4), or a quarter of the heartbeat timeout when that is
+        # shorter (a lease far above H): the SDK sends at most one per
+        # qimpl.takeover.heartbeat_throttle_s.
+        every = min(lease.touch_interval_s, inp.heartbeat_timeout_s / 4)
+
         async def heartbeat() -> None:
             # Not at once: the claim below holds the run's lock, and a run that ends within
-            # a touch interval (L / 4) costs Temporal no heartbeat (the heartbeat timeout
-            # is above the lease, qimpl.settings).
+            # that interval costs Temporal no heartbeat.
             while True:
-                await asyncio.sleep(lease.touch_interval_s)
+                await asyncio.sleep(every)
                 activity.heartbeat()
 
         async def keep() -> None:

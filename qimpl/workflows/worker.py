@@ -43,8 +43,9 @@ from qimpl.settings import (
     exit_config,
     load_or_exit,
     plugin_error,
+    warn_lease_not_below_heartbeat,
 )
-from qimpl.takeover import takeover_queue
+from qimpl.takeover import heartbeat_throttle_s, takeover_queue
 from qimpl.tool_journal.seam import ToolRegistry, load_tools
 from qimpl.watcher import LeaseWatcher
 from qimpl.workflows.activities import AgentActivities
@@ -102,6 +103,9 @@ def build_worker(client: Client, settings: WorkerSettings,
         # timeout, QIMPL_WORKFLOW_TASK_TIMEOUT_S); two is the least a sticky worker polls.
         max_concurrent_workflow_task_polls=2,
         max_concurrent_activities=settings.max_concurrent_activities,
+        # Heartbeats at most this far apart, so Temporal's heartbeat timeout of a paused
+        # owner comes after the watcher's takeover (qimpl.takeover.watcher_margin_s).
+        max_heartbeat_throttle_interval=heartbeat_throttle(settings),
         graceful_shutdown_timeout=timedelta(seconds=2),
     )
 
@@ -116,13 +120,18 @@ def agent_activities(settings: WorkerSettings,
                            unclaimed_s=settings.takeover_unclaimed_s)
 
 
+def heartbeat_throttle(settings: WorkerSettings) -> timedelta:
+    """The longest interval between two heartbeats of an attempt (``qimpl.takeover.heartbeat_throttle_s``)."""
+    return timedelta(seconds=heartbeat_throttle_s(settings.heartbeat_timeout_s, settings.lease))
+
+
 def lease_sessions(settings: WorkerSettings) -> LeaseSessions:
     """The worker's ready lease sessions: one per activity slot at most (each activity
     holds one lease session), for the worker's lease (``qimpl.db.lease_sessions``). Not
     opened."""
-    return LeaseSessions(settings.database_url, lease_s=settings.lease_s,
+    return LeaseSessions(settings.database_url, lease_s=settings.lease,
                          max_size=settings.max_concurrent_activities + settings.takeover_slots,
-                         connect_params=client_params(settings.lease_s))
+                         connect_params=client_params(settings.lease))
 
 
 def build_takeover_worker(client: Client, settings: WorkerSettings, activities: AgentActivities,
@@ -135,6 +144,7 @@ def build_takeover_worker(client: Client, settings: WorkerSettings, activities: 
         activities=[activities.run_agent],
         max_concurrent_activity_task_polls=1,
         max_concurrent_activities=settings.takeover_slots,
+        max_heartbeat_throttle_interval=heartbeat_throttle(settings),
         graceful_shutdown_timeout=timedelta(seconds=2),
     )
 
@@ -175,7 +185,7 @@ async def watch_leases(client: Client, settings: WorkerSettings, stop: asyncio.E
         return
     queue, activities = takeover if takeover else (None, None)
     await LeaseWatcher(client, dsn=settings.database_url,
-                       lease_s=settings.lease_s,
+                       lease_s=settings.lease,
                        poll_s=settings.takeover_poll_s,
                        unclaimed_s=settings.takeover_unclaimed_s,
                        task_queue=settings.task_queue if takeover else None, takeover_queue=queue,
@@ -230,12 +240,8 @@ async def run(settings: WorkerSettings, plugins: tuple[Provider, ToolRegistry]) 
         raise SystemExit(_unreachable(f"Temporal at {settings.temporal_address}",
                                       type(exc).__name__, EXIT_TEMPORAL)) from None
     await check_search_attributes(client, settings)
-    if settings.takeover_watch and not settings.lease_below_heartbeat:
-        log.warning("the lease (%s s) is not below the heartbeat timeout (%s s): Temporal's "
-                    "timeout can end a paused owner's attempt before the takeover watcher, "
-                    "which costs its takeover one more retry timer (docs/operations.md, Takeover)",
-                    settings.lease_s, settings.heartbeat_timeout_s,
-                    extra={"event": "takeover.lease_not_below_heartbeat"})
+    if settings.takeover_watch:
+        warn_lease_not_below_heartbeat(settings, log)
     activities = agent_activities(settings, plugins)
     activities.sessions = sessions = lease_sessions(settings)
     await sessions.open()

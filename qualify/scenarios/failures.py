@@ -103,7 +103,8 @@ AFTER_COUNT = "activity.after_failure_count"
 #: The backoff this scenario's API hands its runs, and the longer ``Retry-After`` its
 #: provider asks for: longer than any retry that comes without the failing attempt's own
 #: report (the watcher's takeover and Temporal's retry, about 1-2 s; a heartbeat timeout
-#: then a retry, about 2-3 s at the harness's H = 1 s, 3-4 s at the product's 2 s), so a
+#: then a retry, about 2-3 s at the harness's H = 1 s, where it runs; 5-6 s at the
+#: product's default H = 4 s, where it does not), so a
 #: retry that skipped the delay shows, and one that kept the 2 s backoff but lost the
 #: Retry-After (known to the killed attempt only, unless its failure record keeps it)
 #: shows too.

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from qimpl.lifecycle import workflow_id
+from qimpl.settings.base import DEFAULT_HEARTBEAT_TIMEOUT_S, DEFAULT_LEASE_S
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
@@ -423,3 +424,68 @@ def retry_stranded_on_a_dead_takeover_queue(ctx: ScenarioContext) -> None:
                "R-EXEC-13", judged=len(sts[:1]))
     steps = _steps_once(ctx, run_id)
     ctx.expect("one checkpoint per step", steps == list(range(1, STEPS + 1)), str(steps), "R-EXEC-4")
+
+
+#: The product's defaults (``qimpl.settings``): the heartbeat timeout, and the lease an
+#: unset ``QIMPL_LEASE_S`` means (half of it; the harness always sets the variable).
+PRODUCT = {"QIMPL_HEARTBEAT_TIMEOUT_S": str(DEFAULT_HEARTBEAT_TIMEOUT_S),
+           "QIMPL_LEASE_S": str(DEFAULT_LEASE_S)}
+#: How long the first step of ``owner-paused-mid-run`` takes, seconds: the owner is paused
+#: 3.4 s into its run, where the SDK's own throttle (one heartbeat per 0.8 H = 3.2 s)
+#: would have sent its last heartbeat 2.9 s before, so Temporal's timeout (4 s after it)
+#: would come about 1 s before the lease ends (2 s after the owner's last statement).
+MID_RUN_STEP_S = 3.4
+
+
+@scenario(
+    "owner-paused-mid-run",
+    default_timers_because="a paused owner's takeover at the product's defaults, on the timers users' servers have",
+    exec_because="the worker's entry point SIGSTOPped mid-run", exec_kinds=("worker",),
+    title=f"SIGSTOP the owner {MID_RUN_STEP_S:g} s into its run at the product's defaults "
+          f"(heartbeat timeout {DEFAULT_HEARTBEAT_TIMEOUT_S:g} s, lease {DEFAULT_LEASE_S:g} s): the "
+          "watcher, not Temporal's heartbeat timeout, ends the paused attempt by its task token "
+          "(the heartbeat throttle keeps Temporal's last heartbeat fresh) and the run is taken "
+          "over within the lease + 1.5 s",
+    requirements=("R-EXEC-13", "R-EXEC-2", "R-EXEC-7", "R-Q-2"),
+    faults=("sigstop the owner at a barrier (step 2, 3.4 s into the run)",),
+)
+def owner_paused_mid_run(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api(**PRODUCT)
+    workers = [ctx.processes.worker("worker-1", **PRODUCT), ctx.processes.worker("worker-2", **PRODUCT)]
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=3, answer="paused mid-run",
+                                                   delay_ms=int(MID_RUN_STEP_S * 1000),
+                                                   barrier={"step": 2, "name": "pause"}))
+    held = ctx.wait_barrier("pause", timeout_s=30)
+    owner = _owner_of(held, workers)
+    ctx.nemesis.sigstop(owner, barrier="pause", run_id=run_id, attempt=held["attempt"])
+    stopped_at = ctx.db_now()
+    live = [w for w in workers if w is not owner]
+    bound = DEFAULT_LEASE_S + 1.5
+    took = None
+    deadline = time.monotonic() + DEFAULT_HEARTBEAT_TIMEOUT_S + 30
+    while took is None and time.monotonic() < deadline:
+        rows = ctx.sql("SELECT extract(epoch FROM min(at))::float8 FROM run_transitions"
+                       " WHERE run_id = %s AND owner_attempt > %s", run_id, held["attempt"])
+        took = None if not rows or rows[0][0] is None else round(float(rows[0][0]) - stopped_at, 3)
+        time.sleep(0.02)
+    ctx.figures["takeover_after_sigstop_mid_run_s"] = took if took is not None else -1.0
+    ctx.expect(f"a later attempt took the run over within the lease + 1.5 s ({bound:g} s)",
+               took is not None and took <= bound,
+               f"first write of a later attempt {took} s after the SIGSTOP (database clock)", "R-EXEC-13")
+    ended = [f for f in watcher_failures(live) if f["run_id"] == run_id]
+    by_token = any(f["by"] == "token" and f["attempt"] == held["attempt"] for f in ended)
+    ctx.figures["takeover_by_watcher"] = float(by_token)
+    ctx.expect("the watcher ended the paused attempt by its task token, before Temporal's heartbeat "
+               "timeout could (qimpl.takeover.watcher_margin_s)",
+               by_token, f"watcher failures {ended}; paused attempt {held['attempt']}", "R-EXEC-13")
+    ctx.release_barrier("pause")
+    ctx.nemesis.sigcont(owner)
+    resumed_at = ctx.db_now()
+    run = ctx.wait_terminal(api, run_id, timeout_s=60)
+    zombie_writes = ctx.sql("SELECT count(*) FROM run_transitions WHERE run_id = %s AND writer_token = %s"
+                            " AND at >= to_timestamp(%s)", run_id, f"{run_id}:1:{held['attempt']}",
+                            resumed_at)[0][0]
+    ctx.expect("run completed, one checkpoint per step; the resumed owner committed nothing",
+               run["state"] == "completed" and _steps_once(ctx, run_id) == [1, 2, 3] and zombie_writes == 0,
+               f"{run['state']}, steps {_steps_once(ctx, run_id)}, {zombie_writes} writes by the resumed owner",
+               "R-EXEC-7", "R-EXEC-4")

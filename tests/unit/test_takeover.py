@@ -8,9 +8,11 @@ from qimpl.takeover import (
     Pending,
     TakeoverTracker,
     first_heartbeat_s,
+    heartbeat_throttle_s,
     home_queue,
     should_move,
     takeover_queue,
+    watcher_margin_s,
 )
 
 KEY = ("run-1", 1)
@@ -191,16 +193,41 @@ def test_a_retry_heartbeats_at_once_a_first_attempt_before_the_watcher_could_fai
     assert first_heartbeat_s(1, moved=True, unclaimed_s=0.3) == 0.0
     held = first_heartbeat_s(1, moved=False, unclaimed_s=0.3)
     assert 0 < held < 0.3 / 3, "a first attempt must heartbeat before the watcher's shortest bound"
-    # The watcher's shortest bound for a silent started attempt is unclaimed_s / 3 (one
-    # its lost owner's worker started): a first attempt heartbeats well before it.
+    # The watcher's shortest bound for a silent started attempt is unclaimed_s / 3: one
+    # started by a worker whose attempt lost the run's lease (named by the retry's backoff).
     tracker = TakeoverTracker(unclaimed_s=0.3)
     key = ("r", 1)
     tracker.look([key], 0.0)
-    silent = Pending(attempt=1, state="started", started_at=10.0, activity_id="1", worker="w")
-    tracker.unclaimed(key, silent, 0.0)
-    assert not tracker.unclaimed(key, silent, held)
-    beat = Pending(attempt=1, state="started", started_at=10.0, activity_id="1", worker="w",
+    assert not tracker.unclaimed(key, Pending(attempt=2, state="scheduled", started_at=None,
+                                              activity_id="1", worker="w"), 0.0)
+    silent = Pending(attempt=2, state="started", started_at=10.0, activity_id="1", worker="w")
+    assert not tracker.unclaimed(key, silent, 0.0)  # first seen: its bound starts now
+    assert not tracker.unclaimed(key, silent, held), "failed before a live first attempt heartbeats"
+    assert tracker.unclaimed(key, silent, 0.3 / 3), "the shortest bound is unclaimed_s / 3"
+    # Heartbeated: judged afresh, against 2 x unclaimed_s.
+    beat = Pending(attempt=2, state="started", started_at=10.0, activity_id="1", worker="w",
                    heartbeat_at=10.0 + held)
-    assert not tracker.unclaimed(key, beat, held)
-    assert not tracker.unclaimed(key, beat, held + 0.3), "a heartbeated attempt waits 2 x unclaimed_s"
-    assert tracker.unclaimed(key, beat, held + 0.6)
+    assert not tracker.unclaimed(key, beat, 1.0)
+    assert not tracker.unclaimed(key, beat, 1.0 + 0.3), "a heartbeated attempt waits 2 x unclaimed_s"
+    assert tracker.unclaimed(key, beat, 1.0 + 0.6)
+
+
+@pytest.mark.req("R-EXEC-13")
+@pytest.mark.parametrize(("h", "lease", "throttle", "margin"), [
+    (4.0, 2.0, 1.5, 0.4),     # the defaults
+    (3.0, 2.0, 0.5, 0.4),     # a tighter timeout: heartbeats every touch interval
+    (2.0, 2.0, 0.5, -0.6),    # lease = H (the former default): Temporal may win
+    (1.0, 3.0, 0.75, -2.85),  # the harness's paused-transaction scenarios
+    (30.0, 1.0, 24.0, 4.9),   # the takeover scenarios' slow timeout: the SDK's 0.8 H
+])
+def test_the_heartbeat_throttle_leaves_the_watcher_room(h: float, lease: float, throttle: float,
+                                                        margin: float) -> None:
+    assert heartbeat_throttle_s(h, lease) == pytest.approx(throttle)
+    assert watcher_margin_s(h, lease) == pytest.approx(margin)
+    # The margin is what it claims: an owner paused right after a heartbeat went out and
+    # right after its last statement is timed out by Temporal at pause - throttle + H, and
+    # its lease ends at pause + L, seen by the watcher within a poll.
+    pause = 100.0
+    temporal_times_out = pause - throttle + h
+    watcher_ends_it = pause + lease + 0.1
+    assert temporal_times_out - watcher_ends_it == pytest.approx(margin)
