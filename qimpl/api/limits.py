@@ -71,8 +71,9 @@ class RequestLimits:
 async def _known(scope: Scope, headers: dict[bytes, bytes]) -> bool:
     """Whether the request's ``Authorization`` names a known client or operator key.
     True when it cannot be told (no services yet, or the lookup failed): the route then
-    authenticates and answers itself."""
-    from qimpl.api.deps import key_of_header
+    authenticates and answers itself. A client key's principal is left in the scope
+    (``qimpl.api.deps.AUTHENTICATED``) for the route, the same request's same key."""
+    from qimpl.api.deps import AUTHENTICATED, key_of_header
 
     key = key_of_header(headers.get(b"authorization", b"").decode("latin-1"))
     if not key:
@@ -82,8 +83,11 @@ async def _known(scope: Scope, headers: dict[bytes, bytes]) -> bool:
         return True
     try:
         auth = services.authenticator
-        return (await auth.authenticate(key) is not None
-                or await auth.authenticate_operator(key) is not None)
+        principal = await auth.authenticate(key)
+        if principal is not None:
+            scope[AUTHENTICATED] = (key, principal)
+            return True
+        return await auth.authenticate_operator(key) is not None
     except Exception:  # noqa: BLE001 - the route's own authentication answers the outage
         return True
 

@@ -20,9 +20,11 @@ __all__ = ["Client", "with_api"]
 Client = httpx.AsyncClient
 
 
-def with_api(db: str, stack: Any, test: Callable[[Client], Awaitable[None]], *, queue_prefix: str = "t") -> None:
+def with_api(db: str, stack: Any, test: Callable[[Client], Awaitable[None]], *, queue_prefix: str = "t",
+             services_hook: Callable[[Services], None] | None = None) -> None:
     """Run ``test`` against the app with database keys (``auth=db``). Temporal is the
-    stack's, on a task queue no worker polls, so created runs stay ``queued``."""
+    stack's, on a task queue no worker polls, so created runs stay ``queued``.
+    ``services_hook`` sees the app's services before the first request."""
     settings = ApiSettings(database_url=with_user(db, API_ROLE), auth="db",
                            temporal_address=stack.info.temporal_address,
                            task_queue=f"{queue_prefix}-{uuid.uuid4().hex[:8]}")
@@ -32,6 +34,8 @@ def with_api(db: str, stack: Any, test: Callable[[Client], Awaitable[None]], *, 
         services = Services(settings)
         await services.pool.open()
         app.state.services = services
+        if services_hook is not None:
+            services_hook(services)
         try:
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                          base_url="http://api") as client:

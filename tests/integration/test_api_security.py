@@ -12,6 +12,7 @@ import httpx
 import psycopg
 import pytest
 
+from qimpl.api.deps import Services
 from qimpl.db import admin
 from qimpl.metrics import RUN_STATS_SQL
 from qualify.stack._embedded import API_ROLE, with_user
@@ -134,6 +135,35 @@ def test_an_operator_key_is_not_a_client_key(db: str, stack: Any) -> None:
         assert (await _create(client, "dev-key", "dev-create")).status_code == 202
 
     with_api(db, stack, test, queue_prefix="sec")
+
+
+@pytest.mark.req("R-AUTH-1")
+def test_a_write_looks_its_key_up_once(db: str, stack: Any) -> None:
+    """The body-size guard authenticates a write's key before reading its body; the route
+    reuses that answer for the same request and key instead of asking the database again.
+    Another request, or another key, is looked up afresh (a revoked key is refused at its
+    next request)."""
+    lookups: list[str] = []
+
+    def count(services: Services) -> None:
+        authenticate = services.authenticator.authenticate
+
+        async def counted(key: str) -> Any:
+            lookups.append(key)
+            return await authenticate(key)
+
+        services.authenticator.authenticate = counted  # type: ignore[method-assign]
+
+    async def test(client: Client) -> None:
+        assert (await _create(client, "dev-key", "once-1")).status_code == 202
+        assert lookups == ["dev-key"]
+        assert (await _create(client, "dev-key", "once-2")).status_code == 202
+        assert lookups == ["dev-key", "dev-key"]
+        created = await _create(client, "ops-key", "once-3")
+        assert (created.status_code, created.json()["code"]) == (403, "client_credential_required")
+        assert (await _create(client, "no-such-key", "once-4")).status_code == 401
+
+    with_api(db, stack, test, queue_prefix="sec", services_hook=count)
 
 
 @pytest.mark.req("R-AUTH-1")
