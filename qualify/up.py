@@ -33,7 +33,7 @@ import psutil
 import psycopg
 
 from qimpl.backoff import DEFAULT_BASE_S, DEFAULT_MAX_S
-from qimpl.settings.base import DEFAULT_HEARTBEAT_TIMEOUT_S, DEFAULT_LEASE_S
+from qimpl.settings.base import DEFAULT_HEARTBEAT_TIMEOUT_S, DEFAULT_LEASE_SHARE
 from qualify import interrupt
 from qualify.errors import HarnessError, UsageError
 from qualify.processes import Deployment, ManagedProcess, Processes, SinkProcess
@@ -122,6 +122,17 @@ class Ready:
         return json.dumps(doc, sort_keys=True)
 
 
+def _product_lease(settings: dict[str, str]) -> float | None:
+    """The lease the product derives when ``QIMPL_LEASE_S`` is unset: ``DEFAULT_LEASE_SHARE``
+    of the heartbeat timeout, the user's (``--set QIMPL_HEARTBEAT_TIMEOUT_S=…``) or the
+    default. A user's own ``QIMPL_LEASE_S`` is applied after it (``Deployment.extra_env``);
+    one that is no number is left to the processes to refuse (None here)."""
+    try:
+        return float(settings.get("QIMPL_HEARTBEAT_TIMEOUT_S", DEFAULT_HEARTBEAT_TIMEOUT_S)) * DEFAULT_LEASE_SHARE
+    except ValueError:
+        return None
+
+
 def provider_env(provider: str, config: dict[str, Any], control_dir: Path) -> dict[str, str]:
     """``QIMPL_PROVIDER`` and ``QIMPL_PROVIDER_CONFIG`` for ``--provider`` (``synthetic``,
     ``echo`` or a plugin ``module:factory``), set alike on the API and the worker.
@@ -206,7 +217,7 @@ class UpEnvironment:
             deployment = Deployment(
                 dsn=self.postgres.dsn(DATABASE), temporal_address=self.temporal.address,
                 task_queue=TASK_QUEUE, control_dir=self.control_dir, logs_dir=self.logs_dir,
-                heartbeat_timeout_s=DEFAULT_HEARTBEAT_TIMEOUT_S, lease_s=DEFAULT_LEASE_S,
+                heartbeat_timeout_s=DEFAULT_HEARTBEAT_TIMEOUT_S, lease_s=_product_lease(self.opts.settings),
                 extra_env={**self.provider,
                            "DURABLE_AGENT_RECONCILE_TENANTS": json.dumps([self.opts.tenant]),
                            # A service to try by hand: the product's failure backoff.

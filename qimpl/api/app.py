@@ -41,7 +41,7 @@ from qimpl.settings import (
     exit_config,
     load_or_exit,
     plugin_error,
-    warn_lease_not_below_heartbeat,
+    warn_no_watcher_margin,
 )
 
 __all__ = ["create_app"]
@@ -86,7 +86,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             await services.pool.close()
             raise
         app.state.services = services
-        warn_lease_not_below_heartbeat(services.settings, log)  # the API dispatches both
+        warn_no_watcher_margin(services.settings, log)  # the API dispatches both
         async with services.pool.connection() as conn:
             await refuse_unsafe_role(conn, "API", log)
         services.events.start()

@@ -34,7 +34,7 @@ from qimpl.settings.loading import (
     load_or_exit,
     plugin_error,
     settings_table,
-    warn_lease_not_below_heartbeat,
+    warn_no_watcher_margin,
 )
 from qimpl.settings.provider import OpenAIChatSettings
 from qimpl.settings.worker import WorkerSettings
@@ -60,5 +60,5 @@ __all__ = [
     "load_or_exit",
     "plugin_error",
     "settings_table",
-    "warn_lease_not_below_heartbeat",
+    "warn_no_watcher_margin",
 ]

@@ -30,6 +30,9 @@ DEFAULT_HEARTBEAT_TIMEOUT_S: float = 4.0
 DEFAULT_LEASE_SHARE: float = 0.5
 #: The ownership lease with every default, seconds.
 DEFAULT_LEASE_S: float = DEFAULT_HEARTBEAT_TIMEOUT_S * DEFAULT_LEASE_SHARE
+#: The longest lease, seconds (and so the longest heartbeat timeout is twice that): the
+#: lease's TCP keepalive settings must fit the kernel's limits.
+MAX_LEASE_S: float = 600
 
 
 class Settings(BaseSettings):
@@ -54,13 +57,13 @@ class Settings(BaseSettings):
                             description="the queue workers poll and the API dispatches to",
                             json_schema_extra=_example("agent-runs"))
     heartbeat_timeout_s: float = Field(
-        default=DEFAULT_HEARTBEAT_TIMEOUT_S, gt=0,
-        description="Temporal's activity heartbeat timeout, seconds: its own backstop when no takeover watcher can act, and how long a first attempt paused before its claim keeps its run (see \"Takeover\"). Keep it above the lease, so the watcher, not this timeout, ends a dead attempt; set it alike on the API and the workers (R-EXEC-2)",
+        default=DEFAULT_HEARTBEAT_TIMEOUT_S, gt=0, le=2 * MAX_LEASE_S,
+        description="Temporal's activity heartbeat timeout, seconds: its own backstop when no takeover watcher can act, and how long a first attempt paused before its claim keeps its run (see \"Takeover\"). Keep it at least 1.5 x the lease (above 1.25 x the lease + 0.1 s at the very least), so the watcher, not this timeout, ends a dead attempt. The API's value is the one a run gets (dispatched with it); set it alike on the API and the workers (R-EXEC-2)",
         json_schema_extra=_example("4"))
     lease_s: float | None = Field(
-        default=None, gt=0, le=600,
-        description="the ownership lease, seconds: how long a run's advisory lock outlives its owner's last statement, and so how soon a paused or cut-off owner is taken over (R-EXEC-11, R-EXEC-13); unset: half the heartbeat timeout (until 2026-12-05: the whole of it). Keep it below the heartbeat timeout; set it alike on the API and the workers",
-        json_schema_extra=_example("2"))
+        default=None, gt=0, le=MAX_LEASE_S,
+        description="the ownership lease, seconds: how long a run's advisory lock outlives its owner's last statement, and so how soon a paused or cut-off owner is taken over (R-EXEC-11, R-EXEC-13); unset: half the heartbeat timeout (2 s by default; until 2026-12-05: the whole of it). Keep it at most 2/3 of the heartbeat timeout. The API's value is the one a run gets (dispatched with it); a worker's own sizes its ready lease sessions and heartbeat throttle: set it alike on the API and the workers",
+        json_schema_extra={**_example("2"), "shown_default": "H / 2 = 2.0"})
     provider_max_failures: int = Field(
         default=5, ge=1,
         description="provider failures (counted in the run) before it ends `failed` (R-EXEC-6); also the most times one step is asked of the provider, however its asks ended (a counted failure, or the attempt's death after the answer: `agent_step_asks_exhausted`, R-EXEC-12)",
@@ -121,13 +124,14 @@ class Settings(BaseSettings):
         return self.lease_s if self.lease_s is not None else self.heartbeat_timeout_s * DEFAULT_LEASE_SHARE
 
     @property
-    def lease_below_heartbeat(self) -> bool:
-        """Whether the lease leaves room below Temporal's heartbeat timeout for the
-        takeover watcher to end a paused owner's attempt first, wherever the owner was
-        paused (``qimpl.takeover.watcher_margin_s`` > 0, R-EXEC-13). False is allowed (the
-        fence is the same) but such a takeover may then cost one more retry timer of the
-        server; the API and the worker log ``takeover.lease_not_below_heartbeat``."""
-        return watcher_margin_s(self.heartbeat_timeout_s, self.lease) > 0
+    def watcher_margin_s(self) -> float:
+        """By how much, seconds, the takeover watcher ends a paused owner's attempt before
+        Temporal's heartbeat timeout, at worst (``qimpl.takeover.watcher_margin_s``,
+        R-EXEC-13): positive when the heartbeat timeout is above 1.25 x the lease + 0.1 s;
+        ``L / 4 - 0.1`` from 1.5 x the lease on. Not positive is allowed (the fence is the
+        same) but such a takeover may then cost one more retry timer of the server; the
+        API and a watching worker log ``takeover.no_watcher_margin`` at start."""
+        return watcher_margin_s(self.heartbeat_timeout_s, self.lease)
 
 
 class _ProviderSettings(BaseSettings):

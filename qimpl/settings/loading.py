@@ -31,7 +31,7 @@ __all__ = [
     "load_or_exit",
     "plugin_error",
     "settings_table",
-    "warn_lease_not_below_heartbeat",
+    "warn_no_watcher_margin",
 ]
 
 #: Which process reads which model (the table's last column), in table order.
@@ -148,8 +148,11 @@ def settings_table() -> str:
             if var in rows:
                 rows[var][2].append(process)
                 continue
+            shown = info.json_schema_extra.get("shown_default") if isinstance(info.json_schema_extra, dict) else None
             if info.is_required():
                 default = "— (required)"
+            elif shown is not None:  # a default derived from another setting
+                default = f"`{shown}`"
             else:
                 value = info.get_default(call_default_factory=True)
                 if isinstance(value, SecretStr):  # a secret's default is shown as empty or hidden
@@ -168,13 +171,15 @@ def settings_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-def warn_lease_not_below_heartbeat(settings: Settings, log: logging.Logger) -> None:
-    """Log ``takeover.lease_not_below_heartbeat`` (a warning, at a process's start) when
-    the lease leaves the takeover watcher no room below Temporal's heartbeat timeout
-    (``Settings.lease_below_heartbeat``, R-EXEC-13). Allowed: the fence is the same."""
-    if not settings.lease_below_heartbeat:
-        log.warning("the lease (%s s) leaves no room below the heartbeat timeout (%s s): Temporal's "
-                    "timeout can end a paused owner's attempt before the takeover watcher, which "
-                    "costs its takeover one more retry timer (docs/operations.md, Takeover)",
-                    settings.lease, settings.heartbeat_timeout_s,
-                    extra={"event": "takeover.lease_not_below_heartbeat"})
+def warn_no_watcher_margin(settings: Settings, log: logging.Logger) -> None:
+    """Log ``takeover.no_watcher_margin`` (a warning, at a process's start) when the lease
+    leaves the takeover watcher no margin before Temporal's heartbeat timeout
+    (``Settings.watcher_margin_s`` <= 0: the heartbeat timeout is not above 1.25 x the
+    lease + 0.1 s, R-EXEC-13). Allowed: the fence is the same."""
+    if settings.watcher_margin_s <= 0:
+        log.warning("the lease (%s s) leaves the takeover watcher no margin before the heartbeat "
+                    "timeout (%s s; keep it at least 1.5 x the lease): Temporal's timeout can end a "
+                    "paused owner's attempt first, which costs its takeover one more retry timer "
+                    "(docs/operations.md, Takeover)", settings.lease, settings.heartbeat_timeout_s,
+                    extra={"event": "takeover.no_watcher_margin", "lease_s": settings.lease,
+                           "heartbeat_timeout_s": settings.heartbeat_timeout_s})

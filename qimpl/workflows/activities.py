@@ -178,6 +178,10 @@ class AgentActivities:
         #: Attempts running now that the takeover watcher moved to this worker's takeover
         #: queue (each takes one of its takeover slots).
         self.taken_over = 0
+        #: This worker's own (lease, heartbeat timeout), seconds: its ready sessions and
+        #: heartbeat throttle are sized for them; None: not checked.
+        self.own_timing: tuple[float, float] | None = None
+        self._timing_warned: set[tuple[float, float]] = set()
 
     @activity.defn(name="run_agent_v2")
     async def run_agent(self, inp: RunInput) -> dict[str, Any]:
@@ -188,6 +192,7 @@ class AgentActivities:
         a step failed (counted in the run) or ownership was lost while the run is live.
         """
         attempt = activity.info().attempt
+        self._check_timing(inp)
         moved = home_queue(activity.info().task_queue) != activity.info().task_queue
         # A heartbeat before the claim: the takeover watcher tells an attempt that runs from
         # one a paused worker's poll took and never runs by it (R-EXEC-13). A retry sends it
@@ -210,6 +215,21 @@ class AgentActivities:
             self.taken_over -= moved
             if beat is not None:
                 beat.cancel()
+
+    def _check_timing(self, inp: RunInput) -> None:
+        """Warn once per pair (``owner.timing_differs``) when a run was dispatched with a
+        lease or heartbeat timeout other than this worker's own: the run gets the API's,
+        but this worker's ready sessions (a lease of another length connects its own) and
+        heartbeat throttle (``qimpl.takeover.heartbeat_throttle_s``) were sized for its own."""
+        got = (inp.lease, inp.heartbeat_timeout_s)
+        if self.own_timing is None or got == self.own_timing or got in self._timing_warned:
+            return
+        self._timing_warned.add(got)
+        log.warning("run %s was dispatched with lease %s s and heartbeat timeout %s s; this worker "
+                    "has %s s and %s s: set QIMPL_LEASE_S and QIMPL_HEARTBEAT_TIMEOUT_S alike on the "
+                    "API and the workers", inp.run_id, *got, *self.own_timing,
+                    extra={"event": "owner.timing_differs", "run_id": inp.run_id,
+                           "lease_s": got[0], "heartbeat_timeout_s": got[1]})
 
     async def _run_agent(self, inp: RunInput, attempt: int, claimed: Callable[[], None]) -> dict[str, Any]:
         await BEFORE_LEASE.areach(run_id=inp.run_id, attempt=attempt)

@@ -17,10 +17,13 @@ class RunInput:
     tenant_id: str
     generation: int
     deadline_at: str
+    #: Temporal's heartbeat timeout, seconds. The API always sends it; the default is
+    #: the value of the time when inputs could lack it (``qimpl.settings`` has its own).
     heartbeat_timeout_s: float = 2.0
     max_provider_failures: int = 5
-    #: The ownership lease, seconds; None (inputs dispatched before it existed): the
-    #: heartbeat timeout (R-EXEC-11).
+    #: The ownership lease, seconds. The API always sends the one in effect
+    #: (``Settings.lease``); None only in inputs dispatched before it existed, when the
+    #: lease was the heartbeat timeout (R-EXEC-11).
     lease_s: float | None = None
     #: The wait after the first counted provider failure, doubling per failure up to
     #: ``failure_backoff_max_s`` (seconds; ``qimpl.backoff``, R-EXEC-6).

@@ -43,7 +43,7 @@ from qimpl.settings import (
     exit_config,
     load_or_exit,
     plugin_error,
-    warn_lease_not_below_heartbeat,
+    warn_no_watcher_margin,
 )
 from qimpl.takeover import heartbeat_throttle_s, takeover_queue
 from qimpl.tool_journal.seam import ToolRegistry, load_tools
@@ -114,10 +114,12 @@ def agent_activities(settings: WorkerSettings,
                      plugins: tuple[Provider, ToolRegistry] | None = None) -> AgentActivities:
     """The activities with the configured provider and tools (``load_plugins`` unless given)."""
     provider, tools = plugins or load_plugins(settings)
-    return AgentActivities(dsn=settings.database_url, provider=provider, tools=tools,
-                           slot_limit=settings.concurrency_limit,
-                           lock_timeout_s=settings.api_lock_timeout_s,
-                           unclaimed_s=settings.takeover_unclaimed_s)
+    activities = AgentActivities(dsn=settings.database_url, provider=provider, tools=tools,
+                                 slot_limit=settings.concurrency_limit,
+                                 lock_timeout_s=settings.api_lock_timeout_s,
+                                 unclaimed_s=settings.takeover_unclaimed_s)
+    activities.own_timing = (settings.lease, settings.heartbeat_timeout_s)
+    return activities
 
 
 def heartbeat_throttle(settings: WorkerSettings) -> timedelta:
@@ -241,7 +243,7 @@ async def run(settings: WorkerSettings, plugins: tuple[Provider, ToolRegistry]) 
                                       type(exc).__name__, EXIT_TEMPORAL)) from None
     await check_search_attributes(client, settings)
     if settings.takeover_watch:
-        warn_lease_not_below_heartbeat(settings, log)
+        warn_no_watcher_margin(settings, log)
     activities = agent_activities(settings, plugins)
     activities.sessions = sessions = lease_sessions(settings)
     await sessions.open()
@@ -262,6 +264,8 @@ async def run(settings: WorkerSettings, plugins: tuple[Provider, ToolRegistry]) 
                 client, settings, stop, (queue, activities) if takeover_worker else None))
             log.info("worker ready on %s", settings.task_queue,
                      extra={"event": "worker.ready", "pid": os.getpid(),
+                            "lease_s": settings.lease, "heartbeat_timeout_s": settings.heartbeat_timeout_s,
+                            "heartbeat_throttle_s": heartbeat_throttle(settings).total_seconds(),
                             "takeover_queue": queue if takeover_worker else None,
                             "reconcile_tenants": settings.reconcile_tenants})
             await stop.wait()

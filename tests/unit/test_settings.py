@@ -116,11 +116,21 @@ def test_the_default_lease_ends_before_temporals_heartbeat_timeout(env: pytest.M
     env.setenv("QIMPL_DATABASE_URL", DSN)
     settings = load(WorkerSettings)
     assert (settings.heartbeat_timeout_s, settings.lease) == (4.0, 2.0)
-    assert settings.lease_below_heartbeat
+    assert settings.watcher_margin_s == pytest.approx(0.4)
     env.setenv("QIMPL_HEARTBEAT_TIMEOUT_S", "10")
     assert load(WorkerSettings).lease == 5.0
     env.setenv("QIMPL_LEASE_S", "10")
-    assert not load(WorkerSettings).lease_below_heartbeat
+    assert load(WorkerSettings).watcher_margin_s < 0
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e6", "1201"])
+def test_a_heartbeat_timeout_whose_lease_would_not_fit_is_refused(env: pytest.MonkeyPatch, value: str) -> None:
+    """Unset, the lease is half the heartbeat timeout: the timeout is bounded so that lease
+    fits the lease's own bound (its TCP keepalives must fit the kernel's limits)."""
+    env.setenv("QIMPL_DATABASE_URL", DSN)
+    env.setenv("QIMPL_HEARTBEAT_TIMEOUT_S", value)
+    with pytest.raises(ConfigError, match="QIMPL_HEARTBEAT_TIMEOUT_S"):
+        load(WorkerSettings)
 
 
 def test_the_admin_dsn_falls_back_to_the_database_url(env: pytest.MonkeyPatch) -> None:
