@@ -47,6 +47,7 @@ import psycopg
 from psycopg.rows import dict_row
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
+from temporalio.service import RPCError
 
 from qimpl import metrics
 from qimpl.crashpoints import declare
@@ -168,6 +169,19 @@ _vanish_cursor: dict[str, str] = {}
 _FIRST_RUN_ID = "00000000-0000-0000-0000-000000000000"
 
 
+def _rpc_status(exc: BaseException) -> str | None:
+    """The gRPC status name of a Temporal ``RPCError`` (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``,
+    …); None for any other error. Never the error's message (it can carry addresses)."""
+    status = getattr(exc, "status", None)
+    return getattr(status, "name", None) if isinstance(exc, RPCError) else None
+
+
+def _why(exc: BaseException) -> str:
+    """``RPCError (UNAVAILABLE)``, or the exception's type name."""
+    status = _rpc_status(exc)
+    return f"{type(exc).__name__} ({status})" if status else type(exc).__name__
+
+
 async def _check_workflows(conn: psycopg.AsyncConnection[Any], client: Client | None,
                            settings: Settings, res: SweepResult, limit: int, grace_s: float) -> None:
     if client is None or limit <= 0:
@@ -177,7 +191,9 @@ async def _check_workflows(conn: psycopg.AsyncConnection[Any], client: Client | 
             DescribeNamespaceRequest(namespace=client.namespace),
             timeout=timedelta(seconds=settings.dispatch_timeout_s))
     except Exception as exc:  # noqa: BLE001 - Temporal unreachable or misconfigured: next sweep
-        log.info("workflows of tenant %s not checked: %s", res.tenant, type(exc).__name__)
+        log.info("workflows of tenant %s not checked: %s", res.tenant, _why(exc),
+                 extra={"event": "reconcile.workflows_unchecked", "tenant": res.tenant,
+                        "exc_type": type(exc).__name__, "rpc_status": _rpc_status(exc)})
         return
     after = _vanish_cursor.get(res.tenant, _FIRST_RUN_ID)
     cur = await conn.execute(
@@ -195,7 +211,10 @@ async def _check_workflows(conn: psycopg.AsyncConnection[Any], client: Client | 
             status = await workflow_status(client, workflow_id(run_id, int(generation)),
                                            settings.dispatch_timeout_s)
         except Exception as exc:  # noqa: BLE001 - Temporal unreachable: next sweep
-            log.info("workflow of run %s not checked: %s", run_id, type(exc).__name__)
+            log.info("workflow of run %s not checked: %s", run_id, _why(exc),
+                     extra={"event": "reconcile.workflows_unchecked", "tenant": res.tenant,
+                            "run_id": run_id, "exc_type": type(exc).__name__,
+                            "rpc_status": _rpc_status(exc)})
             return
         res.workflows_checked += 1
         key = (res.tenant, run_id, int(generation))
