@@ -125,8 +125,9 @@ class Ready:
 def _product_lease(settings: dict[str, str]) -> float | None:
     """The lease the product derives when ``QIMPL_LEASE_S`` is unset: ``DEFAULT_LEASE_SHARE``
     of the heartbeat timeout, the user's (``--set QIMPL_HEARTBEAT_TIMEOUT_S=…``) or the
-    default. A user's own ``QIMPL_LEASE_S`` is applied after it (``Deployment.extra_env``);
-    one that is no number is left to the processes to refuse (None here)."""
+    default. A user's own ``QIMPL_LEASE_S`` is applied after it (``Deployment.extra_env``).
+    None when the user's timeout is no number: ``Deployment.lease`` then gives the processes
+    the default timeout as the lease, and they refuse the bad timeout at start anyway."""
     try:
         return float(settings.get("QIMPL_HEARTBEAT_TIMEOUT_S", DEFAULT_HEARTBEAT_TIMEOUT_S)) * DEFAULT_LEASE_SHARE
     except ValueError:

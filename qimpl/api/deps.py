@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -189,10 +190,14 @@ def services_of(request: Request) -> Services:
     return services
 
 
-#: ASGI scope key under which ``RequestLimits`` leaves ``(key, principal)`` when it
-#: authenticated a write's client key, so the route does not look the same key up again
-#: within the same request (one database round trip and pool checkout less per POST).
+#: ASGI scope key under which ``RequestLimits`` leaves ``(key, principal, monotonic
+#: seconds)`` when it found a write's key, so the route does not look the same key up
+#: again within the same request (one database round trip and pool checkout less per
+#: POST), as long as the answer is at most ``AUTHENTICATED_FOR_S`` old.
 AUTHENTICATED = "qimpl.authenticated"
+#: How long the guard's answer stands, seconds: a body sent slowly past it is judged by a
+#: fresh lookup, so a key revoked meanwhile is refused (R-AUTH-2).
+AUTHENTICATED_FOR_S = 1.0
 
 
 async def principal_of(
@@ -201,7 +206,7 @@ async def principal_of(
 ) -> Principal:
     key = bearer_key(request)
     memo = request.scope.get(AUTHENTICATED)
-    if key and memo is not None and memo[0] == key:
+    if key and memo is not None and memo[0] == key and time.monotonic() - memo[2] <= AUTHENTICATED_FOR_S:
         principal: Principal | None = memo[1]
     else:
         principal = await services_of(request).authenticator.authenticate(key) if key else None

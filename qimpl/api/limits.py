@@ -3,9 +3,11 @@
 - a write to ``/v1/...`` without a *known* API key (client or operator, as the routes'
   own authentication would find it) is answered 401 ``unauthenticated`` before its body
   is read: neither an anonymous caller nor one with any made-up ``Authorization`` value
-  can make the API buffer or parse anything (R-AUTH-1). The routes authenticate again
-  (and answer 403 for the wrong kind of key); should the lookup itself fail (the
-  database unreachable), the request goes on to the route, which answers its own way;
+  can make the API buffer or parse anything (R-AUTH-1). A client route reuses the answer
+  for the same key if it is at most ``qimpl.api.deps.AUTHENTICATED_FOR_S`` old (a body
+  sent slowly past that is judged by a fresh lookup), and answers 403 for the wrong kind
+  of key; should the lookup itself fail (the database unreachable), the request goes on
+  to the route, which answers its own way. Both read the first ``Authorization`` header;
 - a body larger than ``max_body_bytes`` (declared by ``Content-Length``, or counted while
   it streams in, chunked included) is answered 413 ``body_too_large`` without being kept
   whole: at most ``max_body_bytes`` are buffered.
@@ -14,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 __all__ = ["RequestLimits"]
@@ -35,7 +38,10 @@ class RequestLimits:
         if scope["type"] != "http" or scope["method"] not in _WRITES:
             await self.app(scope, receive, send)
             return
-        headers = dict(scope.get("headers") or [])
+        # The first of each header, as Starlette's ``request.headers.get`` (the routes) reads it.
+        headers: dict[bytes, bytes] = {}
+        for name, value in scope.get("headers") or []:
+            headers.setdefault(name, value)
         if scope["path"].startswith("/v1/") and not await _known(scope, headers):
             await _answer(send, 401, "unauthenticated", "a valid API key is required")
             return
@@ -71,8 +77,9 @@ class RequestLimits:
 async def _known(scope: Scope, headers: dict[bytes, bytes]) -> bool:
     """Whether the request's ``Authorization`` names a known client or operator key.
     True when it cannot be told (no services yet, or the lookup failed): the route then
-    authenticates and answers itself. A client key's principal is left in the scope
-    (``qimpl.api.deps.AUTHENTICATED``) for the route, the same request's same key."""
+    authenticates and answers itself. The principal of a key ``authenticate`` finds (a
+    client's, or an operator's, which client routes refuse) is left in the scope with the
+    time (``qimpl.api.deps.AUTHENTICATED``) for the route: the same request's same key."""
     from qimpl.api.deps import AUTHENTICATED, key_of_header
 
     key = key_of_header(headers.get(b"authorization", b"").decode("latin-1"))
@@ -85,7 +92,7 @@ async def _known(scope: Scope, headers: dict[bytes, bytes]) -> bool:
         auth = services.authenticator
         principal = await auth.authenticate(key)
         if principal is not None:
-            scope[AUTHENTICATED] = (key, principal)
+            scope[AUTHENTICATED] = (key, principal, time.monotonic())
             return True
         return await auth.authenticate_operator(key) is not None
     except Exception:  # noqa: BLE001 - the route's own authentication answers the outage

@@ -57,13 +57,14 @@ class Settings(BaseSettings):
                             description="the queue workers poll and the API dispatches to",
                             json_schema_extra=_example("agent-runs"))
     heartbeat_timeout_s: float = Field(
-        default=DEFAULT_HEARTBEAT_TIMEOUT_S, gt=0, le=2 * MAX_LEASE_S,
-        description="Temporal's activity heartbeat timeout, seconds: its own backstop when no takeover watcher can act, and how long a first attempt paused before its claim keeps its run (see \"Takeover\"). Keep it at least 1.5 x the lease (above 1.25 x the lease + 0.1 s at the very least), so the watcher, not this timeout, ends a dead attempt. The API's value is the one a run gets (dispatched with it); set it alike on the API and the workers (R-EXEC-2)",
+        default=DEFAULT_HEARTBEAT_TIMEOUT_S, gt=0, le=2 * MAX_LEASE_S, allow_inf_nan=False,
+        description="Temporal's activity heartbeat timeout, seconds: its own backstop when no takeover watcher can act, and how long a first attempt paused before its claim keeps its run (see \"Takeover\"). Keep it at least 1.5 x the lease (the watcher has a margin only above 1.25 x the lease + the watcher's poll, with a lease above 4 polls), so the watcher, not this timeout, ends a dead attempt. The API's value is the one a run gets (dispatched with it); set it alike on the API and the workers (R-EXEC-2)",
         json_schema_extra=_example("4"))
     lease_s: float | None = Field(
-        default=None, gt=0, le=MAX_LEASE_S,
+        default=None, gt=0, le=MAX_LEASE_S, allow_inf_nan=False,
         description="the ownership lease, seconds: how long a run's advisory lock outlives its owner's last statement, and so how soon a paused or cut-off owner is taken over (R-EXEC-11, R-EXEC-13); unset: half the heartbeat timeout (2 s by default; until 2026-12-05: the whole of it). Keep it at most 2/3 of the heartbeat timeout. The API's value is the one a run gets (dispatched with it); a worker's own sizes its ready lease sessions and heartbeat throttle: set it alike on the API and the workers",
-        json_schema_extra={**_example("2"), "shown_default": "H / 2 = 2.0"})
+        json_schema_extra={**_example("2"),
+                           "shown_default": f"H x {DEFAULT_LEASE_SHARE:g} = {DEFAULT_LEASE_S:g}"})
     provider_max_failures: int = Field(
         default=5, ge=1,
         description="provider failures (counted in the run) before it ends `failed` (R-EXEC-6); also the most times one step is asked of the provider, however its asks ended (a counted failure, or the attempt's death after the answer: `agent_step_asks_exhausted`, R-EXEC-12)",
@@ -123,15 +124,15 @@ class Settings(BaseSettings):
         (``RunInput.lease_s``)."""
         return self.lease_s if self.lease_s is not None else self.heartbeat_timeout_s * DEFAULT_LEASE_SHARE
 
-    @property
-    def watcher_margin_s(self) -> float:
-        """By how much, seconds, the takeover watcher ends a paused owner's attempt before
-        Temporal's heartbeat timeout, at worst (``qimpl.takeover.watcher_margin_s``,
-        R-EXEC-13): positive when the heartbeat timeout is above 1.25 x the lease + 0.1 s;
-        ``L / 4 - 0.1`` from 1.5 x the lease on. Not positive is allowed (the fence is the
-        same) but such a takeover may then cost one more retry timer of the server; the
-        API and a watching worker log ``takeover.no_watcher_margin`` at start."""
-        return watcher_margin_s(self.heartbeat_timeout_s, self.lease)
+    def watcher_margin_s(self, poll_s: float = 0.1) -> float:
+        """By how much, seconds, the takeover watcher polling every ``poll_s`` ends a paused
+        owner's attempt before Temporal's heartbeat timeout, at worst
+        (``qimpl.takeover.watcher_margin_s``, R-EXEC-13): positive when the heartbeat
+        timeout is above 1.25 x the lease + ``poll_s`` and the lease above 4 x ``poll_s``;
+        at least ``L / 4 - poll_s`` from 1.5 x the lease on. Not positive is allowed (the
+        fence is the same) but such a takeover may then cost one more retry timer of the
+        server; the API and a watching worker log ``takeover.no_watcher_margin`` at start."""
+        return watcher_margin_s(self.heartbeat_timeout_s, self.lease, poll_s)
 
 
 class _ProviderSettings(BaseSettings):

@@ -171,15 +171,17 @@ def settings_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-def warn_no_watcher_margin(settings: Settings, log: logging.Logger) -> None:
+def warn_no_watcher_margin(settings: Settings, log: logging.Logger, poll_s: float = 0.1) -> None:
     """Log ``takeover.no_watcher_margin`` (a warning, at a process's start) when the lease
-    leaves the takeover watcher no margin before Temporal's heartbeat timeout
-    (``Settings.watcher_margin_s`` <= 0: the heartbeat timeout is not above 1.25 x the
-    lease + 0.1 s, R-EXEC-13). Allowed: the fence is the same."""
-    if settings.watcher_margin_s <= 0:
-        log.warning("the lease (%s s) leaves the takeover watcher no margin before the heartbeat "
-                    "timeout (%s s; keep it at least 1.5 x the lease): Temporal's timeout can end a "
-                    "paused owner's attempt first, which costs its takeover one more retry timer "
-                    "(docs/operations.md, Takeover)", settings.lease, settings.heartbeat_timeout_s,
+    leaves the takeover watcher, polling every ``poll_s`` seconds, no margin before
+    Temporal's heartbeat timeout (``Settings.watcher_margin_s`` <= 0: the heartbeat timeout
+    not above 1.25 x the lease + ``poll_s``, or the lease not above 4 x ``poll_s``,
+    R-EXEC-13). Allowed: the fence is the same."""
+    if settings.watcher_margin_s(poll_s) <= 0:
+        log.warning("the lease (%s s) and heartbeat timeout (%s s) leave the takeover watcher "
+                    "(polling every %s s) no margin: keep the timeout at least 1.5 x the lease and "
+                    "the lease above 4 polls, or Temporal's timeout can end a paused owner's attempt "
+                    "first, which costs its takeover one more retry timer (docs/operations.md, "
+                    "Takeover)", settings.lease, settings.heartbeat_timeout_s, poll_s,
                     extra={"event": "takeover.no_watcher_margin", "lease_s": settings.lease,
-                           "heartbeat_timeout_s": settings.heartbeat_timeout_s})
+                           "heartbeat_timeout_s": settings.heartbeat_timeout_s, "poll_s": poll_s})

@@ -243,7 +243,7 @@ async def run(settings: WorkerSettings, plugins: tuple[Provider, ToolRegistry]) 
                                       type(exc).__name__, EXIT_TEMPORAL)) from None
     await check_search_attributes(client, settings)
     if settings.takeover_watch:
-        warn_no_watcher_margin(settings, log)
+        warn_no_watcher_margin(settings, log, settings.takeover_poll_s)
     activities = agent_activities(settings, plugins)
     activities.sessions = sessions = lease_sessions(settings)
     await sessions.open()
