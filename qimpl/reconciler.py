@@ -172,8 +172,7 @@ _FIRST_RUN_ID = "00000000-0000-0000-0000-000000000000"
 def _rpc_status(exc: BaseException) -> str | None:
     """The gRPC status name of a Temporal ``RPCError`` (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``,
     …); None for any other error. Never the error's message (it can carry addresses)."""
-    status = getattr(exc, "status", None)
-    return getattr(status, "name", None) if isinstance(exc, RPCError) else None
+    return exc.status.name if isinstance(exc, RPCError) else None
 
 
 def _why(exc: BaseException) -> str:

@@ -33,7 +33,7 @@ import psutil
 import psycopg
 
 from qimpl.backoff import DEFAULT_BASE_S, DEFAULT_MAX_S
-from qimpl.settings.base import DEFAULT_HEARTBEAT_TIMEOUT_S, DEFAULT_LEASE_SHARE
+from qimpl.settings.base import DEFAULT_HEARTBEAT_TIMEOUT_S, default_lease_s
 from qualify import interrupt
 from qualify.errors import HarnessError, UsageError
 from qualify.processes import Deployment, ManagedProcess, Processes, SinkProcess
@@ -123,13 +123,13 @@ class Ready:
 
 
 def _product_lease(settings: dict[str, str]) -> float | None:
-    """The lease the product derives when ``QIMPL_LEASE_S`` is unset: ``DEFAULT_LEASE_SHARE``
-    of the heartbeat timeout, the user's (``--set QIMPL_HEARTBEAT_TIMEOUT_S=…``) or the
+    """The lease the product derives when ``QIMPL_LEASE_S`` is unset (``default_lease_s``)
+    from the heartbeat timeout, the user's (``--set QIMPL_HEARTBEAT_TIMEOUT_S=…``) or the
     default. A user's own ``QIMPL_LEASE_S`` is applied after it (``Deployment.extra_env``).
     None when the user's timeout is no number: ``Deployment.lease`` then gives the processes
     the default timeout as the lease, and they refuse the bad timeout at start anyway."""
     try:
-        return float(settings.get("QIMPL_HEARTBEAT_TIMEOUT_S", DEFAULT_HEARTBEAT_TIMEOUT_S)) * DEFAULT_LEASE_SHARE
+        return default_lease_s(float(settings.get("QIMPL_HEARTBEAT_TIMEOUT_S", DEFAULT_HEARTBEAT_TIMEOUT_S)))
     except ValueError:
         return None
 

@@ -19,8 +19,8 @@ What a pooled session carries between leases, and why that is safe:
   worker's waiting sessions give their connection slots back within that bound.
 * **Back in the pool only after a clean end.** ``release(reuse=True)`` first unlocks every
   session advisory lock and resets every setting (``pg_advisory_unlock_all(); RESET
-  ALL``, then the waiting bound, in one round trip), all before the activity returns, so the run's lock is free when Temporal hears
-  of the result. Any doubt (an error, an open transaction, a statement still running, a
+  ALL``, then the waiting bound, in one round trip), all before the activity returns, so
+  the run's lock is free when Temporal hears of the result. Any doubt (an error, an open transaction, a statement still running, a
   failed reset) closes the session instead, which frees its locks as before. An attempt
   that ended with an exception (lost ownership, a step failure, a cancel) never reuses
   its session.

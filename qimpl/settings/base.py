@@ -20,7 +20,7 @@ from qimpl.settings._fields import (
 )
 from qimpl.takeover import watcher_margin_s
 
-__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT_S", "DEFAULT_LEASE_S", "DEFAULT_LEASE_SHARE", "Settings"]
+__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT_S", "DEFAULT_LEASE_S", "DEFAULT_LEASE_SHARE", "Settings", "default_lease_s"]
 
 #: Temporal's activity heartbeat timeout, seconds: the backstop (R-EXEC-2, R-EXEC-13).
 DEFAULT_HEARTBEAT_TIMEOUT_S: float = 4.0
@@ -28,8 +28,16 @@ DEFAULT_HEARTBEAT_TIMEOUT_S: float = 4.0
 #: timeout, so the takeover watcher ends a dead attempt before Temporal's own timeout
 #: does (R-EXEC-11, R-EXEC-13; ``qimpl.takeover.heartbeat_throttle_s``).
 DEFAULT_LEASE_SHARE: float = 0.5
+
+
+def default_lease_s(heartbeat_timeout_s: float) -> float:
+    """The ownership lease, seconds, when ``QIMPL_LEASE_S`` is unset: ``DEFAULT_LEASE_SHARE``
+    of the heartbeat timeout (seconds)."""
+    return heartbeat_timeout_s * DEFAULT_LEASE_SHARE
+
+
 #: The ownership lease with every default, seconds.
-DEFAULT_LEASE_S: float = DEFAULT_HEARTBEAT_TIMEOUT_S * DEFAULT_LEASE_SHARE
+DEFAULT_LEASE_S: float = default_lease_s(DEFAULT_HEARTBEAT_TIMEOUT_S)
 #: The longest lease, seconds (and so the longest heartbeat timeout is twice that): the
 #: lease's TCP keepalive settings must fit the kernel's limits.
 MAX_LEASE_S: float = 600
@@ -119,10 +127,10 @@ class Settings(BaseSettings):
 
     @property
     def lease(self) -> float:
-        """The ownership lease in effect, seconds: ``lease_s``, or ``DEFAULT_LEASE_SHARE``
-        of the heartbeat timeout when it is unset. The API dispatches this value
+        """The ownership lease in effect, seconds: ``lease_s``, or ``default_lease_s`` of the
+        heartbeat timeout when it is unset. The API dispatches this value
         (``RunInput.lease_s``)."""
-        return self.lease_s if self.lease_s is not None else self.heartbeat_timeout_s * DEFAULT_LEASE_SHARE
+        return self.lease_s if self.lease_s is not None else default_lease_s(self.heartbeat_timeout_s)
 
     def watcher_margin_s(self, poll_s: float = 0.1) -> float:
         """By how much, seconds, the takeover watcher polling every ``poll_s`` ends a paused
