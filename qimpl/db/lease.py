@@ -72,6 +72,7 @@ import psycopg
 from psycopg import pq
 
 from qimpl.db.lease_sessions import LeaseSessions
+from qimpl.db.server_settings import setting_sql
 from qimpl.errors import LockNotAcquired, LostOwnership
 
 __all__ = ["LeaseNotBounded", "OwnershipLease", "client_params", "lock_key_sql"]
@@ -159,26 +160,30 @@ class OwnershipLease:
         ms = lease_ms(self.lease_s)
         return dict.fromkeys(MANDATORY_SETTINGS, ms)
 
-    def _best_effort_settings(self) -> dict[str, int]:
+    def _best_effort_settings(self) -> dict[str, tuple[int, int]]:
+        """name -> (value, ``setting_sql`` scale): in milliseconds (scale 1000), seconds
+        (1) or a count (1)."""
         ms = lease_ms(self.lease_s)
         idle, interval, count = keepalive_s(self.lease_s)
-        return {"tcp_user_timeout": ms, "tcp_keepalives_idle": idle,
-                "tcp_keepalives_interval": interval, "tcp_keepalives_count": count,
-                "client_connection_check_interval": ms}
+        return {"tcp_user_timeout": (ms, 1000), "tcp_keepalives_idle": (idle, 1),
+                "tcp_keepalives_interval": (interval, 1), "tcp_keepalives_count": (count, 1),
+                "client_connection_check_interval": (ms, 1000)}
 
     async def _apply_settings(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Set the lease's session settings with ``set_config(..., false)``: the mandatory
         ones to the lease exactly, the best-effort ones to at most the lease (a tighter
         non-zero server value is kept). One statement, or, when the server refuses one of
-        them, one statement each, ignoring refusals: ``_verify_settings`` judges the result."""
+        them, one statement each, ignoring refusals: ``_verify_and_scope`` judges the result.
+        The server's values are read with ``current_setting`` (``setting_sql``), not from
+        ``pg_settings``, which formats every one of the server's settings at each read."""
         calls: list[tuple[str, list[Any]]] = [
             ("set_config(%s, %s, false)", [name, str(value)])
             for name, value in self._mandatory_settings().items()]
         calls += [
-            ("set_config(%s, (SELECT CASE WHEN setting::bigint BETWEEN 1 AND %s THEN setting"
-             " ELSE %s END FROM pg_settings WHERE name = %s), false)",
-             [name, value, str(value), name])
-            for name, value in self._best_effort_settings().items()]
+            ("set_config(%s, CASE WHEN " + setting_sql("%s", scale) + " BETWEEN 1 AND %s"
+             " THEN current_setting(%s) ELSE %s END, false)",
+             [name, name, value, name, str(value)])
+            for name, (value, scale) in self._best_effort_settings().items()]
         try:
             await conn.execute("SELECT " + ", ".join(sql for sql, _ in calls),
                                [arg for _, args in calls for arg in args])
@@ -193,16 +198,21 @@ class OwnershipLease:
                 if conn.broken:
                     raise
 
-    async def _verify_settings(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Read the mandatory settings back; raise LeaseNotBounded naming each one that is
-        not in effect (R-EXEC-11)."""
+    async def _verify_and_scope(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Read the mandatory settings back, and in the same statement scope the session to
+        the run's tenant and name it after the run; raise LeaseNotBounded naming each
+        setting that is not in effect (R-EXEC-11). A refused session is closed by the
+        caller, its scope with it."""
         wanted = self._mandatory_settings()
         cur = await conn.execute(
-            "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", (list(wanted),))
-        seen = {str(name): str(setting) for name, setting in await cur.fetchall()}
-        wrong = [f"{name} is {seen[name] + ' ms' if name in seen else 'not supported'}"
+            "SELECT " + ", ".join(setting_sql("%s", 1000) for _ in wanted)
+            + ", set_config('qimpl.tenant', %s, false), set_config('application_name', %s, false)",
+            [*wanted, self.tenant_id, self.application_name])
+        row = await cur.fetchone()
+        seen = dict(zip(wanted, row or (), strict=False))
+        wrong = [f"{name} is {str(seen[name]) + ' ms' if seen.get(name) is not None else 'not supported'}"
                  f" (expected {value} ms)"
-                 for name, value in wanted.items() if seen.get(name) != str(value)]
+                 for name, value in wanted.items() if seen.get(name) != value]
         if wrong:
             raise LeaseNotBounded(
                 f"the lease session of run {self.run_id} is not bounded: " + "; ".join(wrong)
@@ -218,13 +228,10 @@ class OwnershipLease:
             )
         try:
             await self._apply_settings(conn)
-            await self._verify_settings(conn)
-            # The lease session is the run's only writer: scope it to the run's tenant, so
+            # The lease session is the run's only writer: scoped to the run's tenant, so
             # row-level security admits its writes and nothing else (R-AUTH-4). A pooled
             # session is named after the run here (a new one is named at connect).
-            await conn.execute("SELECT set_config('qimpl.tenant', %s, false),"
-                               " set_config('application_name', %s, false)",
-                               (self.tenant_id, self.application_name))
+            await self._verify_and_scope(conn)
             cur = await conn.execute(f"SELECT pg_try_advisory_lock({lock_key_sql})", (self.run_id,))
             row = await cur.fetchone()
             if not (row and row[0]):
