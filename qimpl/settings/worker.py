@@ -26,6 +26,10 @@ class WorkerSettings(_ProviderSettings, Settings):
     max_concurrent_activities: int = Field(
         default=20, ge=1, description="activities per worker; each holds one lease connection",
         json_schema_extra=_example("20"))
+    workflow_sandbox: bool = Field(
+        default=False,
+        description="run workflows in temporalio's sandbox (each run imports its workflow module afresh; non-deterministic calls raise). Off: qimpl's workflows only schedule activities and hold no module state, the tests replay them in the sandbox, and the sandbox cost about 4-5 ms of the worker's CPU per run (issue 21). Turn it on if you add workflow code of your own",
+        json_schema_extra=_example("false"))
     reconcile_interval_s: float = Field(default=5.0, gt=0, description="seconds between sweeps (R-OPS-3)",
                                         json_schema_extra=_example("5"))
     metrics_port: int = Field(

@@ -24,7 +24,8 @@ from typing import Any
 import psycopg
 from prometheus_client import start_http_server
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from qimpl import metrics
 from qimpl.db.lease import client_params
@@ -53,7 +54,7 @@ from qimpl.workflows.agent_run import AgentRunWorkflowV2
 from qimpl.workflows.agent_run_v1 import AgentRunWorkflowV1
 from qimpl.workflows.search_attributes import create_commands, missing
 
-__all__ = ["WORKFLOWS", "agent_activities", "build_takeover_worker", "build_worker", "load_plugins", "main"]
+__all__ = ["WORKFLOWS", "agent_activities", "build_takeover_worker", "build_worker", "load_plugins", "main", "workflow_runner"]
 
 log = logging.getLogger("qimpl.worker")
 
@@ -91,6 +92,10 @@ def build_worker(client: Client, settings: WorkerSettings,
         client,
         task_queue=settings.task_queue,
         workflows=list(WORKFLOWS),
+        # qimpl's workflows run unsandboxed unless asked (QIMPL_WORKFLOW_SANDBOX): the
+        # sandbox imports the workflow module afresh for every run. Their determinism is
+        # judged in the sandbox by the replay tests and ``test_workflows_pass_the_sandbox``.
+        workflow_runner=workflow_runner(settings),
         activities=[activities.run_agent, activities.fail_run, activities.run_agent_v1],
         # After a worker dies its sticky queue would hold the next workflow task for the
         # default 10 s; a short timeout hands it to a live worker quickly.
@@ -108,6 +113,11 @@ def build_worker(client: Client, settings: WorkerSettings,
         max_heartbeat_throttle_interval=heartbeat_throttle(settings),
         graceful_shutdown_timeout=timedelta(seconds=2),
     )
+
+
+def workflow_runner(settings: WorkerSettings) -> WorkflowRunner:
+    """temporalio's sandbox when ``settings.workflow_sandbox``, else the unsandboxed runner."""
+    return SandboxedWorkflowRunner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner()
 
 
 def agent_activities(settings: WorkerSettings,
