@@ -44,22 +44,20 @@ BEARER = HTTPBearer(
                 "`unauthenticated` (R-AUTH-1).")
 
 
-#: Longest the pool's own statements on a connection may take (its check on checkout,
-#: its reset on return), seconds: a server that stops answering fails them, and the
-#: pool replaces the connection, instead of hanging the request (or the pool's worker).
+#: Longest the pool's own statement on a connection may take (its check on checkout),
+#: seconds: a server that stops answering fails it, and the pool replaces the
+#: connection, instead of hanging the request.
 POOL_STATEMENT_S = 2.0
 
 
-async def _forget_tenant(conn: Any) -> None:
-    """Pool reset: a connection never carries one request's tenant into the next."""
+async def _check_and_forget_tenant(conn: Any) -> None:
+    """Pool check on checkout, bounded: the connection answers, and carries no tenant of
+    an earlier request into this one (R-AUTH-4; the routes scope theirs to a transaction,
+    ``Services.tenant``, so this only guards against a session-level scope). One round
+    trip: until issue 21 the check was an empty query and a pool reset on return cleared
+    the tenant, two statements on each of a POST's three checkouts."""
     async with cut_after(conn, POOL_STATEMENT_S):
         await conn.execute("SELECT set_config('qimpl.tenant', '', false)")
-
-
-async def _check(conn: Any) -> None:
-    """Pool check on checkout (``AsyncConnectionPool.check_connection``), bounded."""
-    async with cut_after(conn, POOL_STATEMENT_S):
-        await AsyncConnectionPool.check_connection(conn)
 
 
 class Services:
@@ -77,9 +75,8 @@ class Services:
             # PostgreSQL if this process stalls inside a transaction that long (R-EXEC-11).
             configure=functools.partial(bound_session, lock_timeout_s=settings.api_lock_timeout_s),
             # A connection that died while idle (server restart) is replaced on checkout
-            # instead of failing the request.
-            check=_check,
-            reset=_forget_tenant,
+            # instead of failing the request; none carries an earlier request's tenant.
+            check=_check_and_forget_tenant,
         )
         self.authenticator: Authenticator = (
             StaticKeyAuthenticator(settings.api_keys) if settings.auth == "static"
