@@ -654,7 +654,7 @@ CATALOG: tuple[Mutant, ...] = (
         "could (qimpl.takeover.watcher_margin_s)"),
     Mutant(
         "pool-hands-out-dead-connections", "the API's pool replaces dead connections on checkout",
-        (Patch("qimpl/api/deps.py", "            check=_check,\n", "            check=None,\n"),),
+        (Patch("qimpl/api/deps.py", "            check=_check_and_forget_tenant,\n", "            check=None,\n"),),
         "api-pool-connections-killed", "none failed: the pool replaced every dead connection on checkout"),
     Mutant(
         "stream-ends-before-its-terminal-event", "a stream ends with its terminal event (R-EVENT-3)",
