@@ -324,9 +324,23 @@ def api_pool_connections_killed(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
     ctx.processes.worker(**RECONCILE)  # a create whose dispatch is unknown is the reconciler's
     done = [accepted(ctx, api, prompt=make_prompt(steps=1)) for _ in range(4)]
-    for run_id in done:  # the pool has opened its connections
+    for run_id in done:
         ctx.wait_terminal(api, run_id)
+    # Concurrent reads open more of the pool's connections than one: with a single idle
+    # connection, whichever statement of the API came next (a background one included)
+    # met the dead session and the pool discarded it, so the burst below could pass even
+    # with no check on checkout (``qualify selftest -m pool-hands-out-dead-connections``).
+    def read(i: int) -> int:
+        return http.get(f"{api.base_url}/v1/agents/agent-1/runs/{done[i % len(done)]}",
+                        headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30).status_code
+
+    with ThreadPoolExecutor(max_workers=20) as warm:
+        list(warm.map(read, range(60)))
     fault = ctx.nemesis.terminate_backend(ctx.deployment.dsn, "qimpl-api")
+    ctx.figures["pool_connections_terminated"] = len(fault["evidence"]["backend_pids"])
+    ctx.expect("the fault ended more than one of the API's pooled connections",
+               len(fault["evidence"]["backend_pids"]) > 1,
+               f"{len(fault['evidence']['backend_pids'])} terminated", "R-Q-2")
 
     def one(i: int) -> tuple[str, int | None, str | None, float]:
         t0 = time.monotonic()
