@@ -49,7 +49,7 @@ from qimpl.errors import LeaseSessionUnavailable
 __all__ = ["IDLE_APPLICATION_NAME", "WAITING_BOUND_S", "LeaseSessions"]
 
 #: ``application_name`` of a pooled session between leases; a leased one is named after
-#: its run (``qimpl-owner:<run id>``) from its first statement.
+#: its run (``qimpl-owner:<run id>``) from the lease's read-back, its second statement.
 IDLE_APPLICATION_NAME = "qimpl-owner-ready"
 
 #: Longest a session waits in the pool, seconds, by the server's own clock: a paused or

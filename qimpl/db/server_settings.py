@@ -8,14 +8,17 @@ __all__ = ["setting_sql"]
 
 def setting_sql(name_sql: str, scale: int) -> str:
     """SQL: the session's value of the setting named by the SQL expression ``name_sql``, as
-    a bigint in its base unit; NULL when the server has no such setting.
+    a bigint: for a time setting whose base unit is milliseconds (``scale`` 1000) or
+    seconds (``scale`` 1), in that unit; for an integer setting without a unit, itself.
+    NULL when the server has no such setting. Not for memory settings (``8MB`` is no
+    interval), minute-based ones or reals.
 
     ``current_setting`` shows a time in the largest unit that keeps it exact (``1500ms``,
     ``2s``, ``5min``, ``1d``), which reads as an ``interval``; ``scale`` turns its seconds
-    into the base unit (1000 for milliseconds, 1 for seconds). Zero, -1, counts and the
-    TCP settings (shown from the socket) are bare integers already. Cheap, unlike
-    ``pg_settings``, which formats every setting of the server at each read (0.4-0.6 ms
-    of the server's CPU; seven such reads were 4.6 ms of each run's 16 ms, issue 21)."""
+    into the base unit. Zero, -1, counts and the TCP settings (shown from the socket) are
+    bare integers already. Cheap, unlike ``pg_settings``, which formats every setting of
+    the server at each read (0.4-0.6 ms of the server's CPU; seven such reads were 4.6 ms
+    of each run's 16 ms, issue 21)."""
     return ("(SELECT CASE WHEN v ~ '^-?[0-9]+$' THEN v::bigint"
             f" ELSE (extract(epoch FROM v::interval) * {scale})::bigint END"
             f" FROM current_setting({name_sql}, true) AS v)")

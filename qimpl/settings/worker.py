@@ -28,7 +28,7 @@ class WorkerSettings(_ProviderSettings, Settings):
         json_schema_extra=_example("20"))
     workflow_sandbox: bool = Field(
         default=False,
-        description="run workflows in temporalio's sandbox (each run imports its workflow module afresh; non-deterministic calls raise). Off: qimpl's workflows only schedule activities and hold no module state, the tests replay them in the sandbox, and the sandbox cost about 4-5 ms of the worker's CPU per run (issue 21). Turn it on if you add workflow code of your own",
+        description="run workflows in temporalio's sandbox (each run imports its workflow module afresh; non-deterministic calls raise). Off: qimpl's workflows only schedule activities and hold no module state, the tests run every branch of them in the sandbox, and the sandbox cost about 4-5 ms of the worker's CPU per run (issue 21). Turn it on while you change workflow code",
         json_schema_extra=_example("false"))
     reconcile_interval_s: float = Field(default=5.0, gt=0, description="seconds between sweeps (R-OPS-3)",
                                         json_schema_extra=_example("5"))

@@ -93,8 +93,8 @@ def build_worker(client: Client, settings: WorkerSettings,
         task_queue=settings.task_queue,
         workflows=list(WORKFLOWS),
         # qimpl's workflows run unsandboxed unless asked (QIMPL_WORKFLOW_SANDBOX): the
-        # sandbox imports the workflow module afresh for every run. Their determinism is
-        # judged in the sandbox by the replay tests and ``test_workflows_pass_the_sandbox``.
+        # sandbox imports the workflow module afresh for every run. The tests judge them in
+        # the sandbox instead (docs/operations.md, "The workflow sandbox").
         workflow_runner=workflow_runner(settings),
         activities=[activities.run_agent, activities.fail_run, activities.run_agent_v1],
         # After a worker dies its sticky queue would hold the next workflow task for the

@@ -54,7 +54,7 @@ def test_a_session_the_server_ended_is_replaced_at_checkout(stack: Any) -> None:
             async with svc.connection() as conn:
                 first = (await (await conn.execute("SELECT pg_backend_pid()")).fetchone() or (0,))[0]
             with psycopg.connect(dsn, autocommit=True) as admin:
-                admin.execute("SELECT pg_terminate_backend(%s)", (first,))
+                admin.execute("SELECT pg_terminate_backend(%s, 5000)", (first,))
             async with svc.connection() as conn:
                 second = (await (await conn.execute("SELECT pg_backend_pid()")).fetchone() or (0,))[0]
             return first, second
