@@ -72,7 +72,7 @@ import psycopg
 from psycopg import pq
 
 from qimpl.db.lease_sessions import LeaseSessions
-from qimpl.db.server_settings import setting_sql
+from qimpl.db.server_settings import at_most_sql, setting_sql
 from qimpl.errors import LockNotAcquired, LostOwnership
 
 __all__ = ["LeaseNotBounded", "OwnershipLease", "client_params", "lock_key_sql"]
@@ -180,9 +180,8 @@ class OwnershipLease:
             ("set_config(%s, %s, false)", [name, str(value)])
             for name, value in self._mandatory_settings().items()]
         calls += [
-            ("set_config(%s, CASE WHEN " + setting_sql("%s", scale) + " BETWEEN 1 AND %s"
-             " THEN current_setting(%s) ELSE %s END, false)",
-             [name, name, value, name, str(value)])
+            ("set_config(%s, " + at_most_sql("%s", "%s", scale) + ", false)",
+             [name, name, value, name, value])
             for name, (value, scale) in self._best_effort_settings().items()]
         try:
             await conn.execute("SELECT " + ", ".join(sql for sql, _ in calls),

@@ -43,7 +43,7 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from qimpl.db.server_settings import setting_sql
+from qimpl.db.server_settings import at_most_sql
 from qimpl.errors import LeaseSessionUnavailable
 
 __all__ = ["IDLE_APPLICATION_NAME", "WAITING_BOUND_S", "LeaseSessions"]
@@ -60,10 +60,8 @@ WAITING_BOUND_S = 300
 
 #: The waiting bound, as a statement: ``idle_session_timeout`` at most WAITING_BOUND_S (a
 #: tighter non-zero server value is kept).
-BOUND_SQL = ("SELECT set_config('idle_session_timeout', CASE WHEN "
-             + setting_sql("'idle_session_timeout'", 1000)
-             + f" BETWEEN 1 AND {WAITING_BOUND_S * 1000} THEN current_setting('idle_session_timeout')"
-             f" ELSE '{WAITING_BOUND_S * 1000}' END, false)")
+BOUND_SQL = ("SELECT set_config('idle_session_timeout', "
+             + at_most_sql("'idle_session_timeout'", str(WAITING_BOUND_S * 1000), 1000) + ", false)")
 
 #: Run on a session going back to the pool: no lock and no setting of the lease it served
 #: survives (application_name returns to IDLE_APPLICATION_NAME, its connect-time value),

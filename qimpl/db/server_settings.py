@@ -3,7 +3,7 @@ timeouts back; ``qimpl.db.lease``, ``qimpl.db.lease_sessions``)."""
 
 from __future__ import annotations
 
-__all__ = ["setting_sql"]
+__all__ = ["at_most_sql", "setting_sql"]
 
 
 def setting_sql(name_sql: str, scale: int) -> str:
@@ -22,3 +22,11 @@ def setting_sql(name_sql: str, scale: int) -> str:
     return ("(SELECT CASE WHEN v ~ '^-?[0-9]+$' THEN v::bigint"
             f" ELSE (extract(epoch FROM v::interval) * {scale})::bigint END"
             f" FROM current_setting({name_sql}, true) AS v)")
+
+
+def at_most_sql(name_sql: str, cap_sql: str, scale: int) -> str:
+    """SQL: the value to set the setting named by ``name_sql`` to so that it is at most the
+    SQL integer ``cap_sql`` (its base unit, ``setting_sql``'s ``scale``): the session's own
+    value when it is non-zero and within the cap (a tighter value is kept), else the cap."""
+    return (f"CASE WHEN {setting_sql(name_sql, scale)} BETWEEN 1 AND {cap_sql}"
+            f" THEN current_setting({name_sql}) ELSE ({cap_sql})::text END")
