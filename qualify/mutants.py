@@ -291,9 +291,9 @@ CATALOG: tuple[Mutant, ...] = (
         (Patch("qimpl/watcher.py",
                "        if (self.task_queue is None or self.takeover_queue is None",
                "        if True or (self.task_queue is None or self.takeover_queue is None"),),
-        "paused-owner",
-        "the watcher ended the paused attempt; the next attempt claimed the run on a live "
-        "worker's takeover queue, none was lost to the paused worker's poll"),
+        "takeover-queue-beats-the-paused-poll",
+        "the next attempt claimed the run on the live worker's takeover queue within 10 s "
+        "(heartbeat timeout 30 s); none was handed to the paused worker's poll"),
     Mutant(
         "workflow-never-redispatches",
         "a never-started activity (ScheduleToStart timeout) is scheduled again, not the run failed (R-EXEC-13)",

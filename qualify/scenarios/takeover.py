@@ -23,7 +23,7 @@ from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
 from qualify.scenarios.base import TERMINAL, ScenarioContext, scenario
-from qualify.scenarios.lifecycle import accepted
+from qualify.scenarios.lifecycle import accepted, log_events
 from qualify.timing import spends
 
 __all__ = ["LEASE_S", "SLOW_HB_S", "watcher_failures"]
@@ -186,6 +186,71 @@ def takeover_of_a_swallowed_retry(ctx: ScenarioContext) -> None:
                late == 0, f"{late} writes by session {zombie} after the successor's claim", "R-EXEC-7")
     ctx.expect("one checkpoint per step", _steps_once(ctx, run_id) == list(range(1, STEPS + 1)),
                str(_steps_once(ctx, run_id)), "R-EXEC-4")
+
+
+@scenario(
+    "takeover-queue-beats-the-paused-poll",
+    default_timers_because="a paused owner's retry moved off the shared queue, on the default long-poll expiry and timer shift",
+    title="SIGSTOP the owner while it is its task queue's only free poller (the queue's one live "
+          "worker has its one activity slot held by another run): the watcher moves the run's "
+          "activity to the live worker's takeover queue before it fails the paused attempt by its "
+          "token, so the retry runs there at once and none is handed to the paused worker's "
+          "outstanding poll; the resumed zombie writes nothing",
+    requirements=("R-EXEC-13", "R-EXEC-7", "R-EXEC-4", "R-Q-2"),
+    faults=("sigstop the owner at a barrier (step 2)", "sigcont the owner"),
+)
+def takeover_queue_beats_the_paused_poll(ctx: ScenarioContext) -> None:
+    api = ctx.processes.api(**SLOW)
+    # One activity slot, held by a blocker run for the whole takeover: the live worker does
+    # not poll the shared queue, its takeover queue (``takeover_slots``) stays free.
+    live = ctx.processes.worker("worker-live", QIMPL_MAX_CONCURRENT_ACTIVITIES="1", **SLOW)
+    blocker = accepted(ctx, api, prompt=make_prompt(steps=1, answer="blocker",
+                                                    barrier={"step": 1, "name": "block"}))
+    blocking = ctx.wait_barrier("block")
+    if blocking["pid"] != live.pid:
+        raise HarnessError(f"blocker held by an unexpected process: {blocking}")
+    owner = ctx.processes.worker("worker-owner", **SLOW)
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="moved", delay_ms=300,
+                                                   barrier={"step": 2, "name": "pause"}))
+    held = ctx.wait_barrier("pause")
+    if held["pid"] != owner.pid:
+        raise HarnessError(f"barrier held by an unexpected process: {held}")
+    ctx.nemesis.sigstop(owner, barrier="pause", run_id=run_id, attempt=held["attempt"])
+    stopped_at = ctx.db_now()
+    took = None
+    deadline = time.monotonic() + WITHIN_S
+    while took is None and time.monotonic() < deadline:
+        rows = ctx.sql("SELECT extract(epoch FROM min(at))::float8 FROM run_transitions"
+                       " WHERE run_id = %s AND owner_attempt > %s", run_id, held["attempt"])
+        took = None if not rows or rows[0][0] is None else round(float(rows[0][0]) - stopped_at, 3)
+        time.sleep(0.02)
+    ctx.figures["takeover_after_sigstop_only_poller_s"] = took if took is not None else -1.0
+    claims = [{"attempt": e.get("attempt"), "task_queue": e.get("task_queue")}
+              for e in log_events([live], "owner.claimed_on_takeover_queue") if e.get("run_id") == run_id]
+    ended = [f for f in watcher_failures([live]) if f["run_id"] == run_id]
+    ctx.expect("the watcher failed the paused owner by its task token",
+               any(f["by"] == "token" and f["attempt"] == held["attempt"] for f in ended),
+               f"watcher failures {ended}; paused attempt {held['attempt']}", "R-EXEC-13")
+    ctx.expect(f"the next attempt claimed the run on the live worker's takeover queue within "
+               f"{WITHIN_S:.0f} s (heartbeat timeout {SLOW_HB_S:.0f} s); none was handed to the "
+               "paused worker's poll",
+               took is not None and [e["attempt"] for e in claims] == [int(held["attempt"]) + 1]
+               and not [f for f in ended if f["by"] == "unclaimed"],
+               f"a later attempt's first write {took} s after the SIGSTOP (database clock); claims on "
+               f"a takeover queue {claims}; watcher failures {ended}", "R-EXEC-13")
+    ctx.nemesis.sigcont(owner, run_id=run_id)
+    resumed_at = ctx.db_now()
+    ctx.release_barrier("pause")
+    ctx.release_barrier("block")
+    finals = {r: ctx.wait_terminal(api, r, timeout_s=60) for r in (run_id, blocker)}
+    zombie_writes = ctx.sql("SELECT count(*) FROM run_transitions WHERE run_id = %s AND writer_token = %s"
+                            " AND at >= to_timestamp(%s)", run_id, f"{run_id}:1:{held['attempt']}",
+                            resumed_at)[0][0]
+    ctx.expect("both runs completed, one checkpoint per step; the resumed owner committed nothing",
+               all(f["state"] == "completed" for f in finals.values())
+               and _steps_once(ctx, run_id) == list(range(1, STEPS + 1)) and zombie_writes == 0,
+               f"{ {r: f['state'] for r, f in finals.items()} }, steps {_steps_once(ctx, run_id)}, "
+               f"{zombie_writes} writes by the resumed owner", "R-EXEC-7", "R-EXEC-4")
 
 
 @scenario(
