@@ -495,34 +495,73 @@ def retry_stranded_on_a_dead_takeover_queue(ctx: ScenarioContext) -> None:
 #: unset ``QIMPL_LEASE_S`` means (half of it; the harness always sets the variable).
 PRODUCT = {"QIMPL_HEARTBEAT_TIMEOUT_S": str(DEFAULT_HEARTBEAT_TIMEOUT_S),
            "QIMPL_LEASE_S": str(DEFAULT_LEASE_S)}
-#: How long the first step of ``owner-paused-mid-run`` takes, seconds: the owner is paused
-#: 3.4 s into its run, where the SDK's own throttle (one heartbeat per 0.8 H = 3.2 s)
-#: would have sent its last heartbeat 2.9 s before, so Temporal's timeout (4 s after it)
-#: would come about 1 s before the lease ends (2 s after the owner's last statement).
-MID_RUN_STEP_S = 3.4
+#: How long after a heartbeat Temporal recorded ``owner-paused-mid-run`` pauses the owner,
+#: seconds: where the SDK's own throttle (one heartbeat per 0.8 H = 3.2 s) would not yet
+#: have sent the next one, so Temporal's timeout (H = 4 s after that heartbeat) would come
+#: 1.1 s after the pause, at least 0.4 s before the lease ends (1.5-2 s after it: L after
+#: the owner's last statement, which came at most a touch interval L / 4 before). With the
+#: worker's cap (one heartbeat per H - 5 L / 4 = 1.5 s) the heartbeat 1.5 s after it got
+#: through, and Temporal's timeout comes 2.6 s after the pause, about 0.5 s after the
+#: watcher's.
+PAUSE_AFTER_HEARTBEAT_S = 2.9
+
+
+def _fresh_heartbeat(ctx: ScenarioContext, wf_id: str, *, timeout_s: float) -> float:
+    """The time (epoch s, the Temporal server's clock: this machine's) of the first heartbeat
+    of the workflow's agent activity that Temporal records after this call starts (a
+    change of its pending activity's ``last_heartbeat_time``); HarnessError if none within
+    ``timeout_s``."""
+    import asyncio
+
+    async def op(client: Any) -> float | None:
+        handle = client.get_workflow_handle(wf_id)
+        first: float | None = None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            desc = await handle.describe()
+            beats = [a.last_heartbeat_time.seconds + a.last_heartbeat_time.nanos / 1e9
+                     for a in desc.raw_description.pending_activities
+                     if a.activity_type.name == "run_agent_v2" and a.HasField("last_heartbeat_time")]
+            beat = beats[0] if beats else 0.0
+            if first is None:
+                first = beat
+            elif beat != first:
+                return beat
+            await asyncio.sleep(0.02)
+        return None
+
+    beat: float | None = _temporal(ctx, op)
+    if beat is None:
+        raise HarnessError(f"no heartbeat of {wf_id}'s agent activity recorded within {timeout_s} s")
+    return beat
 
 
 @scenario(
     "owner-paused-mid-run",
     default_timers_because="a paused owner's takeover at the product's defaults, on the timers users' servers have",
     exec_because="the worker's entry point SIGSTOPped mid-run", exec_kinds=("worker",),
-    title=f"SIGSTOP the owner {MID_RUN_STEP_S:g} s into its run at the product's defaults "
-          f"(heartbeat timeout {DEFAULT_HEARTBEAT_TIMEOUT_S:g} s, lease {DEFAULT_LEASE_S:g} s): the "
-          "watcher, not Temporal's heartbeat timeout, ends the paused attempt by its task token "
-          "(the heartbeat throttle keeps Temporal's last heartbeat fresh) and the run is taken "
-          "over within the lease + 1.5 s",
+    title=f"SIGSTOP the owner mid-run {PAUSE_AFTER_HEARTBEAT_S:g} s after a heartbeat Temporal recorded, "
+          f"at the product's defaults (heartbeat timeout {DEFAULT_HEARTBEAT_TIMEOUT_S:g} s, lease "
+          f"{DEFAULT_LEASE_S:g} s): the watcher, not Temporal's heartbeat timeout, ends the paused "
+          "attempt by its task token (the heartbeat throttle keeps Temporal's last heartbeat fresh) "
+          "and the run is taken over within the lease + 1.5 s",
     requirements=("R-EXEC-13", "R-EXEC-2", "R-EXEC-7", "R-Q-2"),
-    faults=("sigstop the owner at a barrier (step 2, 3.4 s into the run)",),
+    faults=(f"sigstop the owner at a barrier (step 2), {PAUSE_AFTER_HEARTBEAT_S:g} s after a recorded heartbeat",),
 )
 def owner_paused_mid_run(ctx: ScenarioContext) -> None:
     api = ctx.processes.api(**PRODUCT)
     workers = [ctx.processes.worker("worker-1", **PRODUCT), ctx.processes.worker("worker-2", **PRODUCT)]
     run_id = accepted(ctx, api, prompt=make_prompt(steps=3, answer="paused mid-run",
-                                                   delay_ms=int(MID_RUN_STEP_S * 1000),
                                                    barrier={"step": 2, "name": "pause"}))
     held = ctx.wait_barrier("pause", timeout_s=30)
     owner = _owner_of(held, workers)
+    # The owner waits at the barrier, heartbeating; it is paused where the SDK's own throttle
+    # would leave Temporal's last heartbeat oldest (``PAUSE_AFTER_HEARTBEAT_S``).
+    beat = _fresh_heartbeat(ctx, workflow_id(run_id, 1), timeout_s=3 * DEFAULT_HEARTBEAT_TIMEOUT_S)
+    while time.time() < beat + PAUSE_AFTER_HEARTBEAT_S:
+        time.sleep(0.005)
     ctx.nemesis.sigstop(owner, barrier="pause", run_id=run_id, attempt=held["attempt"])
+    ctx.figures["paused_after_heartbeat_s"] = round(time.time() - beat, 3)
     stopped_at = ctx.db_now()
     live = [w for w in workers if w is not owner]
     bound = DEFAULT_LEASE_S + 1.5
