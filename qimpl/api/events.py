@@ -20,19 +20,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
+import psycopg
 from psycopg.rows import dict_row
+from psycopg_pool import PoolTimeout
 
 from qimpl.api.event_hub import EventHub
 
-__all__ = ["FALLBACK_S", "PAGE", "RECORD_FIELDS", "Record", "event_of", "stream_events"]
+__all__ = ["FALLBACK_S", "PAGE", "READ_BACKOFF_S", "READ_RETRY_S", "RECORD_FIELDS", "Record", "event_of",
+           "stream_events"]
+
+_log = logging.getLogger("qimpl.api")
 
 #: A stream reads the journal at least this often even without a notification.
 FALLBACK_S = 5.0
 #: Most events one read returns.
 PAGE = 500
+#: A failed journal read is tried again after this many seconds, doubling with each
+#: failure in a row (at most the fallback interval).
+READ_BACKOFF_S = 0.1
+#: Seconds of journal reads failing in a row after which a stream ends (no terminal event).
+READ_RETRY_S = 30.0
 _EVENTS_SQL = ("SELECT seq, kind, data, at FROM run_events WHERE run_id = %s AND seq > %s"
                " ORDER BY seq LIMIT %s")
 #: What a terminal event adds from the run record (``RunView`` fields).
@@ -57,22 +68,45 @@ def event_of(row: dict[str, Any], record: Mapping[str, Any] | None = None) -> di
 
 async def stream_events(tenant: Callable[[], Any], hub: EventHub, run_id: str, after_seq: int, *,
                         fallback_s: float = FALLBACK_S, max_s: float = 3600.0,
-                        record: Record | None = None) -> AsyncIterator[dict[str, str]]:
+                        record: Record | None = None, reads: asyncio.Semaphore | None = None,
+                        retry_s: float = READ_RETRY_S) -> AsyncIterator[dict[str, str]]:
     """Events of ``run_id`` after ``seq`` ``after_seq`` until the terminal one (or
     ``max_s`` seconds). ``tenant()`` opens a tenant-scoped connection, taken only for a
-    read; ``record(conn)`` gives the run record a terminal event carries."""
+    read, at most ``reads``' permits at once in the process; ``record(conn)`` gives the run
+    record a terminal event carries.
+
+    A read the database could not serve (no pooled connection within the pool's timeout,
+    the session lost or cut off: ``PoolTimeout``, ``psycopg.OperationalError``) is tried
+    again after a backoff (``READ_BACKOFF_S`` doubling, at most ``fallback_s``): the
+    response has started, so raising would abort it mid-stream. After ``retry_s`` seconds
+    of reads failing in a row the stream ends without a terminal event, which proves
+    nothing (R-EVENT-3): the client reconnects with ``Last-Event-ID`` or reads the run."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max_s
     last = after_seq
+    failing_since: float | None = None
+    backoff = READ_BACKOFF_S
     with hub.subscribe(run_id) as woken:
         while loop.time() < deadline:
             woken.clear()  # before the read: a commit during it wakes the next one
-            final: Mapping[str, Any] | None = None
-            async with tenant() as conn, conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(_EVENTS_SQL, (run_id, last, PAGE))
-                rows = await cur.fetchall()
-                if record is not None and any(r["kind"] == "terminal" for r in rows):
-                    final = await record(conn)
+            try:
+                rows, final = await _read(tenant, run_id, last, record, reads)
+            except (PoolTimeout, psycopg.OperationalError) as exc:
+                now = loop.time()
+                if failing_since is None:
+                    failing_since, backoff = now, READ_BACKOFF_S
+                else:
+                    backoff = min(2 * backoff, fallback_s)
+                ending = now - failing_since >= retry_s
+                _log.warning("stream of run %s: the journal read failed (%s); %s", run_id,
+                             type(exc).__name__, "stream ended" if ending else "read again",
+                             extra={"event": "api.stream_read_failed", "run_id": run_id,
+                                    "exc_type": type(exc).__name__, "ended": ending})
+                if ending:
+                    return
+                await asyncio.sleep(min(backoff, max(deadline - now, 0)))
+                continue
+            failing_since = None
             for row in rows:
                 event = event_of(row, final)
                 last = int(row["seq"])
@@ -83,3 +117,16 @@ async def stream_events(tenant: Callable[[], Any], hub: EventHub, run_id: str, a
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.wait(), min(fallback_s, max(deadline - loop.time(), 0)))
+
+
+async def _read(tenant: Callable[[], Any], run_id: str, last: int, record: Record | None,
+                reads: asyncio.Semaphore | None) -> tuple[list[dict[str, Any]], Mapping[str, Any] | None]:
+    """One page of the journal after ``last``, and the run record when it holds the terminal event."""
+    async with reads or contextlib.nullcontext():
+        final: Mapping[str, Any] | None = None
+        async with tenant() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(_EVENTS_SQL, (run_id, last, PAGE))
+            rows = await cur.fetchall()
+            if record is not None and any(r["kind"] == "terminal" for r in rows):
+                final = await record(conn)
+        return rows, final

@@ -140,5 +140,6 @@ async def run_events(
 
     return EventSourceResponse(
         stream_events(lambda: svc.tenant(tenant_id), svc.events, str(run_id), int(last_event_id or 0),
-                      fallback_s=svc.settings.event_fallback_poll_s, record=record),
+                      fallback_s=svc.settings.event_fallback_poll_s, record=record,
+                      reads=svc.stream_reads),
         ping=svc.settings.event_ping_s)
