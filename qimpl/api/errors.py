@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 import psycopg
@@ -12,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from qimpl.api.validation import code_for
 
-__all__ = ["ApiError", "install_error_handlers"]
+__all__ = ["ApiError", "install_error_handlers", "origin"]
 
 
 class ApiError(Exception):
@@ -22,6 +23,26 @@ class ApiError(Exception):
         self.code = code
         self.message = message
         self.extra = extra
+
+
+def origin(exc: BaseException) -> dict[str, str]:
+    """Where ``exc`` came from, for the log and never the client: ``cause``, the type of
+    the first exception of its chain (``__cause__`` / ``__context__``) when that is another
+    one, and ``origin``, the innermost frame of qimpl's own code (``module:line``) in the
+    deepest exception of the chain that has one. No message, no trace, no values."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    out: dict[str, str] = {"cause": type(chain[-1]).__name__} if len(chain) > 1 else {}
+    for err in reversed(chain):
+        own = [f"{name}:{line}" for frame, line in traceback.walk_tb(err.__traceback__)
+               if str(name := frame.f_globals.get("__name__", "")).startswith("qimpl.")]
+        if own:
+            out["origin"] = own[-1]
+            break
+    return out
 
 
 def _body(code: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -91,5 +112,7 @@ def install_error_handlers(app: FastAPI) -> None:
         # Never leak a stack trace: the type name goes to the log, a code to the client.
         import logging
 
-        logging.getLogger("qimpl.api").error("unhandled %s", type(exc).__name__)
+        logging.getLogger("qimpl.api").error(
+            "unhandled %s", type(exc).__name__,
+            extra={"event": "api.unhandled", "exc_type": type(exc).__name__, **origin(exc)})
         return JSONResponse(_body("internal_error", "internal error"), status_code=500)
