@@ -81,7 +81,7 @@ class Services:
         self.authenticator: Authenticator = (
             StaticKeyAuthenticator(settings.api_keys) if settings.auth == "static"
             else DbKeyAuthenticator(self.connection))
-        #: Event streams' journal reads in flight at once: half the pool, so that many
+        #: Event streams' journal reads in flight at once: half the pool (at least one), so that many
         #: streams woken together (one commit, or a burst of them) queue here rather than
         #: for the pool, where the control routes would wait behind them (R-EVENT-2).
         self.stream_reads = asyncio.Semaphore(max(1, settings.api_pool_size // 2))

@@ -27,22 +27,27 @@ class ApiError(Exception):
 
 def origin(exc: BaseException) -> dict[str, str]:
     """Where ``exc`` came from, for the log and never the client: ``cause``, the type of
-    the first exception of its chain (``__cause__`` / ``__context__``) when that is another
-    one, and ``origin``, the innermost frame of qimpl's own code (``module:line``) in the
-    deepest exception of the chain that has one. No message, no trace, no values."""
-    chain: list[BaseException] = []
-    seen: BaseException | None = exc
-    while seen is not None and len(chain) < 8:
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
-    out: dict[str, str] = {"cause": type(chain[-1]).__name__} if len(chain) > 1 else {}
-    for err in reversed(chain):
-        own = [f"{name}:{line}" for frame, line in traceback.walk_tb(err.__traceback__)
-               if str(name := frame.f_globals.get("__name__", "")).startswith("qimpl.")]
-        if own:
-            out["origin"] = own[-1]
-            break
-    return out
+    the first exception of its chain (``__cause__``, else ``__context__`` unless
+    suppressed) when that is another one, and ``origin``, the innermost frame of qimpl's
+    own code (``module:line``) in the deepest exception of the chain that has one. No
+    message, no trace, no values; ``{}`` if any of it cannot be read."""
+    try:
+        chain: list[BaseException] = []
+        seen: BaseException | None = exc
+        while seen is not None and len(chain) < 8 and all(seen is not e for e in chain):
+            chain.append(seen)
+            seen = seen.__cause__ if seen.__cause__ is not None else (
+                None if seen.__suppress_context__ else seen.__context__)
+        out: dict[str, str] = {"cause": type(chain[-1]).__name__} if len(chain) > 1 else {}
+        for err in reversed(chain):
+            own = [f"{name}:{line}" for frame, line in traceback.walk_tb(err.__traceback__)
+                   if str(name := frame.f_globals.get("__name__", "")).startswith("qimpl.")]
+            if own:
+                out["origin"] = own[-1]
+                break
+        return out
+    except Exception:  # noqa: BLE001 - it runs inside the 500 handler: never fail it
+        return {}
 
 
 def _body(code: str, message: str, **extra: Any) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg_pool import PoolTimeout
+from psycopg_pool import PoolClosed, PoolTimeout
 
 from qimpl.api.event_hub import EventHub
 
@@ -42,6 +42,8 @@ PAGE = 500
 #: A failed journal read is tried again after this many seconds, doubling with each
 #: failure in a row (at most the fallback interval).
 READ_BACKOFF_S = 0.1
+#: The shortest wait between two failed reads, seconds (a tiny fallback poll included).
+MIN_BACKOFF_S = 0.05
 #: Seconds of journal reads failing in a row after which a stream ends (no terminal event).
 READ_RETRY_S = 30.0
 _EVENTS_SQL = ("SELECT seq, kind, data, at FROM run_events WHERE run_id = %s AND seq > %s"
@@ -77,7 +79,8 @@ async def stream_events(tenant: Callable[[], Any], hub: EventHub, run_id: str, a
 
     A read the database could not serve (no pooled connection within the pool's timeout,
     the session lost or cut off: ``PoolTimeout``, ``psycopg.OperationalError``) is tried
-    again after a backoff (``READ_BACKOFF_S`` doubling, at most ``fallback_s``): the
+    again after a backoff (``READ_BACKOFF_S`` doubling, at most ``fallback_s``, at least
+    ``MIN_BACKOFF_S``; logged at the first failure of a stretch and at its end): the
     response has started, so raising would abort it mid-stream. After ``retry_s`` seconds
     of reads failing in a row the stream ends without a terminal event, which proves
     nothing (R-EVENT-3): the client reconnects with ``Last-Event-ID`` or reads the run."""
@@ -91,17 +94,23 @@ async def stream_events(tenant: Callable[[], Any], hub: EventHub, run_id: str, a
             woken.clear()  # before the read: a commit during it wakes the next one
             try:
                 rows, final = await _read(tenant, run_id, last, record, reads)
+            except PoolClosed:
+                return  # the process is shutting down
             except (PoolTimeout, psycopg.OperationalError) as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # raised while the stream was being cancelled: let the cancel through
                 now = loop.time()
                 if failing_since is None:
-                    failing_since, backoff = now, READ_BACKOFF_S
+                    failing_since, backoff = now, max(min(READ_BACKOFF_S, fallback_s), MIN_BACKOFF_S)
                 else:
-                    backoff = min(2 * backoff, fallback_s)
+                    backoff = max(min(2 * backoff, fallback_s), MIN_BACKOFF_S)
                 ending = now - failing_since >= retry_s
-                _log.warning("stream of run %s: the journal read failed (%s); %s", run_id,
-                             type(exc).__name__, "stream ended" if ending else "read again",
-                             extra={"event": "api.stream_read_failed", "run_id": run_id,
-                                    "exc_type": type(exc).__name__, "ended": ending})
+                if ending or now == failing_since:  # the first failure of a stretch, and its end
+                    _log.warning("stream of run %s: the journal read failed (%s); %s", run_id,
+                                 type(exc).__name__, "stream ended" if ending else "reading again",
+                                 extra={"event": "api.stream_read_failed", "run_id": run_id,
+                                        "exc_type": type(exc).__name__, "ended": ending})
                 if ending:
                     return
                 await asyncio.sleep(min(backoff, max(deadline - now, 0)))

@@ -34,3 +34,17 @@ def test_an_exception_outside_qimpl_has_no_origin() -> None:
         int("x")
     except ValueError as exc:
         assert origin(exc) == {}
+
+
+def test_a_suppressed_context_and_a_cyclic_chain_are_not_followed() -> None:
+    try:
+        try:
+            int("x")
+        except ValueError:
+            raise KeyError("k") from None
+    except KeyError as exc:
+        assert origin(exc) == {}  # the ValueError was suppressed: no cause
+    looped = RuntimeError("a")
+    other = LookupError("b")
+    looped.__context__, other.__context__ = other, looped
+    assert origin(looped) == {"cause": "LookupError"}
