@@ -122,6 +122,11 @@ async def stream_events(tenant: Callable[[], Any], hub: EventHub, run_id: str, a
                 yield event
                 if event["event"] == "terminal":
                     return
+                # Let the loop run between two events of a page: a client that reset its
+                # connection is then seen gone (uvicorn drops later sends, sse-starlette
+                # ends the stream) before the rest of the page is written to the dead
+                # socket, which asyncio logs once per write ("socket.send() raised exception").
+                await asyncio.sleep(0)
             if len(rows) == PAGE:
                 continue
             with contextlib.suppress(TimeoutError):
