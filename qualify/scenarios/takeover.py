@@ -75,6 +75,29 @@ def _checkpoint_at(ctx: ScenarioContext, run_id: str, step: int, *, timeout_s: f
     return None
 
 
+def _held_by(ctx: ScenarioContext, name: str, proc: ManagedProcess) -> dict[str, Any]:
+    """What ``proc`` reported at barrier ``name``; HarnessError if another process holds it."""
+    held = ctx.wait_barrier(name)
+    if held["pid"] != proc.pid:
+        raise HarnessError(f"barrier {name} held by an unexpected process: {held}")
+    return held
+
+
+@spends("wait_takeover")
+def _taken_over_after(ctx: ScenarioContext, run_id: str, attempt: int, since: float, *,
+                      timeout_s: float) -> float | None:
+    """Seconds from ``since`` (the database's epoch s) to the first write of an attempt
+    above ``attempt`` (database clock); None if none within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = ctx.sql("SELECT extract(epoch FROM min(at))::float8 FROM run_transitions"
+                       " WHERE run_id = %s AND owner_attempt > %s", run_id, attempt)
+        if rows and rows[0][0] is not None:
+            return round(float(rows[0][0]) - since, 3)
+        time.sleep(0.02)
+    return None
+
+
 def _owner_of(held: dict[str, Any], workers: list[ManagedProcess]) -> ManagedProcess:
     owner = next((w for w in workers if w.alive and w.pid == held["pid"]), None)
     if owner is None:
@@ -141,9 +164,7 @@ def takeover_of_a_swallowed_retry(ctx: ScenarioContext) -> None:
                                    **SLOW)
     run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="swallowed", delay_ms=300,
                                                    barrier={"step": 2, "name": "pause"}))
-    held = ctx.wait_barrier("pause")
-    if held["pid"] != owner.pid:
-        raise HarnessError(f"barrier held by an unexpected process: {held}")
+    held = _held_by(ctx, "pause", owner)
     ctx.nemesis.sigstop(owner, barrier="pause", run_id=run_id, attempt=held["attempt"])
     stopped, stopped_wall = time.monotonic(), time.time()
     swallowed: list[dict[str, Any]] = []
@@ -208,24 +229,13 @@ def takeover_queue_beats_the_paused_poll(ctx: ScenarioContext) -> None:
     live = ctx.processes.worker("worker-live", QIMPL_MAX_CONCURRENT_ACTIVITIES="1", **SLOW)
     blocker = accepted(ctx, api, prompt=make_prompt(steps=1, answer="blocker",
                                                     barrier={"step": 1, "name": "block"}))
-    blocking = ctx.wait_barrier("block")
-    if blocking["pid"] != live.pid:
-        raise HarnessError(f"blocker held by an unexpected process: {blocking}")
+    _held_by(ctx, "block", live)
     owner = ctx.processes.worker("worker-owner", **SLOW)
     run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="moved", delay_ms=300,
                                                    barrier={"step": 2, "name": "pause"}))
-    held = ctx.wait_barrier("pause")
-    if held["pid"] != owner.pid:
-        raise HarnessError(f"barrier held by an unexpected process: {held}")
+    held = _held_by(ctx, "pause", owner)
     ctx.nemesis.sigstop(owner, barrier="pause", run_id=run_id, attempt=held["attempt"])
-    stopped_at = ctx.db_now()
-    took = None
-    deadline = time.monotonic() + WITHIN_S
-    while took is None and time.monotonic() < deadline:
-        rows = ctx.sql("SELECT extract(epoch FROM min(at))::float8 FROM run_transitions"
-                       " WHERE run_id = %s AND owner_attempt > %s", run_id, held["attempt"])
-        took = None if not rows or rows[0][0] is None else round(float(rows[0][0]) - stopped_at, 3)
-        time.sleep(0.02)
+    took = _taken_over_after(ctx, run_id, held["attempt"], ctx.db_now(), timeout_s=WITHIN_S)
     ctx.figures["takeover_after_sigstop_only_poller_s"] = took if took is not None else -1.0
 
     def moved_claims() -> list[dict[str, Any]]:
@@ -586,13 +596,8 @@ def owner_paused_mid_run(ctx: ScenarioContext) -> None:
     stopped_at = ctx.db_now()
     live = [w for w in workers if w is not owner]
     bound = DEFAULT_LEASE_S + 1.5
-    took = None
-    deadline = time.monotonic() + DEFAULT_HEARTBEAT_TIMEOUT_S + 30
-    while took is None and time.monotonic() < deadline:
-        rows = ctx.sql("SELECT extract(epoch FROM min(at))::float8 FROM run_transitions"
-                       " WHERE run_id = %s AND owner_attempt > %s", run_id, held["attempt"])
-        took = None if not rows or rows[0][0] is None else round(float(rows[0][0]) - stopped_at, 3)
-        time.sleep(0.02)
+    took = _taken_over_after(ctx, run_id, held["attempt"], stopped_at,
+                             timeout_s=DEFAULT_HEARTBEAT_TIMEOUT_S + 30)
     ctx.figures["takeover_after_sigstop_mid_run_s"] = took if took is not None else -1.0
     ctx.expect(f"a later attempt took the run over within the lease + 1.5 s ({bound:g} s)",
                took is not None and took <= bound,
