@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import logging
@@ -56,7 +57,7 @@ class JsonFormatter(logging.Formatter):
     also when the trace came as message text (``without_traceback``)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        msg, traced = without_traceback(record.getMessage())
+        msg, traced = without_traceback(_message(record))
         doc: dict[str, object] = {
             "t": round(record.created, 3),
             "level": record.levelname.lower(),
@@ -71,6 +72,23 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info and record.exc_info[0] is not None:
             doc["exc_type"] = record.exc_info[0].__name__  # never the traceback text
         return json.dumps(doc, default=str)
+
+
+def _foreign(arg: object) -> bool:
+    """An exception raised outside qimpl (a library's, a server's words in its text)."""
+    return isinstance(arg, BaseException) and not type(arg).__module__.startswith("qimpl.")
+
+
+def _message(record: logging.LogRecord) -> str:
+    """The record's message with every exception of another package among its arguments
+    written as its type name: a library's ``log.warning("error connecting: %s", exc)``
+    (psycopg_pool's) would otherwise put the exception's text, the server's words, in the
+    line. qimpl's own exceptions keep their text (qimpl writes it, without secrets)."""
+    if isinstance(record.args, tuple) and any(_foreign(a) for a in record.args):
+        shown = copy.copy(record)
+        shown.args = tuple(type(a).__name__ if _foreign(a) else a for a in record.args)
+        return shown.getMessage()
+    return record.getMessage()
 
 
 @functools.cache

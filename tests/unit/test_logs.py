@@ -104,3 +104,26 @@ def test_a_traceback_sent_as_message_text_is_withheld(capsys: pytest.CaptureFixt
     for leak in ("Traceback", 'File "', "hunter2", "postgresql://"):
         assert leak not in out
     assert without_traceback("plain message") == ("plain message", None)
+
+
+@pytest.mark.req("R-READ-3")
+def test_an_exception_passed_as_an_argument_is_written_as_its_type_only() -> None:
+    """psycopg_pool logs ``"error connecting in %r: %s", name, exc``: the exception's text
+    (the server's words) must not reach the line, its type does."""
+    from qimpl.logs import JsonFormatter
+
+    record = logging.LogRecord("psycopg.pool", logging.WARNING, __file__, 1, "error connecting in %r: %s",
+                               ("pool-1", RuntimeError('password authentication failed for user "qimpl_api"')),
+                               None)
+    doc = json.loads(JsonFormatter().format(record))
+    assert doc["msg"] == "error connecting in 'pool-1': RuntimeError"
+    assert isinstance(record.args, tuple) and isinstance(record.args[1], RuntimeError)  # other handlers unchanged
+
+
+def test_qimpls_own_exceptions_keep_their_text() -> None:
+    from qimpl.errors import LostOwnership
+    from qimpl.logs import JsonFormatter
+
+    record = logging.LogRecord("qimpl.activity", logging.WARNING, __file__, 1, "lost ownership: %s",
+                               (LostOwnership("checkpoint 3 refused"),), None)
+    assert json.loads(JsonFormatter().format(record))["msg"] == "lost ownership: checkpoint 3 refused"
