@@ -100,20 +100,18 @@ async def stream_events(tenant: Callable[[], Any], hub: EventHub, run_id: str, a
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise  # raised while the stream was being cancelled: let the cancel through
-                now = loop.time()
-                if failing_since is None:
-                    failing_since, backoff = now, max(min(READ_BACKOFF_S, fallback_s), MIN_BACKOFF_S)
-                else:
-                    backoff = max(min(2 * backoff, fallback_s), MIN_BACKOFF_S)
+                now, first = loop.time(), failing_since is None
+                failing_since = now if failing_since is None else failing_since
+                backoff = min(READ_BACKOFF_S if first else 2 * backoff, fallback_s)
                 ending = now - failing_since >= retry_s
-                if ending or now == failing_since:  # the first failure of a stretch, and its end
+                if first or ending:
                     _log.warning("stream of run %s: the journal read failed (%s); %s", run_id,
                                  type(exc).__name__, "stream ended" if ending else "reading again",
                                  extra={"event": "api.stream_read_failed", "run_id": run_id,
                                         "exc_type": type(exc).__name__, "ended": ending})
                 if ending:
                     return
-                await asyncio.sleep(min(backoff, max(deadline - now, 0)))
+                await asyncio.sleep(min(max(backoff, MIN_BACKOFF_S), max(deadline - now, 0)))
                 continue
             failing_since = None
             for row in rows:

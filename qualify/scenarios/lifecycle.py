@@ -93,6 +93,15 @@ def _takeover_seconds(ctx: ScenarioContext, run_id: str, since: float) -> float 
     return None if t is None else round(t - since, 3)
 
 
+def writes_since(ctx: ScenarioContext, run_id: str, attempt: int, since: float) -> int:
+    """How many writes the session of ``attempt`` (generation 1) committed to ``run_id`` at
+    or after ``since`` (epoch s), judged by the writer's own token (the audit's
+    ``writer_token``), not the stored owner: a zombie whose fence failed open would write
+    under its successor's attempt."""
+    return int(ctx.sql("SELECT count(*) FROM run_transitions WHERE run_id = %s AND writer_token = %s"
+                       " AND at >= to_timestamp(%s)", run_id, f"{run_id}:1:{attempt}", since)[0][0])
+
+
 def log_events(procs: list[ManagedProcess], event: str) -> list[dict[str, Any]]:
     """Every JSON log line of ``procs`` whose ``event`` is ``event``."""
     out = []
@@ -171,9 +180,7 @@ def _paused_owner(ctx: ScenarioContext, *, resume: bool) -> None:
                    f"{len(zombie_calls)} calls", "R-EXEC-7")
         # Judged by the writer's own token (the audit's writer identity), not the stored
         # owner: a zombie whose fence failed open would write under its successor's attempt.
-        zombie_writes = ctx.sql(
-            "SELECT count(*) FROM run_transitions WHERE run_id = %s AND writer_token = %s"
-            " AND at >= to_timestamp(%s)", run_id, f"{run_id}:1:{held['attempt']}", resumed_at)[0][0]
+        zombie_writes = writes_since(ctx, run_id, held["attempt"], resumed_at)
         ctx.expect("the resumed zombie committed nothing", zombie_writes == 0,
                    f"{zombie_writes} writes by attempt {held['attempt']}", "R-EXEC-7")
 

@@ -25,7 +25,7 @@ from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
 from qualify.procs import wait_until
 from qualify.scenarios.base import TERMINAL, ScenarioContext, scenario
-from qualify.scenarios.lifecycle import accepted, log_events
+from qualify.scenarios.lifecycle import accepted, log_events, writes_since
 from qualify.timing import spends
 
 __all__ = ["LEASE_S", "SLOW_HB_S", "watcher_failures"]
@@ -263,9 +263,7 @@ def takeover_queue_beats_the_paused_poll(ctx: ScenarioContext) -> None:
     ctx.release_barrier("pause")
     ctx.release_barrier("block")
     finals = {r: ctx.wait_terminal(api, r, timeout_s=60) for r in (run_id, blocker)}
-    zombie_writes = ctx.sql("SELECT count(*) FROM run_transitions WHERE run_id = %s AND writer_token = %s"
-                            " AND at >= to_timestamp(%s)", run_id, f"{run_id}:1:{held['attempt']}",
-                            resumed_at)[0][0]
+    zombie_writes = writes_since(ctx, run_id, held["attempt"], resumed_at)
     ctx.expect("both runs completed, one checkpoint per step; the resumed owner committed nothing",
                all(f["state"] == "completed" for f in finals.values())
                and _steps_once(ctx, run_id) == list(range(1, STEPS + 1)) and zombie_writes == 0,
@@ -612,9 +610,7 @@ def owner_paused_mid_run(ctx: ScenarioContext) -> None:
     ctx.nemesis.sigcont(owner)
     resumed_at = ctx.db_now()
     run = ctx.wait_terminal(api, run_id, timeout_s=60)
-    zombie_writes = ctx.sql("SELECT count(*) FROM run_transitions WHERE run_id = %s AND writer_token = %s"
-                            " AND at >= to_timestamp(%s)", run_id, f"{run_id}:1:{held['attempt']}",
-                            resumed_at)[0][0]
+    zombie_writes = writes_since(ctx, run_id, held["attempt"], resumed_at)
     ctx.expect("run completed, one checkpoint per step; the resumed owner committed nothing",
                run["state"] == "completed" and _steps_once(ctx, run_id) == [1, 2, 3] and zombie_writes == 0,
                f"{run['state']}, steps {_steps_once(ctx, run_id)}, {zombie_writes} writes by the resumed owner",
