@@ -106,16 +106,20 @@ def _sigkill_trials(env: BenchEnv, trials: int, *, lease_s: float = DEFAULT_LEAS
             owner = next((w for w in workers if w.alive and w.pid == held["pid"]), None)
             if owner is None:
                 raise HarnessError(f"barrier held by no worker of ours: {held}")
-            killed_at = time.time()
+            # The kill's time on each clock a later event is read on: the checkpoint's
+            # (the database's) and the retry's start (the Temporal server's; the harness
+            # boots it on this host, so it keeps this host's clock).
+            killed_wall = time.time()
             ctx.nemesis.sigkill(owner, barrier=name, run_id=run_id)
+            killed_at = ctx.db_now()
             samples.append(_checkpoint_at(ctx, run_id, 2, timeout_s=60) - killed_at)
             ctx.wait_terminal(api, run_id, timeout_s=60)
             retry = _retry_started(env.temporal_address, run_id)
             if retry is not None and retry[1] > 1:
-                started.append(retry[0] - killed_at)
+                started.append(retry[0] - killed_wall)
             env.log(f"  recovery: SIGKILL -> next checkpoint {samples[-1]:.2f} s (lease {lease_s:g} s;"
                     f" Temporal started attempt {retry and retry[1]} after "
-                    f"{retry[0] - killed_at if retry else float('nan'):.2f} s)")
+                    f"{retry[0] - killed_wall if retry else float('nan'):.2f} s)")
             workers.remove(owner)
             workers.append(ctx.processes.worker(f"worker-{i + 2}"))
     return samples, started

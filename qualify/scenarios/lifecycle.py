@@ -18,6 +18,7 @@ from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
 from qualify.procs import wait_until
 from qualify.scenarios.base import ScenarioContext, scenario
+from qualify.timing import spends
 
 STEPS = 5
 CKPT_BEFORE = "activity.before_checkpoint_commit"
@@ -86,11 +87,20 @@ def _owner(procs: list[ManagedProcess], pid: int) -> ManagedProcess:
     raise HarnessError(f"no worker with pid {pid}")
 
 
-def _takeover_seconds(ctx: ScenarioContext, run_id: str, since: float) -> float | None:
-    rows = ctx.sql("SELECT extract(epoch FROM min(at))::float8 FROM run_transitions"
-                   " WHERE run_id = %s AND owner_attempt >= 2", run_id)
-    t = rows[0][0] if rows else None
-    return None if t is None else round(t - since, 3)
+@spends("wait_takeover")
+def taken_over_after(ctx: ScenarioContext, run_id: str, attempt: int, since: float, *,
+                     timeout_s: float) -> float | None:
+    """Seconds from ``since`` (epoch s by the database's clock) to the first write of an
+    attempt above ``attempt`` (generation 1; the write's own time, the same clock); None if
+    none within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = ctx.sql("SELECT extract(epoch FROM min(at))::float8 FROM run_transitions"
+                       " WHERE run_id = %s AND owner_attempt > %s", run_id, attempt)
+        if rows and rows[0][0] is not None:
+            return round(float(rows[0][0]) - since, 3)
+        time.sleep(0.02)
+    return None
 
 
 def writes_since(ctx: ScenarioContext, run_id: str, attempt: int, since: float) -> int:
@@ -123,14 +133,13 @@ def _paused_owner(ctx: ScenarioContext, *, resume: bool) -> None:
     held = ctx.wait_barrier("pause")
     owner = _owner(workers, held["pid"])
     ctx.nemesis.sigstop(owner, barrier="pause", step=held["step"], attempt=held["attempt"])
-    stopped_at = time.time()
-    deadline = time.monotonic() + 2 * h + 30
-    while _takeover_seconds(ctx, run_id, stopped_at) is None:
-        if time.monotonic() > deadline:
-            raise HarnessError("no attempt took over from the paused owner")
-        time.sleep(0.02)
-    takeover = _takeover_seconds(ctx, run_id, stopped_at)
-    ctx.figures["takeover_after_sigstop_s"] = takeover or 0.0
+    # Both ends of the takeover on the database's clock: the pause (read right after the
+    # signal) and the successor's first write.
+    stopped_at, stopped_mono = ctx.db_now(), time.monotonic()
+    takeover = taken_over_after(ctx, run_id, held["attempt"], stopped_at, timeout_s=2 * h + 30)
+    if takeover is None:
+        raise HarnessError("no attempt took over from the paused owner")
+    ctx.figures["takeover_after_sigstop_s"] = takeover
     # Bound, sized for the takeover without the watcher: a paused worker's outstanding
     # activity polls (one today, max_concurrent_activity_task_polls) may each swallow an
     # attempt, lost after H plus the server's timer slack (measured 0.5-2 s) and at most
@@ -166,9 +175,11 @@ def _paused_owner(ctx: ScenarioContext, *, resume: bool) -> None:
     ctx.figures["takeover_by_watcher"] = float(bool(ended))
     ctx.release_barrier("pause")
     # Keep the owner stopped for twice the heartbeat timeout in all.
-    while time.time() < stopped_at + 2 * h:
+    while time.monotonic() < stopped_mono + 2 * h:
         time.sleep(0.02)
-    resumed_at = time.time()
+    # The zombie's provider calls are judged on this host's clock (the synthetic provider's
+    # own record), its writes on the database's.
+    resumed_at, resumed_db = time.time(), ctx.db_now()
     if resume:
         ctx.nemesis.sigcont(owner)
     run = ctx.wait_terminal(api, run_id, timeout_s=60)
@@ -180,7 +191,7 @@ def _paused_owner(ctx: ScenarioContext, *, resume: bool) -> None:
                    f"{len(zombie_calls)} calls", "R-EXEC-7")
         # Judged by the writer's own token (the audit's writer identity), not the stored
         # owner: a zombie whose fence failed open would write under its successor's attempt.
-        zombie_writes = writes_since(ctx, run_id, held["attempt"], resumed_at)
+        zombie_writes = writes_since(ctx, run_id, held["attempt"], resumed_db)
         ctx.expect("the resumed zombie committed nothing", zombie_writes == 0,
                    f"{zombie_writes} writes by attempt {held['attempt']}", "R-EXEC-7")
 

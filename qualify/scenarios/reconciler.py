@@ -6,7 +6,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 from qimpl.lifecycle import workflow_id
@@ -46,7 +45,7 @@ def _accepted_then_api_dies(ctx: ScenarioContext) -> str:
 )
 def reconciler_dispatches_orphan(ctx: ScenarioContext) -> None:
     run_id = _accepted_then_api_dies(ctx)
-    grace_at = time.time() + 1.0
+    grace_at = ctx.db_now() + 1.0  # compared with the sweeps' times: the database's clock
     ctx.processes.worker("worker-1", **RECONCILE)
     api = ctx.processes.api("api-2")
     run = ctx.wait_terminal(api, run_id, timeout_s=30)

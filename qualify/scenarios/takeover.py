@@ -25,7 +25,7 @@ from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
 from qualify.procs import wait_until
 from qualify.scenarios.base import TERMINAL, ScenarioContext, scenario
-from qualify.scenarios.lifecycle import accepted, log_events, writes_since
+from qualify.scenarios.lifecycle import accepted, log_events, taken_over_after, writes_since
 from qualify.timing import spends
 
 __all__ = ["LEASE_S", "SLOW_HB_S", "watcher_failures"]
@@ -81,21 +81,6 @@ def _held_by(ctx: ScenarioContext, name: str, proc: ManagedProcess) -> dict[str,
     if held["pid"] != proc.pid:
         raise HarnessError(f"barrier {name} held by an unexpected process: {held}")
     return held
-
-
-@spends("wait_takeover")
-def _taken_over_after(ctx: ScenarioContext, run_id: str, attempt: int, since: float, *,
-                      timeout_s: float) -> float | None:
-    """Seconds from ``since`` (the database's epoch s) to the first write of an attempt
-    above ``attempt`` (database clock); None if none within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        rows = ctx.sql("SELECT extract(epoch FROM min(at))::float8 FROM run_transitions"
-                       " WHERE run_id = %s AND owner_attempt > %s", run_id, attempt)
-        if rows and rows[0][0] is not None:
-            return round(float(rows[0][0]) - since, 3)
-        time.sleep(0.02)
-    return None
 
 
 def _owner_of(held: dict[str, Any], workers: list[ManagedProcess]) -> ManagedProcess:
@@ -235,7 +220,7 @@ def takeover_queue_beats_the_paused_poll(ctx: ScenarioContext) -> None:
                                                    barrier={"step": 2, "name": "pause"}))
     held = _held_by(ctx, "pause", owner)
     ctx.nemesis.sigstop(owner, barrier="pause", run_id=run_id, attempt=held["attempt"])
-    took = _taken_over_after(ctx, run_id, held["attempt"], ctx.db_now(), timeout_s=WITHIN_S)
+    took = taken_over_after(ctx, run_id, held["attempt"], ctx.db_now(), timeout_s=WITHIN_S)
     ctx.figures["takeover_after_sigstop_only_poller_s"] = took if took is not None else -1.0
 
     def moved_claims() -> list[dict[str, Any]]:
@@ -594,7 +579,7 @@ def owner_paused_mid_run(ctx: ScenarioContext) -> None:
     stopped_at = ctx.db_now()
     live = [w for w in workers if w is not owner]
     bound = DEFAULT_LEASE_S + 1.5
-    took = _taken_over_after(ctx, run_id, held["attempt"], stopped_at,
+    took = taken_over_after(ctx, run_id, held["attempt"], stopped_at,
                              timeout_s=DEFAULT_HEARTBEAT_TIMEOUT_S + 30)
     ctx.figures["takeover_after_sigstop_mid_run_s"] = took if took is not None else -1.0
     ctx.expect(f"a later attempt took the run over within the lease + 1.5 s ({bound:g} s)",
