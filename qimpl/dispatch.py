@@ -18,7 +18,8 @@ from temporalio.service import RPCError, RPCStatusCode
 from qimpl.errors import DispatchUnknown
 from qimpl.lifecycle import workflow_id
 from qimpl.settings import Settings
-from qimpl.workflows.types import RunInput
+from qimpl.workflows import search_attributes as attrs
+from qimpl.workflows.types import CURRENT_REVISION, RunInput
 
 __all__ = ["dispatch", "run_input", "workflow_status"]
 
@@ -35,6 +36,7 @@ def run_input(row: dict[str, Any], settings: Settings) -> RunInput:
         failure_backoff_s=settings.provider_backoff_s,
         failure_backoff_max_s=settings.provider_backoff_max_s,
         search_attributes=settings.temporal_search_attributes,
+        revision=CURRENT_REVISION,
     )
 
 
@@ -47,22 +49,33 @@ async def dispatch(client: Client, row: dict[str, Any], settings: Settings) -> s
     server unavailable): the workflow may or may not exist.
     """
     wf_id = workflow_id(str(row["run_id"]), int(row["generation"]))
+    inp = run_input(row, settings)
     try:
         await asyncio.wait_for(
             client.start_workflow(
                 "AgentRunWorkflowV2",
-                run_input(row, settings),
+                inp,
                 id=wf_id,
                 task_queue=settings.task_queue,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 task_timeout=timedelta(seconds=settings.workflow_task_timeout_s),
                 rpc_timeout=timedelta(seconds=settings.dispatch_timeout_s),
+                # Set at the start, so a generation is found by tenant before any worker
+                # ran it, and its workflow records no command for them (R-EXEC-10).
+                search_attributes=(attrs.at_start(inp.tenant_id, inp.run_id, inp.generation)
+                                   if inp.search_attributes else None),
             ),
             timeout=settings.dispatch_timeout_s,
         )
         return "started"
     except WorkflowAlreadyStartedError:
         pass
+    except RPCError as exc:
+        # INVALID_ARGUMENT: refused, not started; for a start request that is, for
+        # example, a namespace without qimpl's search attributes (docs/operations.md).
+        raise DispatchUnknown(f"dispatch of {wf_id} unconfirmed: Temporal answered {exc.status.name}"
+                              + (" (are the search attributes registered in the namespace?)"
+                                 if exc.status == RPCStatusCode.INVALID_ARGUMENT else "")) from exc
     except Exception as exc:
         raise DispatchUnknown(f"dispatch of {wf_id} unconfirmed: {type(exc).__name__}") from exc
     try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from google.protobuf.field_mask_pb2 import FieldMask
 from temporalio.api.activity.v1 import ActivityOptions
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import UpdateActivityOptionsRequest
 from temporalio.client import Client
@@ -234,12 +236,13 @@ class LeaseWatcher:
 
     async def _redispatches(self, key: tuple[str, int], wf_id: str) -> bool:
         """Whether the workflow ``wf_id`` schedules a never-started activity again: its
-        history records ``REDISPATCH_PATCH_ID`` (read once per orphaned stretch)."""
+        input is of revision 3 or later (``RunInput.revision``), or its history records
+        ``REDISPATCH_PATCH_ID`` (read once per orphaned stretch)."""
         known = self.tracker.redispatches(key)
         if known is not None:
             return known
         history = await self.client.get_workflow_handle(wf_id).fetch_history(rpc_timeout=self._rpc_timeout)
-        answer = any(
+        answer = _input_revision(history.events[0] if history.events else None) >= 3 or any(
             e.HasField("marker_recorded_event_attributes")
             and e.marker_recorded_event_attributes.marker_name == "core_patch"
             and any(REDISPATCH_PATCH_ID.encode() in p.data
@@ -300,3 +303,15 @@ async def move_home(client: Client, *, namespace: str, workflow_id: str, activit
                     extra={"event": "takeover.move_home_refused", "workflow_id": workflow_id})
         return False
     return True
+
+
+def _input_revision(started: HistoryEvent | None) -> int:
+    """``RunInput.revision`` of a workflow's start event (2 when it has none, or when the
+    event is not a start: an input of before the field)."""
+    if started is None or not started.HasField("workflow_execution_started_event_attributes"):
+        return 2
+    payloads = started.workflow_execution_started_event_attributes.input.payloads
+    try:
+        return int(json.loads(payloads[0].data).get("revision", 2)) if payloads else 2
+    except (ValueError, TypeError, AttributeError):
+        return 2

@@ -298,10 +298,18 @@ CATALOG: tuple[Mutant, ...] = (
         "workflow-never-redispatches",
         "a never-started activity (ScheduleToStart timeout) is scheduled again, not the run failed (R-EXEC-13)",
         (Patch("qimpl/workflows/agent_run.py",
-               "        self._redispatch = workflow.patched(REDISPATCH_PATCH_ID)\n",
-               "        self._redispatch = workflow.patched(REDISPATCH_PATCH_ID) and False\n"),),
+               "            tagged, self._redispatch = inp.search_attributes, True\n",
+               "            tagged, self._redispatch = inp.search_attributes, False\n"),),
         "retry-stranded-on-a-dead-takeover-queue",
         "the run completed within 15 s of the third worker's start"),
+    Mutant(
+        "watcher-ignores-the-input-revision",
+        "the watcher knows a workflow of revision 3 re-dispatches without reading a patch marker (R-EXEC-13)",
+        (Patch("qimpl/watcher.py",
+               "        answer = _input_revision(history.events[0] if history.events else None) >= 3 or any(\n",
+               "        answer = False or any(\n"),),
+        "retry-stranded-on-a-dead-takeover-queue",
+        "the third worker's watcher moved the timed-out retry off the dead queue"),
     Mutant(
         "watcher-leaves-a-stranded-retry",
         "a timed-out retry on a dead worker's takeover queue is moved off it (R-EXEC-13)",
@@ -633,6 +641,13 @@ CATALOG: tuple[Mutant, ...] = (
                "if False:"),),
         "runs-found-in-temporal",
         "a query by tenant and state finds each run's generation under its own state only"),
+    Mutant(
+        "dispatch-starts-untagged", "a generation's workflow is started with its tenant, run id and generation (issue 25)",
+        (Patch("qimpl/dispatch.py", "                                   if inp.search_attributes else None),\n",
+               "                                   if False else None),\n"),),
+        "runs-found-in-temporal",
+        "every generation is found in Temporal by tenant and run id, tagged with the tenant, run id, "
+        "generation and the state the database holds"),
     Mutant(
         "worker-starts-without-search-attributes", "a worker refuses a namespace without them (R-OPS-3)",
         (Patch("qimpl/workflows/worker.py", "    await check_search_attributes(client, settings)\n", ""),),

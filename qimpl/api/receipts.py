@@ -113,7 +113,10 @@ async def answer(services: Services, row: dict[str, Any], *, replayed: bool,
             return JSONResponse(receipt(await _confirm(services, row, completes)).model_dump(mode="json"),
                                 202, headers)
         except (*DISPATCH_FAILURES, *DB_FAILURES) as exc:
-            log.warning("dispatch unknown for run %s: %s", row["run_id"], type(exc).__name__,
+            # qimpl's own DispatchUnknown says what Temporal answered; of another
+            # package's exception only the type is written.
+            log.warning("dispatch unknown for run %s: %s", row["run_id"],
+                        exc if isinstance(exc, DispatchUnknown) else type(exc).__name__,
                         extra={"run_id": str(row["run_id"])})
             if completes is not None:
                 await _complete(services, completes, str(row["run_id"]))

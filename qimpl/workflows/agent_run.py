@@ -22,7 +22,7 @@ __all__ = ["REDISPATCH_PATCH_ID", "AgentRunWorkflowV2"]
 
 MIN_TIMEOUT = timedelta(seconds=1)
 
-#: Behind this patch, an agent activity Temporal ended with a ScheduleToStart timeout (an
+#: Behind this patch (in inputs of revision 2; always from revision 3), an agent activity Temporal ended with a ScheduleToStart timeout (an
 #: attempt that never started: a retry stranded on a dead worker's takeover queue and
 #: moved by a watcher, ``qimpl.takeover.should_move``) is scheduled again, on the
 #: workflow's own task queue, instead of failing the run (R-EXEC-13). Recorded at the
@@ -40,15 +40,21 @@ def _never_started(err: ActivityError) -> bool:
 class AgentRunWorkflowV2:
     @workflow.run
     async def run(self, inp: RunInput) -> dict[str, Any]:
-        # Search attributes (``qimpl.workflows.search_attributes``) behind a patch: a
-        # history recorded before them replays without these commands (R-EXEC-10). The
-        # patch is evaluated once; its answer is memoised for the rest of the run.
-        tagged = inp.search_attributes and workflow.patched(attrs.PATCH_ID)
-        self._redispatch = workflow.patched(REDISPATCH_PATCH_ID)
-        if tagged:
-            workflow.upsert_search_attributes([
-                attrs.TENANT.value_set(inp.tenant_id), attrs.RUN_ID.value_set(inp.run_id),
-                attrs.GENERATION.value_set(inp.generation)])
+        if inp.revision >= 3:
+            # Dispatched with its tenant, run id and generation attributes set at the start
+            # (``qimpl.dispatch``): no command here, and no patch marker, since no history
+            # of such an input was ever recorded without what follows.
+            tagged, self._redispatch = inp.search_attributes, True
+        else:
+            # Inputs of revision 2 (R-EXEC-10): the search attributes and the re-dispatch
+            # behind patches, so a history recorded before them replays without their
+            # commands. A patch is evaluated once; its answer is memoised for the run.
+            tagged = inp.search_attributes and workflow.patched(attrs.PATCH_ID)
+            self._redispatch = workflow.patched(REDISPATCH_PATCH_ID)
+            if tagged:
+                workflow.upsert_search_attributes([
+                    attrs.TENANT.value_set(inp.tenant_id), attrs.RUN_ID.value_set(inp.run_id),
+                    attrs.GENERATION.value_set(inp.generation)])
         outcome = await self._generation(inp)
         if tagged and isinstance(outcome.get("state"), str):
             workflow.upsert_search_attributes([attrs.RUN_STATE.value_set(outcome["state"])])

@@ -2,14 +2,15 @@
 operator finds a run's generations by tenant and by outcome in Temporal's own tools
 (``temporal workflow list --query …``, the Web UI), documented in ``docs/operations.md``.
 
-Each generation's workflow sets, at its first workflow task, ``QimplTenant``,
-``QimplRunId`` and ``QimplGeneration``, and when its activity returns, ``QimplRunState``:
+Each generation's workflow is started with ``QimplTenant``, ``QimplRunId`` and
+``QimplGeneration`` (``at_start``, by ``qimpl.dispatch``; inputs of revision 2 set them at
+the workflow's first task), and sets, when its activity returns, ``QimplRunState``:
 the run's state as that generation left it (``completed``, ``failed``, ``expired``,
 ``cancelled``, ``awaiting_input``, …). Temporal itself shows every generation
 ``Completed`` whatever the run's outcome; ``QimplRunState`` is the outcome.
 
-A namespace must have them registered before a workflow sets them (a workflow task that
-sets an unregistered attribute fails, again and again): like a schema migration it is a
+A namespace must have them registered before a workflow is started with them (Temporal
+refuses the start) or sets them (the workflow task fails, again and again): like a schema migration it is a
 deploy step (``temporal operator search-attribute create``, or ``register`` here, which
 the harness's stacks and ``qualify up`` call). A worker with
 ``QIMPL_TEMPORAL_SEARCH_ATTRIBUTES`` on checks at start and exits 64 naming what is
@@ -26,10 +27,10 @@ from temporalio.api.operatorservice.v1 import (
     ListSearchAttributesRequest,
 )
 from temporalio.client import Client
-from temporalio.common import SearchAttributeKey
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
 __all__ = ["ATTRIBUTES", "GENERATION", "PATCH_ID", "RUN_ID", "RUN_STATE", "TENANT",
-           "create_commands", "missing", "register"]
+           "at_start", "create_commands", "missing", "register"]
 
 TENANT = SearchAttributeKey.for_keyword("QimplTenant")
 RUN_ID = SearchAttributeKey.for_keyword("QimplRunId")
@@ -47,6 +48,13 @@ PATCH_ID = "qimpl-search-attributes-1"
 
 _TYPES = {"Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
           "Int": IndexedValueType.INDEXED_VALUE_TYPE_INT}
+
+
+def at_start(tenant_id: str, run_id: str, generation: int) -> TypedSearchAttributes:
+    """The attributes a generation's workflow is started with (``qimpl.dispatch``):
+    ``QimplTenant``, ``QimplRunId`` and ``QimplGeneration``."""
+    return TypedSearchAttributes([SearchAttributePair(TENANT, tenant_id), SearchAttributePair(RUN_ID, run_id),
+                                  SearchAttributePair(GENERATION, generation)])
 
 
 def create_commands(namespace: str) -> list[str]:

@@ -184,10 +184,12 @@ def _bare_namespace(ctx: ScenarioContext, name: str) -> None:
           "ended, the run's state as it left it (completed, failed, awaiting_input — "
           "Temporal itself says Completed for all three), found by query through the SDK "
           "and the temporal CLI; a worker in a namespace without the attributes refuses "
-          "to start (exit 64, naming them) unless they are turned off",
+          "to start (exit 64, naming them) unless they are turned off, and an API there answers "
+          "503 durable_dispatch_unknown with the run kept accepted and the reason logged",
     # The spec is silent on search attributes (issue 25, item 14): only the worker's refusal
-    # at start cites an ID; the replay tests cite R-EXEC-10 for the patch.
-    requirements=("R-OPS-3",),
+    # at start cites an ID (and an API's refused dispatch, R-CREATE-5); the replay tests
+    # cite R-EXEC-10 for the patch.
+    requirements=("R-OPS-3", "R-CREATE-5"),
     needs_platform=True,
 )
 def runs_found_in_temporal(ctx: ScenarioContext) -> None:
@@ -262,6 +264,24 @@ def runs_found_in_temporal(ctx: ScenarioContext) -> None:
                          QIMPL_TEMPORAL_SEARCH_ATTRIBUTES="false")
     ctx.expect("with QIMPL_TEMPORAL_SEARCH_ATTRIBUTES=false it starts there",
                ctx.processes.all["worker-untagged"].alive, "", "R-OPS-3")
+    # An API there with them on: Temporal refuses a start that carries them, and the run
+    # waits, committed and accepted, for a dispatch that can succeed (R-CREATE-5).
+    bare_api = ctx.processes.api("api-bare", QIMPL_TEMPORAL_NAMESPACE=bare)
+    resp = ctx.create_run(bare_api, prompt=make_prompt(steps=1, answer="bare"), timeout_s=30)
+    if resp is None:
+        raise HarnessError("the create on the API in the bare namespace got no answer")
+    answer = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {}
+    body = answer.get("receipt") or {}
+    told = [line for line in bare_api.log_path.read_text(errors="replace").splitlines()
+            if "dispatch unknown" in line and "INVALID_ARGUMENT" in line and "search attributes" in line]
+    stored = ctx.sql("SELECT state FROM runs WHERE run_id = %s", body.get("run_id")) if body.get("run_id") else []
+    ctx.expect("an API in a namespace without the search attributes answers 503 durable_dispatch_unknown "
+               "with the receipt, keeps the run accepted and logs why (INVALID_ARGUMENT, the attributes)",
+               resp.status_code == 503 and answer.get("code") == "durable_dispatch_unknown"
+               and stored == [("accepted",)] and bool(told),
+               f"{resp.status_code} {resp.text[:300]}; stored {stored}; log lines {told[:1]}", "R-CREATE-5")
+    if body.get("run_id"):
+        ctx.cancel_run(api, body["run_id"])
     ctx.cancel_run(api, runs["awaiting_input"])  # every accepted run ends
 
 

@@ -60,3 +60,62 @@ def test_every_branch_of_the_workflow_runs_in_the_sandbox(stack: Any, kind: str,
 
     result = asyncio.run(go())
     assert {k: result.get(k) for k in want} == want, result
+
+
+def _history_of(stack: Any, inp: RunInput, **start: Any) -> tuple[list[Any], dict[str, Any]]:
+    """Run ``inp`` to its end with the stub activities; returns (its history's events, its
+    Qimpl search attributes as Temporal's describe lists them)."""
+    from qimpl.workflows import search_attributes as attrs
+
+    async def go() -> tuple[list[Any], dict[str, Any]]:
+        client = await Client.connect(stack.info.temporal_address, namespace="default")
+        queue = f"revision-{uuid.uuid4().hex[:8]}"
+        async with Worker(client, task_queue=queue, workflows=list(WORKFLOWS),
+                          activities=[_run_agent, _fail_run], workflow_runner=SandboxedWorkflowRunner()):
+            handle = await client.start_workflow("AgentRunWorkflowV2", inp, id=f"wf-{inp.run_id}",
+                                                 task_queue=queue, task_timeout=timedelta(seconds=5), **start)
+            await asyncio.wait_for(handle.result(), timeout=30)
+        events = [e async for e in handle.fetch_history_events()]
+        sa = (await handle.describe()).typed_search_attributes
+        keys = (attrs.TENANT, attrs.RUN_ID, attrs.GENERATION, attrs.RUN_STATE)
+        return events, {k.name: sa.get(k) for k in keys}
+
+    return asyncio.run(go())
+
+
+@pytest.mark.req("R-EXEC-10")
+def test_an_input_of_revision_3_records_no_patch_marker_and_is_tagged_from_its_start(stack: Any) -> None:
+    """Since revision 3 the dispatch sets the tenant, run id and generation at the start:
+    the workflow records no marker and upserts only the run's state (two patch markers,
+    two ``TemporalChangeVersion`` upserts and one upsert of the three fewer per run), and
+    a generation is found by tenant even before a worker ran it."""
+    from temporalio.api.enums.v1 import EventType
+
+    from qimpl.workflows import search_attributes as attrs
+
+    run_id = f"rev3-{uuid.uuid4().hex[:8]}"
+    inp = RunInput(run_id=run_id, tenant_id="t-rev", generation=1, search_attributes=True, revision=3,
+                   deadline_at=(datetime.now(UTC) + timedelta(seconds=60)).isoformat())
+    events, tags = _history_of(stack, inp, search_attributes=attrs.at_start("t-rev", run_id, 1))
+    kinds = [e.event_type for e in events]
+    assert EventType.EVENT_TYPE_MARKER_RECORDED not in kinds
+    upserts = [e.upsert_workflow_search_attributes_event_attributes for e in events
+               if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES]
+    assert [sorted(u.search_attributes.indexed_fields) for u in upserts] == [[attrs.RUN_STATE.name]]
+    assert tags == {"QimplTenant": "t-rev", "QimplRunId": run_id, "QimplGeneration": 1,
+                    "QimplRunState": "completed"}
+
+
+@pytest.mark.req("R-EXEC-10")
+def test_an_input_of_revision_2_still_takes_the_patched_path(stack: Any) -> None:
+    """What the test above is judged against: an input of before revision 3 (a rolling
+    upgrade's API) is tagged by the workflow itself, behind its two patches."""
+    from temporalio.api.enums.v1 import EventType
+
+    run_id = f"rev2-{uuid.uuid4().hex[:8]}"
+    inp = RunInput(run_id=run_id, tenant_id="t-rev", generation=1, search_attributes=True,
+                   deadline_at=(datetime.now(UTC) + timedelta(seconds=60)).isoformat())
+    events, tags = _history_of(stack, inp)
+    assert [e.event_type for e in events].count(EventType.EVENT_TYPE_MARKER_RECORDED) == 2
+    assert tags == {"QimplTenant": "t-rev", "QimplRunId": run_id, "QimplGeneration": 1,
+                    "QimplRunState": "completed"}

@@ -231,3 +231,33 @@ def test_the_heartbeat_throttle_leaves_the_watcher_room(h: float, lease: float, 
     temporal_times_out = pause - throttle + h
     watcher_ends_it = pause + lease + 0.1
     assert temporal_times_out - watcher_ends_it == pytest.approx(margin)
+
+
+def _start_event(data: bytes | None) -> object:
+    from temporalio.api.common.v1 import Payload
+    from temporalio.api.history.v1 import HistoryEvent
+
+    event = HistoryEvent(event_id=1)
+    attrs = event.workflow_execution_started_event_attributes
+    attrs.SetInParent()
+    if data is not None:
+        attrs.input.payloads.append(Payload(metadata={"encoding": b"json/plain"}, data=data))
+    return event
+
+
+@pytest.mark.req("R-EXEC-13")
+def test_the_watcher_reads_the_input_revision_from_the_start_event() -> None:
+    """An input of revision 3 re-dispatches with no patch marker in its history; anything
+    else (an input of before the field, no start event, a payload it cannot read) is
+    judged by the marker, as revision 2."""
+    from temporalio.api.history.v1 import HistoryEvent
+
+    from qimpl.watcher import _input_revision
+
+    assert _input_revision(_start_event(b'{"run_id": "r", "revision": 3}')) == 3  # type: ignore[arg-type]
+    assert _input_revision(_start_event(b'{"run_id": "r"}')) == 2  # type: ignore[arg-type]
+    assert _input_revision(_start_event(b'["not", "an", "object"]')) == 2  # type: ignore[arg-type]
+    assert _input_revision(_start_event(b"\xff")) == 2  # type: ignore[arg-type]
+    assert _input_revision(_start_event(None)) == 2  # type: ignore[arg-type]
+    assert _input_revision(HistoryEvent(event_id=5)) == 2
+    assert _input_revision(None) == 2
