@@ -19,7 +19,8 @@ from qimpl.errors import DispatchUnknown
 from qimpl.lifecycle import workflow_id
 from qimpl.settings import Settings
 from qimpl.workflows import search_attributes as attrs
-from qimpl.workflows.types import CURRENT_REVISION, RunInput
+from qimpl.workflows.agent_run import WORKFLOW_TYPE
+from qimpl.workflows.types import RunInput
 
 __all__ = ["dispatch", "run_input", "workflow_status"]
 
@@ -36,7 +37,6 @@ def run_input(row: dict[str, Any], settings: Settings) -> RunInput:
         failure_backoff_s=settings.provider_backoff_s,
         failure_backoff_max_s=settings.provider_backoff_max_s,
         search_attributes=settings.temporal_search_attributes,
-        revision=CURRENT_REVISION,
     )
 
 
@@ -53,7 +53,7 @@ async def dispatch(client: Client, row: dict[str, Any], settings: Settings) -> s
     try:
         await asyncio.wait_for(
             client.start_workflow(
-                "AgentRunWorkflowV2",
+                WORKFLOW_TYPE,
                 inp,
                 id=wf_id,
                 task_queue=settings.task_queue,

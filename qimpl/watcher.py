@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -47,7 +46,7 @@ from qimpl.db import takeover as db
 from qimpl.db.sessions import keepalive_params
 from qimpl.lifecycle import workflow_id
 from qimpl.takeover import Pending, TakeoverTracker, should_move
-from qimpl.workflows.agent_run import REDISPATCH_PATCH_ID
+from qimpl.workflows.agent_run import REDISPATCH_PATCH_ID, WORKFLOW_TYPE
 
 __all__ = ["ACTIVITY_TYPE", "LeaseWatcher", "move_home"]
 
@@ -235,14 +234,14 @@ class LeaseWatcher:
         await AFTER_MOVE.areach(run_id=orphan.run_id, generation=orphan.generation)
 
     async def _redispatches(self, key: tuple[str, int], wf_id: str) -> bool:
-        """Whether the workflow ``wf_id`` schedules a never-started activity again: its
-        input is of revision 3 or later (``RunInput.revision``), or its history records
-        ``REDISPATCH_PATCH_ID`` (read once per orphaned stretch)."""
+        """Whether the workflow ``wf_id`` schedules a never-started activity again: it is
+        of version 3 (``WORKFLOW_TYPE``), or its history records ``REDISPATCH_PATCH_ID``
+        (read once per orphaned stretch)."""
         known = self.tracker.redispatches(key)
         if known is not None:
             return known
         history = await self.client.get_workflow_handle(wf_id).fetch_history(rpc_timeout=self._rpc_timeout)
-        answer = _input_revision(history.events[0] if history.events else None) >= 3 or any(
+        answer = _workflow_type(history.events[0] if history.events else None) == WORKFLOW_TYPE or any(
             e.HasField("marker_recorded_event_attributes")
             and e.marker_recorded_event_attributes.marker_name == "core_patch"
             and any(REDISPATCH_PATCH_ID.encode() in p.data
@@ -305,13 +304,8 @@ async def move_home(client: Client, *, namespace: str, workflow_id: str, activit
     return True
 
 
-def _input_revision(started: HistoryEvent | None) -> int:
-    """``RunInput.revision`` of a workflow's start event (2 when it has none, or when the
-    event is not a start: an input of before the field)."""
+def _workflow_type(started: HistoryEvent | None) -> str | None:
+    """The workflow type a start event names; None for any other event."""
     if started is None or not started.HasField("workflow_execution_started_event_attributes"):
-        return 2
-    payloads = started.workflow_execution_started_event_attributes.input.payloads
-    try:
-        return int(json.loads(payloads[0].data).get("revision", 2)) if payloads else 2
-    except (ValueError, TypeError, AttributeError):
-        return 2
+        return None
+    return started.workflow_execution_started_event_attributes.workflow_type.name or None

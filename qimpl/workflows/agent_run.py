@@ -1,4 +1,5 @@
-"""The version-2 agent-run workflow: one generation of one run (R-EXEC-1).
+"""The agent-run workflow: one generation of one run (R-EXEC-1). Version 3 is what the
+dispatch starts; version 2 stays registered so that its histories still replay (R-EXEC-10).
 
 Deterministic: the workflow only schedules activities; timeouts derive from the
 time left before the run's deadline (R-EXEC-8).
@@ -18,11 +19,14 @@ with workflow.unsafe.imports_passed_through():
     from qimpl.workflows import search_attributes as attrs
     from qimpl.workflows.types import FailInput, RunInput
 
-__all__ = ["REDISPATCH_PATCH_ID", "AgentRunWorkflowV2"]
+__all__ = ["REDISPATCH_PATCH_ID", "WORKFLOW_TYPE", "AgentRunWorkflowV2", "AgentRunWorkflowV3"]
 
 MIN_TIMEOUT = timedelta(seconds=1)
 
-#: Behind this patch (in inputs of revision 2; always from revision 3), an agent activity Temporal ended with a ScheduleToStart timeout (an
+#: The workflow type the dispatch starts (``qimpl.dispatch``).
+WORKFLOW_TYPE = "AgentRunWorkflowV3"
+
+#: Behind this patch (in version 2; always in version 3), an agent activity Temporal ended with a ScheduleToStart timeout (an
 #: attempt that never started: a retry stranded on a dead worker's takeover queue and
 #: moved by a watcher, ``qimpl.takeover.should_move``) is scheduled again, on the
 #: workflow's own task queue, instead of failing the run (R-EXEC-13). Recorded at the
@@ -36,25 +40,14 @@ def _never_started(err: ActivityError) -> bool:
     return isinstance(err.cause, ActivityTimeoutError) and err.cause.type == TimeoutType.SCHEDULE_TO_START
 
 
-@workflow.defn(name="AgentRunWorkflowV2")
-class AgentRunWorkflowV2:
-    @workflow.run
-    async def run(self, inp: RunInput) -> dict[str, Any]:
-        if inp.revision >= 3:
-            # Dispatched with its tenant, run id and generation attributes set at the start
-            # (``qimpl.dispatch``): no command here, and no patch marker, since no history
-            # of such an input was ever recorded without what follows.
-            tagged, self._redispatch = inp.search_attributes, True
-        else:
-            # Inputs of revision 2 (R-EXEC-10): the search attributes and the re-dispatch
-            # behind patches, so a history recorded before them replays without their
-            # commands. A patch is evaluated once; its answer is memoised for the run.
-            tagged = inp.search_attributes and workflow.patched(attrs.PATCH_ID)
-            self._redispatch = workflow.patched(REDISPATCH_PATCH_ID)
-            if tagged:
-                workflow.upsert_search_attributes([
-                    attrs.TENANT.value_set(inp.tenant_id), attrs.RUN_ID.value_set(inp.run_id),
-                    attrs.GENERATION.value_set(inp.generation)])
+class _Generation:
+    """What both versions run: the agent activity until it returns, and the run's state
+    as a search attribute when ``tagged``."""
+
+    #: Whether an activity that never started is scheduled again (``REDISPATCH_PATCH_ID``).
+    _redispatch: bool
+
+    async def _tagged(self, inp: RunInput, tagged: bool) -> dict[str, Any]:
         outcome = await self._generation(inp)
         if tagged and isinstance(outcome.get("state"), str):
             workflow.upsert_search_attributes([attrs.RUN_STATE.value_set(outcome["state"])])
@@ -99,3 +92,35 @@ class AgentRunWorkflowV2:
                     retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=2)),
                 )
                 return failed
+
+
+@workflow.defn(name="AgentRunWorkflowV3")
+class AgentRunWorkflowV3(_Generation):
+    """Started with its tenant, run id and generation as search attributes (``qimpl.dispatch``,
+    so a generation no worker ran yet is found by tenant): it records no command for them and
+    no patch marker, and always schedules a never-started activity again (R-EXEC-13). A
+    worker of before it fails its workflow tasks (type not registered) until one of today
+    takes them, so no history of it is ever written by other code."""
+
+    @workflow.run
+    async def run(self, inp: RunInput) -> dict[str, Any]:
+        self._redispatch = True  # version 3 re-dispatches a never-started activity
+        return await self._tagged(inp, inp.search_attributes)
+
+
+@workflow.defn(name="AgentRunWorkflowV2")
+class AgentRunWorkflowV2(_Generation):
+    """Version 2, for its histories (R-EXEC-10): it sets the tenant, run id and generation
+    itself, and both that and the re-dispatch are behind patches, so a history recorded
+    before either replays without their commands."""
+
+    @workflow.run
+    async def run(self, inp: RunInput) -> dict[str, Any]:
+        # A patch is evaluated once; its answer is memoised for the rest of the run.
+        tagged = inp.search_attributes and workflow.patched(attrs.PATCH_ID)
+        self._redispatch = workflow.patched(REDISPATCH_PATCH_ID)
+        if tagged:
+            workflow.upsert_search_attributes([
+                attrs.TENANT.value_set(inp.tenant_id), attrs.RUN_ID.value_set(inp.run_id),
+                attrs.GENERATION.value_set(inp.generation)])
+        return await self._tagged(inp, tagged)

@@ -1,5 +1,5 @@
 """The version-1 workflow type, kept registered so that existing histories still replay
-(R-EXEC-10). New runs never start it: version 2 is ``AgentRunWorkflowV2``.
+(R-EXEC-10). New runs never start it: today's is ``AgentRunWorkflowV3``.
 
 Do not change its commands: ``tests/integration/test_replay_v1.py`` replays a history
 recorded from this code and fails on any non-deterministic change.

@@ -3,8 +3,8 @@ operator finds a run's generations by tenant and by outcome in Temporal's own to
 (``temporal workflow list --query …``, the Web UI), documented in ``docs/operations.md``.
 
 Each generation's workflow is started with ``QimplTenant``, ``QimplRunId`` and
-``QimplGeneration`` (``at_start``, by ``qimpl.dispatch``; inputs of revision 2 set them at
-the workflow's first task), and sets, when its activity returns, ``QimplRunState``:
+``QimplGeneration`` (``at_start``, by ``qimpl.dispatch``; version 2 of the workflow set
+them itself at its first task), and sets, when its activity returns, ``QimplRunState``:
 the run's state as that generation left it (``completed``, ``failed``, ``expired``,
 ``cancelled``, ``awaiting_input``, …). Temporal itself shows every generation
 ``Completed`` whatever the run's outcome; ``QimplRunState`` is the outcome.

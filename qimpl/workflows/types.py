@@ -6,10 +6,7 @@ from dataclasses import dataclass
 
 from qimpl.backoff import DEFAULT_BASE_S, DEFAULT_MAX_S
 
-__all__ = ["CURRENT_REVISION", "FailInput", "RunInput"]
-
-#: The ``RunInput.revision`` the dispatch sends today.
-CURRENT_REVISION = 3
+__all__ = ["FailInput", "RunInput"]
 
 
 @dataclass(frozen=True)
@@ -35,12 +32,6 @@ class RunInput:
     #: Set the Temporal search attributes of ``qimpl.workflows.search_attributes``
     #: (``QIMPL_TEMPORAL_SEARCH_ATTRIBUTES``); False for inputs dispatched before them.
     search_attributes: bool = False
-    #: ``CURRENT_REVISION`` for inputs dispatched since the dispatch sets the tenant, run id
-    #: and generation attributes at the workflow's start (``qimpl.dispatch``): such a
-    #: workflow records no patch marker, upserts only ``QimplRunState`` and always
-    #: re-dispatches a never-started activity (R-EXEC-13). 2 for inputs dispatched before:
-    #: their histories replay through the patches (R-EXEC-10).
-    revision: int = 2
 
     @property
     def lease(self) -> float:

@@ -50,7 +50,7 @@ from qimpl.takeover import heartbeat_throttle_s, takeover_queue
 from qimpl.tool_journal.seam import ToolRegistry, load_tools
 from qimpl.watcher import LeaseWatcher
 from qimpl.workflows.activities import AgentActivities
-from qimpl.workflows.agent_run import AgentRunWorkflowV2
+from qimpl.workflows.agent_run import AgentRunWorkflowV2, AgentRunWorkflowV3
 from qimpl.workflows.agent_run_v1 import AgentRunWorkflowV1
 from qimpl.workflows.search_attributes import create_commands, missing
 
@@ -61,8 +61,9 @@ log = logging.getLogger("qimpl.worker")
 #: Exit codes at start, as the one-shot sweep's: the database, then Temporal, unreachable.
 EXIT_DATABASE, EXIT_TEMPORAL = 2, 3
 
-#: Every workflow type the worker serves; version 1 stays for replay (R-EXEC-10).
-WORKFLOWS = (AgentRunWorkflowV2, AgentRunWorkflowV1)
+#: Every workflow type the worker serves: version 3 is started today; versions 1 and 2 stay
+#: for their histories (R-EXEC-10).
+WORKFLOWS = (AgentRunWorkflowV3, AgentRunWorkflowV2, AgentRunWorkflowV1)
 
 
 def load_plugins(settings: WorkerSettings) -> tuple[Provider, ToolRegistry]:

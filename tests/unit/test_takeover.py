@@ -233,31 +233,24 @@ def test_the_heartbeat_throttle_leaves_the_watcher_room(h: float, lease: float, 
     assert temporal_times_out - watcher_ends_it == pytest.approx(margin)
 
 
-def _start_event(data: bytes | None) -> object:
-    from temporalio.api.common.v1 import Payload
+def _start_event(workflow_type: str) -> object:
     from temporalio.api.history.v1 import HistoryEvent
 
     event = HistoryEvent(event_id=1)
-    attrs = event.workflow_execution_started_event_attributes
-    attrs.SetInParent()
-    if data is not None:
-        attrs.input.payloads.append(Payload(metadata={"encoding": b"json/plain"}, data=data))
+    event.workflow_execution_started_event_attributes.workflow_type.name = workflow_type
     return event
 
 
 @pytest.mark.req("R-EXEC-13")
-def test_the_watcher_reads_the_input_revision_from_the_start_event() -> None:
-    """An input of revision 3 re-dispatches with no patch marker in its history; anything
-    else (an input of before the field, no start event, a payload it cannot read) is
-    judged by the marker, as revision 2."""
+def test_the_watcher_reads_the_workflow_version_from_the_start_event() -> None:
+    """A version-3 workflow re-dispatches with no patch marker in its history; any other
+    (version 2, no start event) is judged by the marker."""
     from temporalio.api.history.v1 import HistoryEvent
 
-    from qimpl.watcher import _input_revision
+    from qimpl.watcher import _workflow_type
+    from qimpl.workflows.agent_run import WORKFLOW_TYPE
 
-    assert _input_revision(_start_event(b'{"run_id": "r", "revision": 3}')) == 3  # type: ignore[arg-type]
-    assert _input_revision(_start_event(b'{"run_id": "r"}')) == 2  # type: ignore[arg-type]
-    assert _input_revision(_start_event(b'["not", "an", "object"]')) == 2  # type: ignore[arg-type]
-    assert _input_revision(_start_event(b"\xff")) == 2  # type: ignore[arg-type]
-    assert _input_revision(_start_event(None)) == 2  # type: ignore[arg-type]
-    assert _input_revision(HistoryEvent(event_id=5)) == 2
-    assert _input_revision(None) == 2
+    assert _workflow_type(_start_event(WORKFLOW_TYPE)) == WORKFLOW_TYPE == "AgentRunWorkflowV3"  # type: ignore[arg-type]
+    assert _workflow_type(_start_event("AgentRunWorkflowV2")) == "AgentRunWorkflowV2"  # type: ignore[arg-type]
+    assert _workflow_type(HistoryEvent(event_id=5)) is None
+    assert _workflow_type(None) is None
