@@ -1,6 +1,6 @@
 """Histories of the version-2 workflow recorded before it set search attributes still
 replay (R-EXEC-10, issue 25 item 14). The history was recorded by
-``tests/data/record_v2_history.py`` on the code before that change."""
+``tests/data/record_history.py`` on the code before that change."""
 
 from __future__ import annotations
 

@@ -1,18 +1,21 @@
-"""Record a version-2 workflow history for the replay tests (run once, by hand, on the code
-to be replayed against later):
+"""Record a workflow history for the replay tests (run once, by hand, on the code to be
+replayed against later):
 
-    python tests/data/record_v2_history.py
+    python tests/data/record_history.py qualify/data/agent_run_v3_history.json
 
-Boots the embedded stack, runs one durable run through ``AgentRunWorkflowV2`` on a real API
-and worker, and writes its history to ``qualify/data/agent_run_v2_history.json``. The
-history in the repository was recorded before workflows set search attributes (issue 25,
-item 14): ``tests/integration/test_replay_v2.py`` replays it on today's workflow.
+Boots the embedded stack, runs one durable run of two steps on a real API and worker (the
+workflow type the dispatch starts on the code it runs on) and writes its history to the
+given path. ``qualify/data/agent_run_v2_history.json`` was recorded this way before
+workflows set search attributes (issue 25, item 14; ``tests/integration/test_replay_v2.py``),
+``agent_run_v3_history.json`` on the code that introduced ``AgentRunWorkflowV3``
+(``tests/integration/test_replay_v3.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -26,8 +29,6 @@ from qualify.procs import wait_until
 from qualify.scenarios.base import API_KEY
 from qualify.stack import EmbeddedStack
 
-OUT = Path(__file__).resolve().parents[2] / "qualify" / "data" / "agent_run_v2_history.json"
-
 
 async def fetch(address: str, workflow_id: str) -> str:
     client = await Client.connect(address)
@@ -36,13 +37,13 @@ async def fetch(address: str, workflow_id: str) -> str:
     return (await handle.fetch_history()).to_json()
 
 
-def main() -> None:
+def main(out: Path) -> None:
     with EmbeddedStack() as stack:
         assert stack.info is not None
         dsn = stack.create_database()
         tmp = Path(tempfile.mkdtemp())
         (tmp / "control").mkdir()
-        dep = Deployment(dsn=dsn, temporal_address=stack.info.temporal_address, task_queue="v2",
+        dep = Deployment(dsn=dsn, temporal_address=stack.info.temporal_address, task_queue="recorded",
                          control_dir=tmp / "control", logs_dir=tmp / "logs")
         procs = Processes(dep)
         try:
@@ -61,9 +62,9 @@ def main() -> None:
             text = asyncio.run(fetch(stack.info.temporal_address, f"agent-run-{run_id}-g1"))
         finally:
             procs.stop_all()
-    OUT.write_text(json.dumps(json.loads(text), indent=1) + "\n")
-    print(f"wrote {OUT}")
+    out.write_text(json.dumps(json.loads(text), indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-    main()
+    main(Path(sys.argv[1]))
