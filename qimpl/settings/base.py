@@ -59,7 +59,7 @@ class Settings(BaseSettings):
                                     json_schema_extra=_example("default"))
     temporal_search_attributes: bool = Field(
         default=True,
-        description="each run's workflows set the Temporal search attributes `QimplTenant`, `QimplRunId`, `QimplGeneration` and `QimplRunState` (find a run's workflows by tenant and outcome with Temporal's own tools, docs/operations.md). Register them in the namespace first (a deploy step, like the migrations): a worker with this on checks at start and exits 64 naming the missing ones. Set it alike on the API and the workers",
+        description="each run's workflows set the Temporal search attributes `QimplTenant`, `QimplRunId`, `QimplGeneration` and `QimplRunState` (find a run's workflows by tenant and outcome with Temporal's own tools, docs/operations.md). Register them in the namespace first (a deploy step, like the migrations): a worker with this on checks at start and exits 64 naming the missing ones, and Temporal refuses an API's start of a workflow carrying them (the create answers 503 `durable_dispatch_unknown`, the run stays accepted for the reconciler). Set it alike on the API and the workers",
         json_schema_extra=_example("true"))
     task_queue: str = Field(default="agent-runs",
                             description="the queue workers poll and the API dispatches to",
