@@ -71,8 +71,9 @@ async def dispatch(client: Client, row: dict[str, Any], settings: Settings) -> s
     except WorkflowAlreadyStartedError:
         pass
     except RPCError as exc:
-        # INVALID_ARGUMENT: refused, not started; for a start request that is, for
-        # example, a namespace without qimpl's search attributes (docs/operations.md).
+        # Its status is logged. INVALID_ARGUMENT is a refusal (nothing started), most
+        # likely a namespace without qimpl's search attributes (docs/operations.md); the
+        # run stays accepted and the reconciler dispatches it once they are registered.
         raise DispatchUnknown(f"dispatch of {wf_id} unconfirmed: Temporal answered {exc.status.name}"
                               + (" (are the search attributes registered in the namespace?)"
                                  if exc.status == RPCStatusCode.INVALID_ARGUMENT else "")) from exc

@@ -26,12 +26,13 @@ MIN_TIMEOUT = timedelta(seconds=1)
 #: The workflow type the dispatch starts (``qimpl.dispatch``).
 WORKFLOW_TYPE = "AgentRunWorkflowV3"
 
-#: Behind this patch (in version 2; always in version 3), an agent activity Temporal ended with a ScheduleToStart timeout (an
-#: attempt that never started: a retry stranded on a dead worker's takeover queue and
-#: moved by a watcher, ``qimpl.takeover.should_move``) is scheduled again, on the
-#: workflow's own task queue, instead of failing the run (R-EXEC-13). Recorded at the
-#: workflow's first task, so a watcher can tell from the history whether a run's workflow
-#: re-dispatches (``qimpl.watcher``); a history recorded before it replays without it.
+#: Behind this patch in version 2 (always in version 3), an agent activity Temporal ended
+#: with a ScheduleToStart timeout (an attempt that never started: a retry stranded on a
+#: dead worker's takeover queue and moved by a watcher, ``qimpl.takeover.should_move``) is
+#: scheduled again, on the workflow's own task queue, instead of failing the run
+#: (R-EXEC-13). Recorded at the workflow's first task, so a watcher can tell from the
+#: history whether a version-2 workflow re-dispatches (``qimpl.watcher``); a history
+#: recorded before it replays without it.
 REDISPATCH_PATCH_ID = "qimpl-redispatch-unstarted-1"
 
 
