@@ -9,7 +9,8 @@ from alembic.config import Config
 
 __all__ = ["BASELINE", "HEAD", "alembic_config", "downgrade", "upgrade"]
 
-HEAD = "20261209_090000_late_checkpoints"
+#: The newest revision (tests/integration/test_migrations.py checks it is the scripts' head).
+HEAD = "20261210_100000_retry_after"
 BASELINE = "20261001_000000_baseline"
 _DIR = Path(__file__).with_name("migrations")
 

@@ -197,3 +197,15 @@ def test_downgrade_below_state_deltas_folds_every_chain_back_into_whole_states(e
         with pytest.raises(psycopg.DatabaseError, match="may not be changed"):  # the guard is back
             conn.execute("UPDATE run_checkpoints SET state_json = '{}' WHERE run_id = %s", (runs["t1"],))
     upgrade(empty_db, HEAD)
+
+
+@pytest.mark.req("R-OPS-1")
+def test_head_is_the_newest_migration() -> None:
+    """``HEAD`` (what ``migrate`` prints and what the upgrade tests and the schema scenario
+    migrate to) is the scripts' own head: a migration added without moving it would go
+    untested, its downgrade too (it did, for two migrations, until 2026-12-06)."""
+    from alembic.script import ScriptDirectory
+
+    from qimpl.db.migrate import alembic_config
+
+    assert ScriptDirectory.from_config(alembic_config("postgresql://unused/db")).get_current_head() == HEAD
