@@ -45,6 +45,10 @@ __all__ = ["REGISTRY", "Scenario", "ScenarioContext", "scenario"]
 API_KEY = "dev-key"
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 
+#: An id in a check's name (eight hex digits or more, letters and digits mixed: a run id,
+#: a key's digest): checks are compared by name across runs (``qualify diff``, the gate).
+_ID_IN_NAME = re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b")
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -178,7 +182,11 @@ class ScenarioContext:
         """Record a scenario check; bearer secrets in ``detail`` (stream keys) are redacted
         before anything is stored or reported. ``judged`` is how many items the assertion
         looked at (one, unless it is a statement about a collection: pass its size, so an
-        empty collection covers no requirement, R-Q-12)."""
+        empty collection covers no requirement, R-Q-12). Raises HarnessError when ``name``
+        carries an id: two runs of the same code must have the same checks (put the id in
+        ``detail``)."""
+        if _ID_IN_NAME.search(name):
+            raise HarnessError(f"check name carries an id (put it in the detail): {name!r}")
         self.checks.append(Check(name, bool(ok), redact(detail), tuple(requirements), judged=judged))
         return bool(ok)
 

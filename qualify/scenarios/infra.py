@@ -11,7 +11,7 @@ from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.faults import owned_runs
 from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
-from qualify.scenarios.lifecycle import accepted, provider_calls
+from qualify.scenarios.lifecycle import accepted, every_run_completed, provider_calls
 
 STEPS = 4
 
@@ -142,6 +142,4 @@ def rolling_restarts(ctx: ScenarioContext) -> None:
             time.sleep(0.1)
         ctx.nemesis.restart(workers[round_], owner_dsn=ctx.deployment.dsn, round=round_)
         ctx.nemesis.restart(apis[round_], round=round_)
-    for run_id in run_ids:
-        run = ctx.wait_terminal(apis[0], run_id, timeout_s=60)
-        ctx.expect(f"run {run_id[:8]} completed", run["state"] == "completed", run["state"])
+    every_run_completed(ctx, apis[0], run_ids)

@@ -103,6 +103,18 @@ def taken_over_after(ctx: ScenarioContext, run_id: str, attempt: int, since: flo
     return None
 
 
+def every_run_completed(ctx: ScenarioContext, api: ManagedProcess, run_ids: list[str], *req: str,
+                        timeout_s: float = 60) -> dict[str, dict[str, Any]]:
+    """Wait for each of ``run_ids`` to end and judge one check, "every run completed"
+    (named alike however many runs and whichever ids, so two runs of the same code have
+    the same checks, ``qualify diff``); returns each run's final read."""
+    finals = {r: ctx.wait_terminal(api, r, timeout_s=timeout_s) for r in run_ids}
+    other = {r[:8]: f["state"] for r, f in finals.items() if f["state"] != "completed"}
+    ctx.expect("every run completed", not other, str(other) if other else f"{len(finals)} runs completed",
+               *req, judged=len(finals))
+    return finals
+
+
 def writes_since(ctx: ScenarioContext, run_id: str, attempt: int, since: float) -> int:
     """How many writes the session of ``attempt`` (generation 1) committed to ``run_id`` at
     or after ``since`` (epoch s), judged by the writer's own token (the audit's

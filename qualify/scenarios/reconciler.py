@@ -15,7 +15,7 @@ from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
 from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
-from qualify.scenarios.lifecycle import accepted, provider_calls
+from qualify.scenarios.lifecycle import accepted, every_run_completed, provider_calls
 from qualify.scenarios.sweeps import (
     AFTER_ACCEPT,
     OPERATOR_KEY,
@@ -222,9 +222,7 @@ def tenant_slots(ctx: ScenarioContext) -> None:
     owner = next(w for w in workers if w.alive and w.pid == held["pid"])
     ctx.nemesis.sigkill(owner, barrier="slot", attempt=held["attempt"])
     ctx.processes.worker("worker-3", **limit)
-    for run_id in run_ids:
-        run = ctx.wait_terminal(api, run_id, timeout_s=60)
-        ctx.expect(f"run {run_id[:8]} completed", run["state"] == "completed", run["state"])
+    every_run_completed(ctx, api, run_ids)
     from qualify.collect import database_events
 
     most = slot_holders(database_events(ctx.deployment.dsn))

@@ -25,7 +25,13 @@ from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
 from qualify.procs import wait_until
 from qualify.scenarios.base import TERMINAL, ScenarioContext, scenario
-from qualify.scenarios.lifecycle import accepted, log_events, taken_over_after, writes_since
+from qualify.scenarios.lifecycle import (
+    accepted,
+    every_run_completed,
+    log_events,
+    taken_over_after,
+    writes_since,
+)
 from qualify.timing import spends
 
 __all__ = ["LEASE_S", "SLOW_HB_S", "watcher_failures"]
@@ -282,9 +288,7 @@ def watcher_never_ends_a_live_owner(ctx: ScenarioContext) -> None:
     at = _checkpoint_at(ctx, victim_run, 2, timeout_s=30)
     ctx.figures["takeover_after_sigkill_s"] = round(at - killed_at, 3) if at is not None else -1.0
     runs = [victim_run, *others]
-    finals = {r: ctx.wait_terminal(api, r, timeout_s=60) for r in runs}
-    ctx.expect("every run completed", all(f["state"] == "completed" for f in finals.values()),
-               str({r: f["state"] for r, f in finals.items()}), "R-EXEC-13", judged=len(finals))
+    every_run_completed(ctx, api, runs, "R-EXEC-13")
     calls = [json.loads(line) for line in
              (ctx.control / "provider_calls.jsonl").read_text().splitlines() if line.strip()]
     owned_by_victim = {(victim_run, int(held["attempt"]))}
