@@ -10,7 +10,11 @@
   to the route, which answers its own way. Both read the first ``Authorization`` header;
 - a body larger than ``max_body_bytes`` (declared by ``Content-Length``, or counted while
   it streams in, chunked included) is answered 413 ``body_too_large`` without being kept
-  whole: at most ``max_body_bytes`` are buffered.
+  whole: at most ``max_body_bytes`` are buffered;
+- a request of any method that sends ``Authorization``, ``Idempotency-Key`` or
+  ``Last-Event-ID`` more than once is answered 400 ``duplicate_header`` before anything
+  else: the API would read the first, a proxy or a log in front of it perhaps the last,
+  and the two would disagree on who asked or what was asked (R-AUTH-1, R-CREATE-2).
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ Scope = dict[str, Any]
 Message = dict[str, Any]
 
 _WRITES = frozenset({b"POST", b"PUT", b"PATCH", "POST", "PUT", "PATCH"})
+#: Headers a request may send once only: ASGI's lowercase name -> as HTTP spells it.
+_SINGLE = {b"authorization": "Authorization", b"idempotency-key": "Idempotency-Key",
+           b"last-event-id": "Last-Event-ID"}
 
 
 class RequestLimits:
@@ -35,6 +42,9 @@ class RequestLimits:
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and (twice := _sent_twice(scope.get("headers") or [])):
+            await _answer(send, 400, "duplicate_header", f"the {twice} header is sent more than once")
+            return
         if scope["type"] != "http" or scope["method"] not in _WRITES:
             await self.app(scope, receive, send)
             return
@@ -72,6 +82,13 @@ class RequestLimits:
             return dict(await receive())
 
         await self.app(scope, replay, send)
+
+
+def _sent_twice(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The first header of ``_SINGLE`` that ``headers`` (ASGI's, names lowercase) carry
+    more than once, as HTTP spells it; None when each is sent at most once."""
+    names = [name for name, _ in headers if name in _SINGLE]
+    return next((spelt for n, spelt in _SINGLE.items() if names.count(n) > 1), None)
 
 
 async def _known(scope: Scope, headers: dict[bytes, bytes]) -> bool:

@@ -212,3 +212,32 @@ def test_a_value_the_database_cannot_store_is_422_not_500() -> None:
                 assert "cannot be converted" not in r.text
 
     asyncio.run(calls())
+
+
+@pytest.mark.req("R-AUTH-1", "R-CREATE-2")
+@pytest.mark.parametrize(("method", "path", "twice", "spelt"), [
+    ("POST", RUNS, "Authorization", "Authorization"),
+    ("GET", f"/v1/agents/a-1/runs/{uuid.uuid4()}", "Authorization", "Authorization"),
+    ("POST", RUNS, "Idempotency-Key", "Idempotency-Key"),
+    ("GET", EVENTS, "last-event-id", "Last-Event-ID"),
+])
+def test_a_header_read_once_sent_twice_is_400_before_anything_runs(app: FastAPI, method: str, path: str,
+                                                                    twice: str, spelt: str) -> None:
+    """Two ``Authorization`` (or ``Idempotency-Key``, ``Last-Event-ID``) headers: the API
+    would read the first and a proxy perhaps the last. 400 ``duplicate_header``, whatever
+    the values (the same twice too), before authentication or the body is read; one of
+    each goes through (here to the route's own answer)."""
+    values = {"Authorization": f"Bearer {KEY}", "Idempotency-Key": "k", "last-event-id": "1"}
+    single = [("Authorization", f"Bearer {KEY}"), ("Idempotency-Key", "k"), ("Content-Type", "application/json")]
+
+    async def calls() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
+            for second in (values[twice], "other"):
+                headers = [h for h in single if h[0] != twice] + [(twice, values[twice]), (twice, second)]
+                resp = await client.request(method, path, headers=headers, content=b'{"prompt": "hi"}')
+                assert (resp.status_code, resp.json()["code"]) == (400, "duplicate_header"), resp.text
+                assert spelt in resp.json()["message"]
+            once = await client.request(method, path, headers=single, content=b'{"prompt": "hi"}')
+            assert once.status_code != 400 or once.json()["code"] != "duplicate_header"
+
+    asyncio.run(calls())
