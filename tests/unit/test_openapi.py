@@ -220,7 +220,7 @@ def test_a_value_the_database_cannot_store_is_422_not_500() -> None:
     ("GET", f"/v1/agents/a-1/runs/{uuid.uuid4()}", "Authorization", "Authorization"),
     ("POST", RUNS, "Idempotency-Key", "Idempotency-Key"),
     ("GET", EVENTS, "last-event-id", "Last-Event-ID"),
-])
+], ids=["create-authorization", "read-authorization", "create-idempotency-key", "events-last-event-id"])
 def test_a_header_read_once_sent_twice_is_400_before_anything_runs(app: FastAPI, method: str, path: str,
                                                                     twice: str, spelt: str) -> None:
     """Two ``Authorization`` (or ``Idempotency-Key``, ``Last-Event-ID``) headers: the API
