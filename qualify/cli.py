@@ -43,7 +43,7 @@ TemporalOpt = Annotated[str, typer.Option("--temporal-address", help="--stack ex
 @app.command()
 def run(
     scenario: Annotated[list[str] | None, typer.Option("--scenario", "-s", help="scenario id (repeatable); default all")] = None,
-    random_n: Annotated[int, typer.Option("--random", help="generate N random scenarios (workload + faults) from the seed")] = 0,
+    random_n: Annotated[int, typer.Option("--random", min=0, help="generate N random scenarios (workload + faults) from the seed")] = 0,
     seed: Annotated[int | None, typer.Option(min=0, help="root seed (>= 0); random when omitted")] = None,
     stack: StackOpt = "embedded",
     pg_dsn: PgDsnOpt = "",

@@ -67,16 +67,24 @@ def merge_shards(summaries: Sequence[dict[str, Any]]) -> tuple[list[dict[str, An
 def merge_reports(shard_dirs: Sequence[Path], reports_root: Path) -> tuple[dict[str, Any], Path, int]:
     """Read each shard's ``summary.json``, merge, copy each scenario's directory (history,
     logs) and write the merged report under ``reports_root``. Returns (summary, report
-    directory, exit code). UsageError when a directory holds no finished report."""
+    directory, exit code). UsageError (nothing written) when a directory holds no finished
+    report, holds the report of a run that was not a shard, or is given twice; shards that
+    do not fit together are merged into a ``crashed`` report."""
     from qualify.scenarios import REGISTRY
     from qualify.session import crash_point_catalog, full_run_gates, new_report_dir
 
     summaries = []
+    given = Counter(d.resolve() for d in shard_dirs)
+    if twice := [str(d) for d, n in given.items() if n > 1]:
+        raise UsageError(f"{', '.join(twice)}: given more than once")
     for d in shard_dirs:
         path = d / "summary.json"
         if not path.is_file():
             raise UsageError(f"{d}: no summary.json (not a finished qualify report)")
-        summaries.append(json.loads(path.read_text()))
+        summary = json.loads(path.read_text())
+        if summary.get("shard") is None:
+            raise UsageError(f"{d}: not the report of a shard (qualify run --shard K/N)")
+        summaries.append(summary)
     docs, problems = merge_shards(summaries)
     first = summaries[0]
     report_dir = new_report_dir(reports_root, str(first.get("git_sha") or "unknown"))

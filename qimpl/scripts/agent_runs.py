@@ -26,7 +26,7 @@ from temporalio.client import Client
 
 from qimpl.logs import temporal_runtime
 from qimpl.reconciler import SWEEP_LIMIT, sweep_tenant
-from qimpl.scripts import EXIT_USAGE, UsageParser
+from qimpl.scripts import EXIT_USAGE, UsageParser, piped
 from qimpl.settings import Settings, load_or_exit
 
 __all__ = ["EXIT_DATABASE", "EXIT_TEMPORAL", "EXIT_USAGE", "main"]
@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=SWEEP_LIMIT,
                         help=f"candidates per tenant per phase, 1 to {SWEEP_LIMIT} (R-OPS-3)")
     args = parser.parse_args(argv)
+    if blank := [t for t in args.tenant if not t.strip()]:
+        parser.error(f"--tenant must name a tenant ({len(blank)} given empty)")
+    args.tenant = list(dict.fromkeys(args.tenant))  # each tenant swept once, in the order given
     if not 1 <= args.limit <= SWEEP_LIMIT:
         parser.error(f"--limit must be between 1 and {SWEEP_LIMIT} (a sweep looks at most "
                      f"{SWEEP_LIMIT} candidates per tenant)")
@@ -93,9 +96,8 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     try:
-        code = main()
+        code = piped(main)
     except SystemExit as exc:  # usage and configuration errors: already reported
         code = int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
-    sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # no interpreter finalisation under the Temporal core's threads

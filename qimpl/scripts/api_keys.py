@@ -33,7 +33,7 @@ from typing import Any
 import psycopg
 
 from qimpl.db import admin
-from qimpl.scripts import UsageParser
+from qimpl.scripts import UsageParser, piped
 from qimpl.settings import MIN_DISTINCT_CHARS, AdminSettings, key_is_secret, load_or_exit
 from qimpl.settings import MIN_STATIC_KEY_CHARS as MIN_CHOSEN_KEY_CHARS
 
@@ -175,4 +175,4 @@ def _os_user() -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(piped(main))

@@ -49,8 +49,9 @@ def test_sweep_warns_about_a_tenant_with_no_runs(stack: Any) -> None:
                      " stream_key, deadline_at) VALUES (%s, 'acme', 'p', 'a', 'completed', 'x', 'k',"
                      " now())", (str(uuid.uuid4()),))
     done = _sweep({"QIMPL_DATABASE_URL": dsn, "QIMPL_TEMPORAL_ADDRESS": stack.info.temporal_address},
-                  "Acme", "acme")
+                  "Acme", "acme", "Acme")
     assert done.returncode == 0, done.stderr
+    # A tenant named twice is swept once (a tester's --tenant acme --tenant acme swept twice).
     assert [json.loads(line)["tenant"] for line in done.stdout.splitlines()] == ["Acme", "acme"]
     warnings = [line for line in done.stderr.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "'Acme' has no runs" in warnings[0]

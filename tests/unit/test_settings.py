@@ -190,7 +190,10 @@ def test_the_worker_refuses_tools_that_do_not_load() -> None:
     (["--tenant", "t"], {}, "QIMPL_DATABASE_URL"),
     (["--tenant", "t", "--limit", "101"], {"QIMPL_DATABASE_URL": DSN}, "between 1 and 100"),
     (["--tenant", "t", "--limit", "0"], {"QIMPL_DATABASE_URL": DSN}, "between 1 and 100"),
-], ids=["no-tenant", "bad-limit", "no-database-url", "limit-above-100", "limit-zero"])
+    (["--tenant", ""], {"QIMPL_DATABASE_URL": DSN}, "--tenant must name a tenant"),
+    (["--tenant", "t", "--tenant", " "], {"QIMPL_DATABASE_URL": DSN}, "--tenant must name a tenant"),
+], ids=["no-tenant", "bad-limit", "no-database-url", "limit-above-100", "limit-zero", "empty-tenant",
+        "blank-tenant"])
 def test_the_sweep_calls_a_usage_error_64(args: list[str], variables: dict[str, str], says: str) -> None:
     done = _start(["-m", "qimpl.scripts.agent_runs", *args], **variables)
     assert done.returncode == 64, done.stderr

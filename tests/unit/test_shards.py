@@ -63,3 +63,30 @@ def test_merged_shards_come_back_in_selection_order() -> None:
 def test_shards_that_are_not_one_session_are_refused(summaries: list[dict[str, Any]], problem: str) -> None:
     _, problems = merge_shards(summaries)
     assert any(problem in p for p in problems), problems
+
+
+@pytest.mark.req("R-Q-10")
+@pytest.mark.parametrize(("docs", "twice", "says"), [
+    ([{"seed": 1, "scenarios": []}], False, "not the report of a shard"),
+    ([{"seed": 1, "scenarios": [], "shard": {"index": 1, "count": 2, "selection": ["a"]}}], True,
+     "given more than once"),
+])
+def test_merging_what_is_not_a_set_of_shards_is_a_usage_error_and_writes_nothing(
+        tmp_path: Any, docs: list[dict[str, Any]], twice: bool, says: str) -> None:
+    """A tester merged a plain run's report, and one report twice: that was a crashed
+    verdict, exit 2 ("the harness broke") and a new report. Now exit 64's UsageError, and
+    no report directory."""
+    import json
+
+    from qualify.merge import merge_reports
+
+    dirs = []
+    for i, doc in enumerate(docs):
+        d = tmp_path / f"r{i}"
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps(doc))
+        dirs.append(d)
+    out = tmp_path / "reports"
+    with pytest.raises(UsageError, match=says):
+        merge_reports(dirs * 2 if twice else dirs, out)
+    assert not out.exists()
