@@ -19,6 +19,9 @@ def test_usage_errors_exit_64() -> None:
     assert _qualify("run", "--stack", "bogus").returncode == 64
     assert _qualify("run", "--seed", "abc").returncode == 64
     assert _qualify("run", "--seed", "-5").returncode == 64
+    # Refused before anything runs (a tester's --random -1 ran the whole catalog).
+    done = _qualify("run", "--random", "-1", "-s", "happy-path", "--reports-dir", "/tmp/qualify-x")
+    assert done.returncode == 64 and "--random" in done.stdout + done.stderr
     assert _qualify("repro").returncode == 64
     assert _qualify("run", "-n", "abc").returncode == 64
     assert _qualify("repro", "--schedule", "/nonexistent/repro.json").returncode == 64
