@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 import psycopg
@@ -53,6 +53,8 @@ RECORD_FIELDS = ("result_json", "error_code", "error_message", "last_failure_cod
                  "completed_at")
 #: ``(conn) -> the run record's RECORD_FIELDS``, JSON-ready; read for a terminal event.
 Record = Callable[[Any], Awaitable[Mapping[str, Any]]]
+#: One read of the journal: its rows, and the run record when they hold the terminal event.
+_Page = tuple[list[dict[str, Any]], Mapping[str, Any] | None]
 
 
 def event_of(row: dict[str, Any], record: Mapping[str, Any] | None = None) -> dict[str, str]:
@@ -93,7 +95,7 @@ async def stream_events(tenant: Callable[[], Any], hub: EventHub, run_id: str, a
         while loop.time() < deadline:
             woken.clear()  # before the read: a commit during it wakes the next one
             try:
-                rows, final = await _read(tenant, run_id, last, record, reads)
+                rows, final = await _finished(_read(tenant, run_id, last, record, reads))
             except PoolClosed:
                 return  # the process is shutting down
             except (PoolTimeout, psycopg.OperationalError) as exc:
@@ -131,8 +133,22 @@ async def stream_events(tenant: Callable[[], Any], hub: EventHub, run_id: str, a
                 await asyncio.wait_for(woken.wait(), min(fallback_s, max(deadline - loop.time(), 0)))
 
 
+async def _finished(read: Coroutine[Any, Any, _Page]) -> _Page:
+    """``read``'s page. A stream cancelled meanwhile (its client went away) lets the read
+    finish in the background (bounded by the API's database timeout) and returns its
+    connection to the pool whole: a query cancelled mid-flight, its own cancellation
+    interrupted in turn, made the pool close the connection and open another, one per
+    client that dropped during a read (seen by a tester)."""
+    task = asyncio.ensure_future(read)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: never "never retrieved"
+        raise
+
+
 async def _read(tenant: Callable[[], Any], run_id: str, last: int, record: Record | None,
-                reads: asyncio.Semaphore | None) -> tuple[list[dict[str, Any]], Mapping[str, Any] | None]:
+                reads: asyncio.Semaphore | None) -> _Page:
     """One page of the journal after ``last``, and the run record when it holds the terminal event."""
     async with reads or contextlib.nullcontext():
         final: Mapping[str, Any] | None = None

@@ -218,3 +218,49 @@ def test_a_stream_lets_the_loop_run_between_two_events_of_a_page() -> None:
         return ran
 
     assert asyncio.run(scenario()) == [False, True, True, True]
+
+
+class _SlowRead(_Journal):
+    """A journal whose read waits for ``go``; records how each connection was given back."""
+
+    def __init__(self, rows: list[dict[str, object]]) -> None:
+        super().__init__(rows)
+        self.reading, self.go, self.returned = asyncio.Event(), asyncio.Event(), []
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.returned.append(type(exc[1]).__name__ if exc[1] is not None else "whole")
+
+    async def execute(self, sql: str, params: tuple[str, int, int]) -> None:
+        self.reading.set()
+        await self.go.wait()
+        await super().execute(sql, params)
+
+
+@pytest.mark.req("R-EVENT-4")
+def test_a_client_gone_during_a_read_leaves_the_read_to_finish_and_its_connection_whole() -> None:
+    """A tester's clients that dropped mid-read each cost the API pool a connection: the
+    cancelled query's own cancellation was interrupted and the pool closed it. The stream
+    now ends at once, and its read finishes behind it and gives the connection back whole."""
+    from qimpl.api.events import stream_events
+
+    async def scenario() -> list[str]:
+        journal = _SlowRead([{"seq": 1, "kind": "state", "data": {"state": "queued"}}])
+
+        async def client() -> None:
+            async for _ in stream_events(journal, EventHub("postgresql://unused"), RUN, 0, fallback_s=600):
+                pass
+
+        task = asyncio.create_task(client())
+        await asyncio.wait_for(journal.reading.wait(), 5)
+        task.cancel()  # the client went away during the read
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 5)
+        assert task.cancelled()
+        journal.go.set()
+        for _ in range(100):
+            if len(journal.returned) == 2:
+                break
+            await asyncio.sleep(0.01)
+        return journal.returned
+
+    assert asyncio.run(scenario()) == ["whole", "whole"]  # the cursor, then the connection
