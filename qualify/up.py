@@ -17,6 +17,7 @@ settings, the printed curl) are functions of their inputs; ``UpEnvironment`` doe
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import secrets
@@ -81,13 +82,21 @@ STACK_SETTINGS = frozenset({"QIMPL_DATABASE_URL", "QIMPL_TEMPORAL_ADDRESS", "QIM
 
 def parse_settings(pairs: list[str]) -> dict[str, str]:
     """``KEY=VALUE`` pairs of ``--set`` as a dict. Raises UsageError for a pair without
-    ``=``, a key that is not a qimpl setting (``QIMPL_*``, ``AGENT_*``, ``DURABLE_*``) or
-    one ``qualify up`` owns (``STACK_SETTINGS``)."""
+    ``=``, a key that is not one of qimpl's settings (``qimpl.settings.setting_names``:
+    a misspelt name would be passed on and read by no one) or one ``qualify up`` owns
+    (``STACK_SETTINGS``)."""
+    from qimpl.settings import setting_names
+
+    known = setting_names()
     out: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.startswith(("QIMPL_", "AGENT_", "DURABLE_")):
             raise UsageError(f"--set takes QIMPL_NAME=value (a setting of docs/operations.md), got {pair!r}")
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=1)
+            raise UsageError(f"--set {key}: no such setting in docs/operations.md"
+                             + (f" (did you mean {near[0]}?)" if near else ""))
         if key in STACK_SETTINGS:
             raise UsageError(f"--set {key}: qualify up sets it itself (its own database and Temporal)")
         out[key] = value

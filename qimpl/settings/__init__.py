@@ -33,6 +33,7 @@ from qimpl.settings.loading import (
     load,
     load_or_exit,
     plugin_error,
+    setting_names,
     settings_table,
     warn_no_watcher_margin,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "load",
     "load_or_exit",
     "plugin_error",
+    "setting_names",
     "settings_table",
     "warn_no_watcher_margin",
 ]

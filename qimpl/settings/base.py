@@ -125,6 +125,17 @@ class Settings(BaseSettings):
     def _dsn(cls, value: str) -> str:
         return _check_dsn(value)
 
+    @field_validator("temporal_address")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        """``host:port`` (``[v6]:port`` too), the port 1-65535: anything else is a typo the
+        process would only meet as "cannot reach Temporal" (exit 3)."""
+        host, sep, port = value.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535 or any(
+                c.isspace() or c == "/" for c in host):
+            raise ValueError(f"{value!r} is not host:port (for example 127.0.0.1:7233)")
+        return value.strip()
+
     @property
     def lease(self) -> float:
         """The ownership lease in effect, seconds: ``lease_s``, or ``default_lease_s`` of the

@@ -30,6 +30,7 @@ __all__ = [
     "load",
     "load_or_exit",
     "plugin_error",
+    "setting_names",
     "settings_table",
     "warn_no_watcher_margin",
 ]
@@ -136,6 +137,18 @@ def plugin_error(model: type[BaseSettings], field: str, exc: Exception) -> Confi
 def get_settings() -> Settings:
     """The shared settings of this process (cached; processes use their own model)."""
     return load(Settings)
+
+
+def setting_names() -> frozenset[str]:
+    """Every environment variable a qimpl process reads (each name and alias of each
+    field of ``PROCESSES``' models), for tools that pass settings on (``qualify up --set``)."""
+    names: set[str] = set()
+    for model in PROCESSES.values():
+        for field, info in model.model_fields.items():
+            names.add(env_name(model, field))
+            if isinstance(info.validation_alias, AliasChoices):
+                names.update(c for c in info.validation_alias.choices if isinstance(c, str))
+    return frozenset(names)
 
 
 def settings_table() -> str:

@@ -65,6 +65,13 @@ def test_every_variable_of_every_model_is_in_the_table() -> None:
      "DURABLE_AGENT_RECONCILE_TENANTS", "not valid JSON"),
     ({"QIMPL_DATABASE_URL": DSN, "QIMPL_HEARTBEAT_TIMEOUT_S": "2s"}, "setting_invalid",
      "QIMPL_HEARTBEAT_TIMEOUT_S", "number"),
+    # A tester's QIMPL_TEMPORAL_ADDRESS=nonsense was "cannot reach Temporal" (exit 3).
+    ({"QIMPL_DATABASE_URL": DSN, "QIMPL_TEMPORAL_ADDRESS": "nonsense"}, "setting_invalid",
+     "QIMPL_TEMPORAL_ADDRESS", "host:port"),
+    ({"QIMPL_DATABASE_URL": DSN, "QIMPL_TEMPORAL_ADDRESS": "http://t:7233/x"}, "setting_invalid",
+     "QIMPL_TEMPORAL_ADDRESS", "host:port"),
+    ({"QIMPL_DATABASE_URL": DSN, "QIMPL_TEMPORAL_ADDRESS": "t:70000"}, "setting_invalid",
+     "QIMPL_TEMPORAL_ADDRESS", "host:port"),
 ])
 def test_a_bad_setting_names_its_variable_and_an_example(
         env: pytest.MonkeyPatch, variables: dict[str, str], code: str, variable: str, says: str) -> None:
