@@ -122,3 +122,15 @@ def test_the_eta_starts_from_the_plan_and_ends_on_the_measured_mean() -> None:
     late = eta_s(90.0, 90, 96, 92.0)  # near the end the measured mean dominates
     assert abs(late - (0.0625 * 2.0 + 0.9375 * 6.0)) < 1e-9
     assert eta_s(0.0, 0, 96, 92.0) == 92.0
+
+
+def test_every_catalog_scenario_has_an_expected_duration() -> None:
+    """Without one the whole plan is unknown (``expected_wall_s`` is None) and the ETA is
+    the mean of the first scenarios alone: a tester's first line read ``[1/98 0:24 ETA
+    39:01]`` for a 3-minute run, ``owner-paused-mid-run`` lacking. Add a new scenario's
+    seconds (``python -m qualify.timing SUMMARY`` of a full run) with the scenario."""
+    from qualify.scenarios import REGISTRY
+    from qualify.timing import expected_seconds
+
+    seconds = expected_seconds()
+    assert sorted(set(REGISTRY) - set(seconds)) == []
