@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -45,10 +46,12 @@ def _first_write_by_later_attempt(ctx: ScenarioContext, run_id: str, attempt: in
 
 
 def _paused_in_transaction(ctx: ScenarioContext, point: str, proc: ManagedProcess,
-                           run_id: str) -> dict[str, Any]:
+                           run_id: str | None = None) -> dict[str, Any]:
     """Wait for ``proc`` to stop itself at ``point``; record the fault and check that the
-    owner's session really is idle inside an open transaction (the scenario is not vacuous)."""
+    owner's session really is idle inside an open transaction (the scenario is not vacuous).
+    Without ``run_id``, the run is the one the crash point names."""
     evidence = ctx.wait_crash_point(point, proc)
+    run_id = run_id or str(evidence["context"]["run_id"])
     ctx.nemesis.crash_point(proc, evidence, run_id=run_id)
     sessions = _owner_session(ctx, run_id)
     ctx.expect("the paused owner's lease session is idle inside an open transaction",
@@ -172,8 +175,15 @@ def owner_paused_inside_claim_transaction(ctx: ScenarioContext) -> None:
     limit = {"AGENT_CONCURRENCY_LIMIT": "1", **env}
     api = ctx.processes.api(**env)
     paused = ctx.processes.worker("worker-paused", QIMPL_CRASH_POINTS=f"{CLAIM_TXN}:stop", **limit)
-    run_id = accepted(ctx, api, prompt=make_prompt(steps=3, answer="never"))
-    _paused_in_transaction(ctx, CLAIM_TXN, paused, run_id)
+    # The create is not waited for first: the claim may come before the API's confirming
+    # commit, which then waits behind the paused claim's row lock until PostgreSQL ends
+    # that session (the lease), and the session would be gone before it was looked at.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        created = pool.submit(accepted, ctx, api, prompt=make_prompt(steps=3, answer="never"))
+        evidence = _paused_in_transaction(ctx, CLAIM_TXN, paused)
+        run_id = created.result(timeout=60)
+    if str(evidence["context"]["run_id"]) != run_id:
+        raise HarnessError(f"the owner paused in the claim of {evidence['context']['run_id']}, not of {run_id}")
     ctx.history.record("client", op="cancel", phase="invoke", run_id=run_id)
     t0 = time.monotonic()
     try:
