@@ -16,7 +16,7 @@ from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
 from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
-from qualify.scenarios.lifecycle import accepted
+from qualify.scenarios.lifecycle import accepted, taken_over_after
 
 CKPT_TXN = "owner.inside_checkpoint_transaction"
 CLAIM_TXN = "owner.inside_claim_transaction"
@@ -37,12 +37,6 @@ def _owner_session(ctx: ScenarioContext, run_id: str) -> list[tuple[Any, ...]]:
     """(pid, state) of the run's lease sessions, as PostgreSQL sees them."""
     return ctx.sql("SELECT pid, state FROM pg_stat_activity WHERE application_name = %s",
                    f"qimpl-owner:{run_id}")
-
-
-def _first_write_by_later_attempt(ctx: ScenarioContext, run_id: str, attempt: int) -> float | None:
-    rows = ctx.sql("SELECT extract(epoch FROM min(at))::float8 FROM run_transitions"
-                   " WHERE run_id = %s AND owner_attempt > %s", run_id, attempt)
-    return rows[0][0] if rows else None
 
 
 def _paused_in_transaction(ctx: ScenarioContext, point: str, proc: ManagedProcess,
@@ -80,12 +74,7 @@ def owner_paused_inside_checkpoint_transaction(ctx: ScenarioContext) -> None:
     attempt = int(evidence["context"]["attempt"])
     ctx.processes.worker("worker-2", **env)
     bound = 3 * (h + 3)
-    deadline = time.monotonic() + bound + 10
-    while (t := _first_write_by_later_attempt(ctx, run_id, attempt)) is None:
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    takeover = None if t is None else round(t - float(evidence["t"]), 3)
+    takeover = taken_over_after(ctx, run_id, attempt, float(evidence["t"]), timeout_s=bound + 10)
     ctx.figures["takeover_after_sigstop_in_transaction_s"] = takeover or -1.0
     ctx.expect(f"a new attempt took over within {bound:.0f} s", takeover is not None and takeover <= bound,
                f"took over after {takeover} s; bound 3 x (H + 3 s), H = {h} s, lease {lease} s",
@@ -113,10 +102,7 @@ def _stalled_inside_checkpoint_transaction(ctx: ScenarioContext, action: str) ->
     attempt = int(evidence["context"]["attempt"])
     ctx.processes.worker("worker-2", **env)
     bound = lease + 10
-    deadline = time.monotonic() + bound + 5
-    while (t := _first_write_by_later_attempt(ctx, run_id, attempt)) is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    took = None if t is None else round(t - float(evidence["t"]), 3)
+    took = taken_over_after(ctx, run_id, attempt, float(evidence["t"]), timeout_s=bound + 5)
     ctx.figures[f"takeover_after_{action}_in_transaction_s"] = took if took is not None else -1.0
     ctx.expect(f"a new attempt took over within the lease + 10 s ({bound:.0f} s) of the stall",
                took is not None and took <= bound,
