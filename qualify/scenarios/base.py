@@ -357,6 +357,26 @@ class ScenarioContext:
         """The database's clock now (epoch s): the clock every bound is judged on."""
         return float(self.sql("SELECT extract(epoch FROM clock_timestamp())::float8")[0][0])
 
+    def db_clock_offset(self) -> float:
+        """The database's clock minus this host's (seconds), from the shortest of five round
+        trips (off by at most half of it). This host's clock is also its API's and workers'
+        (the harness starts them), so a time they stamped (crash-point evidence, history)
+        plus this offset is comparable with the database's ``at`` columns."""
+        best: tuple[float, float] | None = None
+        for _ in range(5):
+            t0 = time.time()
+            db = self.db_now()
+            t1 = time.time()
+            if best is None or t1 - t0 < best[0]:
+                best = (t1 - t0, db - (t0 + t1) / 2)
+        assert best is not None
+        return best[1]
+
+    def on_db_clock(self, t: float) -> float:
+        """``t`` (epoch s, stamped on this host: crash-point evidence, history) as the
+        database's clock read it (``db_clock_offset``)."""
+        return t + self.db_clock_offset()
+
     def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
         """Run ``query`` (autocommit) as the schema owner and return its rows; raises what
         psycopg raises. One session serves the whole scenario (a connection per call cost

@@ -28,20 +28,6 @@ OFFSETS = (-2.0, -1.0, -0.3, -0.15, -0.03, 0.0, 0.03, 0.1)
 DEADLINE_S = 7
 
 
-def _db_clock_offset(ctx: ScenarioContext) -> float:
-    """The database's clock minus this process's (seconds), from the best of a few
-    round trips."""
-    best: tuple[float, float] | None = None
-    for _ in range(5):
-        t0 = time.time()
-        db = float(ctx.sql("SELECT extract(epoch FROM clock_timestamp())::float8")[0][0])
-        t1 = time.time()
-        if best is None or t1 - t0 < best[0]:
-            best = (t1 - t0, db - (t0 + t1) / 2)
-    assert best is not None
-    return best[1]
-
-
 @scenario(
     "resume-at-the-deadline",
     title="Eight runs parked in awaiting_input with a 7 s deadline, resumes sent from 2 s "
@@ -59,7 +45,7 @@ def resume_at_the_deadline(ctx: ScenarioContext) -> None:
     runs = [accepted(ctx, api, prompt=script, deadline_seconds=DEADLINE_S) for _ in OFFSETS]
     poll_until(ctx, "all parked", lambda: all(ctx.read_run(api, r)["state"] == "awaiting_input" for r in runs),
           timeout_s=4.5)
-    offset = _db_clock_offset(ctx)
+    offset = ctx.db_clock_offset()
     deadlines = {r: datetime.fromisoformat(ctx.read_run(api, r)["deadline_at"]).timestamp() for r in runs}
 
     def resume_at(run_id: str, delta: float) -> tuple[float, int, Any]:

@@ -74,7 +74,8 @@ def owner_paused_inside_checkpoint_transaction(ctx: ScenarioContext) -> None:
     attempt = int(evidence["context"]["attempt"])
     ctx.processes.worker("worker-2", **env)
     bound = 3 * (h + 3)
-    takeover = taken_over_after(ctx, run_id, attempt, float(evidence["t"]), timeout_s=bound + 10)
+    paused_at = ctx.on_db_clock(float(evidence["t"]))  # the worker's clock, read as the database's
+    takeover = taken_over_after(ctx, run_id, attempt, paused_at, timeout_s=bound + 10)
     ctx.figures["takeover_after_sigstop_in_transaction_s"] = takeover or -1.0
     ctx.expect(f"a new attempt took over within {bound:.0f} s", takeover is not None and takeover <= bound,
                f"took over after {takeover} s; bound 3 x (H + 3 s), H = {h} s, lease {lease} s",
@@ -100,9 +101,10 @@ def _stalled_inside_checkpoint_transaction(ctx: ScenarioContext, action: str) ->
     evidence = ctx.wait_crash_point(CKPT_TXN, stalled)
     ctx.nemesis.stalled_in_transaction(stalled, evidence, ctx.deployment.dsn, run_id)
     attempt = int(evidence["context"]["attempt"])
+    stalled_at = ctx.on_db_clock(float(evidence["t"]))  # the worker's clock, read as the database's
     ctx.processes.worker("worker-2", **env)
     bound = lease + 10
-    took = taken_over_after(ctx, run_id, attempt, float(evidence["t"]), timeout_s=bound + 5)
+    took = taken_over_after(ctx, run_id, attempt, stalled_at, timeout_s=bound + 5)
     ctx.figures[f"takeover_after_{action}_in_transaction_s"] = took if took is not None else -1.0
     ctx.expect(f"a new attempt took over within the lease + 10 s ({bound:.0f} s) of the stall",
                took is not None and took <= bound,
@@ -115,7 +117,7 @@ def _stalled_inside_checkpoint_transaction(ctx: ScenarioContext, action: str) ->
                and all(a > attempt for s, a in ckpts if s >= 2),
                f"{run['state']}; (step, attempt) {ckpts}; stalled attempt {attempt}", "R-EXEC-3", "R-EXEC-7")
     late = ctx.sql("SELECT row_version FROM run_transitions WHERE run_id = %s AND owner_attempt = %s"
-                   " AND at > to_timestamp(%s)", run_id, attempt, float(evidence["t"]))
+                   " AND at > to_timestamp(%s)", run_id, attempt, stalled_at)
     ctx.expect("the stalled owner wrote nothing after its stall", not late, f"writes {late}", "R-EXEC-7")
 
 
