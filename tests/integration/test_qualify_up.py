@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 import psutil
+import psycopg
 import pytest
 
 from qualify.stack.temporal import temporal_binary
@@ -140,6 +141,14 @@ def test_qualify_up_serves_the_printed_curl_and_stops_everything(data_dir: Path)
         assert created.status_code == 202, created.text
         receipt = created.json()
         assert receipt["state"] in ("queued", "accepted") and receipt["durability"] == "temporal"
+        # A fresh database holds this service's key and grant only, and its key audit
+        # only their creation: none of the template's test keys, nor their deletion.
+        with psycopg.connect(ready["owner_dsn"], autocommit=True) as conn:
+            keys = conn.execute("SELECT tenant_id, principal_id FROM api_keys").fetchall()
+            audit = conn.execute("SELECT action, tenant_id FROM api_key_audit ORDER BY id").fetchall()
+            grants = conn.execute("SELECT count(*) FROM workspace_grants").fetchone()
+        assert len(keys) == 1 and grants == (1,), (keys, grants)
+        assert audit == [("created", keys[0][0])], audit
         run_url = f"{ready['base_url']}/v1/agents/{ready['agent']}/runs/{receipt['run_id']}"
         auth = {"Authorization": f"Bearer {ready['api_key']}"}
         assert_eventually(lambda: httpx.get(run_url, headers=auth, timeout=5).json()["state"] == "completed",
