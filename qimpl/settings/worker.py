@@ -3,7 +3,7 @@ reconciler and takeover watcher included."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import NoDecode
@@ -30,6 +30,10 @@ class WorkerSettings(_ProviderSettings, Settings):
         default=False,
         description="run workflows in temporalio's sandbox (each run imports its workflow module afresh; non-deterministic calls raise). Off: qimpl's workflows only schedule activities and hold no module state, the tests run every branch of them in the sandbox, and the sandbox cost about 4-5 ms of the worker's CPU per run (issue 21). Turn it on while you change workflow code",
         json_schema_extra=_example("false"))
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        default="uvloop",
+        description="the worker's asyncio event loop: `uvloop` (libuv; less of the worker's CPU per run on the activities' database I/O) or the standard library's `asyncio` (issue 21). The API's is uvicorn's choice (`--loop`, uvloop when installed)",
+        json_schema_extra=_example("uvloop"))
     reconcile_interval_s: float = Field(default=5.0, gt=0, description="seconds between sweeps (R-OPS-3)",
                                         json_schema_extra=_example("5"))
     metrics_port: int = Field(

@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -54,7 +55,7 @@ from qimpl.workflows.agent_run import AgentRunWorkflowV2, AgentRunWorkflowV3
 from qimpl.workflows.agent_run_v1 import AgentRunWorkflowV1
 from qimpl.workflows.search_attributes import create_commands, missing
 
-__all__ = ["WORKFLOWS", "agent_activities", "build_takeover_worker", "build_worker", "load_plugins", "main", "workflow_runner"]
+__all__ = ["WORKFLOWS", "agent_activities", "build_takeover_worker", "build_worker", "event_loop_factory", "load_plugins", "main", "workflow_runner"]
 
 log = logging.getLogger("qimpl.worker")
 
@@ -114,6 +115,15 @@ def build_worker(client: Client, settings: WorkerSettings,
         max_heartbeat_throttle_interval=heartbeat_throttle(settings),
         graceful_shutdown_timeout=timedelta(seconds=2),
     )
+
+
+def event_loop_factory(settings: WorkerSettings) -> Callable[[], asyncio.AbstractEventLoop]:
+    """A new event loop of the kind ``settings.event_loop`` names (uvloop's or asyncio's)."""
+    if settings.event_loop == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
 
 
 def workflow_runner(settings: WorkerSettings) -> WorkflowRunner:
@@ -329,7 +339,8 @@ def main() -> None:
             plugins = load_plugins(settings)
         except ConfigError as exc:
             exit_config(exc, "worker")
-        asyncio.run(run(settings, plugins))
+        with asyncio.Runner(loop_factory=event_loop_factory(settings)) as runner:
+            runner.run(run(settings, plugins))
     except SystemExit as exc:
         if isinstance(exc.code, str):
             print(exc.code, file=sys.stderr)

@@ -14,7 +14,7 @@ from temporalio import workflow
 from temporalio.worker import UnsandboxedWorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from qimpl.settings import WorkerSettings, load
+from qimpl.settings import ConfigError, WorkerSettings, load
 from qimpl.workflows.worker import WORKFLOWS, workflow_runner
 
 
@@ -35,3 +35,19 @@ def test_the_worker_runs_workflows_unsandboxed_unless_asked(monkeypatch: pytest.
     assert isinstance(workflow_runner(load(WorkerSettings)), UnsandboxedWorkflowRunner)
     monkeypatch.setenv("QIMPL_WORKFLOW_SANDBOX", "true")
     assert isinstance(workflow_runner(load(WorkerSettings)), SandboxedWorkflowRunner)
+
+
+def test_the_worker_runs_on_uvloop_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvloop
+
+    from qimpl.workflows.worker import event_loop_factory
+
+    monkeypatch.setenv("QIMPL_DATABASE_URL", "postgresql://u@127.0.0.1:1/d")
+    with asyncio.Runner(loop_factory=event_loop_factory(load(WorkerSettings))) as runner:
+        assert isinstance(runner.get_loop(), uvloop.Loop)
+    monkeypatch.setenv("QIMPL_EVENT_LOOP", "asyncio")
+    with asyncio.Runner(loop_factory=event_loop_factory(load(WorkerSettings))) as runner:
+        assert not isinstance(runner.get_loop(), uvloop.Loop)
+    monkeypatch.setenv("QIMPL_EVENT_LOOP", "trio")
+    with pytest.raises(ConfigError, match="QIMPL_EVENT_LOOP"):
+        load(WorkerSettings)
