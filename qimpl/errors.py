@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 __all__ = ["SAFE_MESSAGES", "DeadlinePassed", "DispatchUnknown", "LeaseSessionUnavailable",
-           "LockNotAcquired", "LostOwnership",
+           "LockNotAcquired", "LostOwnership", "MigrationRefused",
            "ProviderFailed", "ProviderTimedOut", "QimplError", "RunNotFound", "UnsafeDatabaseRole"]
 
 
@@ -60,6 +60,13 @@ class UnsafeDatabaseRole(QimplError):
     start (R-AUTH-4)."""
 
     code = "database_role_unsafe"
+
+
+class MigrationRefused(QimplError):
+    """A migration was not started: the migrating role cannot see every tenant's rows
+    (``qimpl/db/migrations/env.py``, R-OPS-1)."""
+
+    code = "migration_refused"
 
 
 class ProviderFailed(QimplError):

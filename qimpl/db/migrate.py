@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
 from pathlib import Path
+from typing import NoReturn
 
+import psycopg
 from alembic import command
 from alembic.config import Config
 
-__all__ = ["BASELINE", "HEAD", "alembic_config", "downgrade", "upgrade"]
+from qimpl.errors import MigrationRefused
+
+__all__ = ["BASELINE", "HEAD", "MigrationRefused", "alembic_config", "downgrade", "failure_line", "main", "upgrade"]
 
 #: The newest revision (tests/integration/test_migrations.py checks it is the scripts' head).
 HEAD = "20261210_100000_retry_after"
@@ -33,29 +39,59 @@ def downgrade(dsn: str, revision: str) -> None:
     command.downgrade(alembic_config(dsn), revision)
 
 
-def main(argv: list[str]) -> int:
-    """``python -m qimpl.db.migrate [DSN]`` (default ``QIMPL_ADMIN_DATABASE_URL``, else
-    ``QIMPL_DATABASE_URL``): upgrade to head and print ``migrated to <revision>``. Exit
-    codes: 0 done, 2 the database refused or cannot be reached (one line, the error's
-    type), 64 no DSN."""
-    import sys
+def failure_line(exc: BaseException) -> str:
+    """What ``main`` prints of a failed migration: the database's own message and SQLSTATE
+    when it refused (``permission denied for schema public [42501]``), a refusal's reason,
+    else the error's type. Never a traceback, a DSN or a password: libpq's messages name
+    the host, port and role at most."""
+    if isinstance(exc, MigrationRefused):
+        return str(exc)
+    orig = getattr(exc, "orig", exc)  # SQLAlchemy wraps the driver's error
+    if isinstance(orig, psycopg.Error):
+        primary = orig.diag.message_primary or str(orig).strip().splitlines()[0]
+        return f"{type(orig).__name__}: {primary}" + (f" [{orig.sqlstate}]" if orig.sqlstate else "")
+    return type(exc).__name__
 
+
+def _parser() -> argparse.ArgumentParser:
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            self.print_usage(sys.stderr)
+            print(f"migrate: {message}", file=sys.stderr)
+            raise SystemExit(64)
+
+    parser = Parser(prog="python -m qimpl.db.migrate",
+                    description="Upgrade the schema to the newest migration (R-OPS-1), or downgrade it.")
+    parser.add_argument("dsn", nargs="?", metavar="DSN",
+                        help="the schema owner's postgresql:// DSN (default: QIMPL_ADMIN_DATABASE_URL,"
+                             " else QIMPL_DATABASE_URL); the role must be a superuser or BYPASSRLS")
+    parser.add_argument("--downgrade", metavar="REVISION",
+                        help=f"downgrade to REVISION instead (e.g. {BASELINE}; refused while a"
+                             " run it cannot hold is live, R-OPS-2)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """``python -m qimpl.db.migrate [--downgrade REVISION] [DSN]`` (default
+    ``QIMPL_ADMIN_DATABASE_URL``, else ``QIMPL_DATABASE_URL``): upgrade to head and print
+    ``migrated to <revision>``, or downgrade and print ``downgraded to <revision>``. Exit
+    codes: 0 done, 2 the database refused or cannot be reached, or the role cannot see
+    every tenant's rows (one line: ``failure_line``), 64 a usage error or no DSN."""
     from qimpl.settings import AdminSettings, load_or_exit
 
-    if len(argv) > 1:
-        print("usage: python -m qimpl.db.migrate [DSN]", file=sys.stderr)
-        return 64
-    dsn = argv[0] if argv else load_or_exit(AdminSettings, "migrate").admin_database_url
+    args = _parser().parse_args(argv)
+    dsn = args.dsn or load_or_exit(AdminSettings, "migrate").admin_database_url
     try:
-        upgrade(dsn)
+        if args.downgrade:
+            downgrade(dsn, args.downgrade)
+        else:
+            upgrade(dsn)
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback (it may hold the DSN)
-        print(f"migrate: failed: {type(exc).__name__}", file=sys.stderr)
+        print(f"migrate: failed: {failure_line(exc)}", file=sys.stderr)
         return 2
-    print(f"migrated to {HEAD}")
+    print(f"downgraded to {args.downgrade}" if args.downgrade else f"migrated to {HEAD}")
     return 0
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main(sys.argv[1:]))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine, pool
+from sqlalchemy import Connection, create_engine, pool
 
 config = context.config
 
@@ -15,11 +15,30 @@ def _url() -> str:
     return url
 
 
+def _refuse_a_role_under_row_security(connection: Connection) -> None:
+    """Raise MigrationRefused unless the migrating role bypasses row-level security (a
+    superuser, or BYPASSRLS). qimpl's tables force it on their owner too, so a migration's
+    UPDATE or DELETE, and a downgrade's guard count, would see no tenant's rows: data
+    migrations would skip every row and the guard would count no live run."""
+    from qimpl.errors import MigrationRefused
+
+    bypass, role = connection.exec_driver_sql(
+        "SELECT rolsuper OR rolbypassrls, rolname FROM pg_catalog.pg_roles WHERE rolname = current_user").one()
+    if not bypass:
+        raise MigrationRefused(
+            f"role {role} is neither a superuser nor BYPASSRLS: the tables force row-level security on"
+            f" their owner, so migrations would not see the tenants' rows (ALTER ROLE {role} BYPASSRLS,"
+            " as a superuser)")
+
+
 def run_migrations_online() -> None:
     engine = create_engine(_url(), poolclass=pool.NullPool)
     with engine.connect() as connection:
         context.configure(connection=connection, transactional_ddl=True)
         with context.begin_transaction():
+            # Inside the migrations' transaction: a statement before it would begin one of
+            # SQLAlchemy's own, and alembic would then leave the migrations uncommitted.
+            _refuse_a_role_under_row_security(connection)
             context.run_migrations()
     engine.dispose()
 

@@ -58,7 +58,11 @@ LANGUAGE sql STABLE SECURITY DEFINER {SAFE_PATH} AS $$
     LIMIT greatest(1, least(p_limit, 1000))
 $$;
 REVOKE ALL ON FUNCTION public.qimpl_lease_orphans(integer) FROM PUBLIC;
+-- A new owner must be able to create in the function's schema (as 20261201_100000_hardening
+-- does): a schema owner that is not a superuser is refused without it.
+GRANT CREATE ON SCHEMA public TO qimpl_lookup;
 ALTER FUNCTION public.qimpl_lease_orphans(integer) OWNER TO qimpl_lookup;
+REVOKE CREATE ON SCHEMA public FROM qimpl_lookup;
 GRANT EXECUTE ON FUNCTION public.qimpl_lease_orphans(integer) TO qimpl_app;
 """
 
