@@ -101,7 +101,8 @@ def progress(kind: str, data: Any) -> None:
     elif kind == "stack":
         console.print(f"stack {data.kind}: PostgreSQL {data.postgres_version}, "
                       f"Temporal {data.temporal_version}, booted in {data.boot_s:.2f} s"
-                      + (f"; timers tuned ({', '.join(f'{k}={v}' for k, v in data.temporal_config.items())})"
+                      + (f"; timers tuned ({', '.join(f'{k}={v}' for k, v in data.temporal_config.items())}),"
+                         " but for the scenarios that run on a second server with the defaults"
                          if data.temporal_config else ""))
     elif kind == "slice":
         ids = data["scenarios"]

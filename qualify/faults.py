@@ -43,7 +43,8 @@ class Nemesis:
 
     def crash_point(self, proc: ManagedProcess, evidence: dict[str, Any], **extra: Any) -> dict[str, Any]:
         """Record a crash point that ``proc`` struck on itself (its evidence line; landed
-        when the pid is gone for ``kill``, when the kernel reports it stopped for ``stop``).
+        when the pid is gone for ``kill``, when the kernel reports it stopped for ``stop``,
+        when it is alive and not stopped for ``hold`` and ``freeze``).
         The line is written just before the process strikes, so wait for the effect."""
         import subprocess
 
@@ -56,6 +57,8 @@ class Nemesis:
                 pass
         if evidence["action"] == "stop":
             landed = _stopped(evidence["pid"])
+        elif evidence["action"] in ("hold", "freeze"):
+            landed = proc.alive and _running(evidence["pid"])  # stalled by itself, no signal
         else:
             landed = not psutil.pid_exists(evidence["pid"]) or not proc.alive
         return self._record(f"crash_point:{evidence['action']}", proc.name, landed,
@@ -435,6 +438,14 @@ def owned_runs(proc: ManagedProcess, dsn: str) -> list[str]:
             "SELECT substr(application_name, length('qimpl-owner:') + 1), client_port"
             " FROM pg_stat_activity WHERE application_name LIKE 'qimpl-owner:%'").fetchall()
     return sorted(str(run) for run, port in rows if port in ports)
+
+
+def _running(pid: int) -> bool:
+    """True when ``pid`` exists and is neither stopped nor a zombie."""
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _stopped(pid: int, timeout_s: float = 5.0) -> bool:

@@ -99,6 +99,8 @@ def merge_reports(shard_dirs: Sequence[Path], reports_root: Path) -> tuple[dict[
         stack=first.get("stack", {}), provenance=first.get("provenance", {}), report_dir=report_dir,
         crash_catalog=list(crash_point_catalog()))
     summary["refused"] = sorted({i for s in summaries for i in s.get("refused", [])})
+    summary["full_run"] = False  # full_run_gates says so when they apply
+    summary["catalog_size"] = len(REGISTRY)
     modes = {s.get("spawn", "auto") for s in summaries}
     summary["spawn"] = "fork" if modes == {"fork"} else sorted(modes - {"fork"})[0]
     summary["merged_from"] = [{"dir": str(d), "shard": f"{s['shard']['index']}/{s['shard']['count']}",

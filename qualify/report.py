@@ -198,8 +198,10 @@ def render_markdown(summary: dict[str, Any]) -> str:
         else:
             shown = "**none**"
         lines.append(f"| {r['req']} | {shown} | {cited} |")
-    lines += ["", "## Scope of this sign-off", "", f"Qualifies: {QUALIFIES}.", "",
-              f"Does not qualify: {DOES_NOT_QUALIFY}."]
+    lines += ["", "## Scope of this sign-off", ""]
+    partial = partial_selection(summary)
+    lines += [f"**{partial}**", ""] if partial else []
+    lines += [f"Qualifies: {QUALIFIES}.", "", f"Does not qualify: {DOES_NOT_QUALIFY}."]
     kinds = faults_by_kind(summary)
     if kinds:
         lines += ["", "## Faults by kind", "", "| fault | struck | scenarios |", "|---|---|---|"]
@@ -294,6 +296,17 @@ def requirement_rows(summary: dict[str, Any]) -> tuple[dict[str, Any], list[dict
     return judged, rows
 
 
+def partial_selection(summary: dict[str, Any]) -> str | None:
+    """What a run of a selection (``-s``, ``--random``, a schedule, one shard) says in
+    place of a sign-off; None for a full run, or a summary that does not say."""
+    if summary.get("full_run", True):
+        return None
+    of = f" of the catalog's {summary['catalog_size']}" if summary.get("catalog_size") else ""
+    return (f"Not a release sign-off: a selection of {len(summary['scenarios'])} scenarios{of}. A full "
+            "run's gates (every crash point struck, every requirement covered) were not applied; "
+            "sign off on a full `qualify run`.")
+
+
 def _judged(check: dict[str, Any]) -> str:
     """``judged N``, and why the check covers nothing when it does not (R-Q-12)."""
     if "judged" not in check:
@@ -306,14 +319,20 @@ def _judged(check: dict[str, Any]) -> str:
 
 
 def crash_matrix(summary: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, list[str]]]]:
-    """(actions, crash point -> action -> scenarios that struck it that way)."""
-    actions = ["kill", "stop", "hold"]
+    """(actions, crash point -> action -> scenarios that struck it that way): a column for
+    every action a crash point takes (``qimpl.crashpoints.ACTIONS``), and for any other an
+    evidence line names, so no strike is left out of the table."""
+    from qimpl.crashpoints import ACTIONS
+
     matrix: dict[str, dict[str, list[str]]] = {p: {} for p in summary["crash_points"]}
     for sc in summary["scenarios"]:
         for ev in sc.get("crash_point_evidence", []):
             cell = matrix.setdefault(ev["point"], {}).setdefault(ev["action"], [])
             if sc["id"] not in cell:
                 cell.append(sc["id"])
+    order = ["kill", "stop", "hold", "freeze"]
+    seen = {a for by_action in matrix.values() for a in by_action}
+    actions = [a for a in order if a in ACTIONS] + sorted((ACTIONS | seen) - set(order))
     return actions, matrix
 
 
@@ -337,7 +356,7 @@ def render_html(summary: dict[str, Any], histories: dict[str, list[dict[str, Any
     return env.get_template("report.html.j2").render(
         s=summary, requirements=REQUIREMENTS, actions=actions, crash_matrix=matrix,
         timelines=timelines, max_events=MAX_EVENTS, max_runs=MAX_RUNS, gate=judged, req_rows=rows,
-        qualifies=QUALIFIES, does_not_qualify=DOES_NOT_QUALIFY, fault_kinds=faults_by_kind(summary),
+        qualifies=QUALIFIES, does_not_qualify=DOES_NOT_QUALIFY, partial=partial_selection(summary), fault_kinds=faults_by_kind(summary),
         scenario_s=total_s, slowest=slow, by_kind=by_kind, execs=execs,
         load_text=load_line(summary["load"]) if summary.get("load") else "")
 

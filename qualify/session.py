@@ -186,6 +186,7 @@ def full_run_gates(summary: dict[str, Any], docs: Sequence[dict[str, Any]],
     (``waived_crash_points``, ``requirement_gate["waived"]``), never silently skipped;
     anything else uncovered fails the run as in any full run."""
     reason = REFUSED_BECAUSE
+    summary["full_run"] = True
     uncovered = [p for p, by in summary["crash_points"].items() if not by]
     waived_points = {p: f"{reason}: {', '.join(sc.id for sc in refused if p in sc.crash_points)}"
                      for p in uncovered if any(p in sc.crash_points for sc in refused)}
@@ -366,6 +367,8 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
                             stack=stack_doc, provenance=prov, report_dir=report_dir,
                             crash_catalog=list(crash_point_catalog()))
     summary["refused"] = refused
+    summary["full_run"] = False  # full_run_gates says so when they apply
+    summary["catalog_size"] = len(REGISTRY)
     summary["spawn"] = opts.spawn
     summary["temporal_timers"] = opts.temporal_timers
     summary["load"] = slice_load(cpu_s=cpu_seconds() - cpu0, wall_s=max(summary["duration_s"], 1e-3),

@@ -48,6 +48,9 @@ TERMINAL = ("completed", "failed", "expired", "cancelled")
 #: An id in a check's name (eight hex digits or more, letters and digits mixed: a run id,
 #: a key's digest): checks are compared by name across runs (``qualify diff``, the gate).
 _ID_IN_NAME = re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b")
+#: A measurement in a check's name (two decimals or more: "worst 1.11 s"): it differs
+#: between two runs of the same code, as an id does. A bound is written with ``:g``.
+_MEASURED_IN_NAME = re.compile(r"\d\.\d{2,}")
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,8 @@ class ScenarioContext:
         ``detail``)."""
         if _ID_IN_NAME.search(name):
             raise HarnessError(f"check name carries an id (put it in the detail): {name!r}")
+        if _MEASURED_IN_NAME.search(name):
+            raise HarnessError(f"check name carries a measurement (put it in the detail): {name!r}")
         self.checks.append(Check(name, bool(ok), redact(detail), tuple(requirements), judged=judged))
         return bool(ok)
 

@@ -201,7 +201,7 @@ def owner_paused_inside_claim_transaction(ctx: ScenarioContext) -> None:
           "claims the run elsewhere and is SIGKILLed; released, the superseded attempts find "
           "the lock free and still never write (fenced at the claim or cancelled first)",
     requirements=("R-EXEC-7", "R-EXEC-11", "R-Q-4"),
-    faults=(f"sigkill at {AFTER_CLAIM}",),
+    faults=(f"event loop blocked at {BEFORE_LEASE} (attempt 1)", f"sigkill at {AFTER_CLAIM}"),
     crash_points=(BEFORE_LEASE, AFTER_CLAIM),
 )
 def superseded_attempt_delivered_late(ctx: ScenarioContext) -> None:
@@ -214,6 +214,7 @@ def superseded_attempt_delivered_late(ctx: ScenarioContext) -> None:
     held = ctx.wait_crash_point(BEFORE_LEASE, late)
     if int(held["context"]["attempt"]) != 1:
         raise HarnessError(f"expected attempt 1 held, got {held['context']}")
+    ctx.nemesis.crash_point(late, held, run_id=run_id)
     # A later attempt (Temporal retries once attempt 1 misses its heartbeat) claims the
     # run and dies right after its claim: the run is `running`, owned by attempt n > 1,
     # and its lock is free.

@@ -258,7 +258,7 @@ def lock_session_killed(ctx: ScenarioContext) -> None:
     stopped_after = round(cancelled[0]["t"] - killed_at, 3) if cancelled else None
     ctx.figures["owner_stopped_after_lease_loss_s"] = stopped_after if stopped_after is not None else -1.0
     bound = ctx.deployment.lease / 4 + 0.75  # one touch interval + slack
-    ctx.expect(f"the owner's provider call was cancelled within {bound:.2f} s of losing its lease",
+    ctx.expect(f"the owner's provider call was cancelled within {bound:g} s of losing its lease",
                stopped_after is not None and stopped_after <= bound,
                f"cancelled after {stopped_after} s", "R-EXEC-11")
     ctx.release_barrier("lock")

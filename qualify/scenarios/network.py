@@ -370,8 +370,9 @@ def api_pool_connections_killed(ctx: ScenarioContext) -> None:
            and not (a[1] == 503 and a[2] in ("database_unavailable", "durable_dispatch_unknown"))]
     ctx.expect("every request after the pool's connections died was answered 200/202 or a coded 503",
                fault["landed"] and not bad, f"unexpected: {bad[:5]}", "R-Q-2", judged=len(answers))
-    ctx.expect(f"each within {POOL_LOSS_BOUND_S:g} s (worst {worst:.2f} s)", worst <= POOL_LOSS_BOUND_S,
-               str(sorted(round(a[3], 2) for a in answers)[-5:]), "R-Q-2", judged=len(answers))
+    ctx.expect(f"each within {POOL_LOSS_BOUND_S:g} s", worst <= POOL_LOSS_BOUND_S,
+               f"worst {worst:.2f} s; the slowest five {sorted(round(a[3], 2) for a in answers)[-5:]}",
+               "R-Q-2", judged=len(answers))
     # PostgreSQL itself stayed up: the pool's check on checkout replaces each dead
     # connection, so no request needed to fail at all.
     ctx.expect("none failed: the pool replaced every dead connection on checkout",

@@ -29,8 +29,17 @@ def test_a_check_named_with_an_id_is_a_harness_error(name: str) -> None:
 
 
 @pytest.mark.req("R-Q-6")
+@pytest.mark.parametrize("name", ["each within 10 s (worst 1.11 s)", "the 410 came at once (0.03 s, bound 1 s)"])
+def test_a_check_named_with_a_measurement_is_a_harness_error(name: str) -> None:
+    ctx = _context()
+    with pytest.raises(HarnessError, match="carries a measurement"):
+        ctx.expect(name, True)
+    assert ctx.checks == []
+
+
+@pytest.mark.req("R-Q-6")
 @pytest.mark.parametrize("name", ["every run completed", "the resume -1000 ms from its deadline: the answer agrees",
-                                  "deadbeef is a word here", "12345678 is a number"])
+                                  "deadbeef is a word here", "12345678 is a number", "within the lease + 1.5 s (3.5 s)"])
 def test_a_check_named_in_words_and_numbers_is_recorded(name: str) -> None:
     ctx = _context()
     assert ctx.expect(name, True, "run 709f3731: completed")

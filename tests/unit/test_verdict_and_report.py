@@ -152,3 +152,35 @@ def test_the_sign_off_says_its_scope_faults_by_kind_and_where_the_time_went(tmp_
     for text in ((tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()):
         assert "Does not qualify" in text and "live model provider" in text
         assert "Faults by kind" in text and "Time per scenario" in text and "75%" in text
+
+
+@pytest.mark.req("R-Q-4", "R-Q-6")
+def test_every_crash_point_action_has_a_column_so_no_strike_is_left_out(tmp_path: Path) -> None:
+    """A ``freeze`` strike shows under its own column (a tester saw ``- - -`` for a crash
+    point a passing run had frozen)."""
+    from qualify.report import crash_matrix
+
+    doc = scenario_doc(_result(tmp_path, "late", Verdict.PASS, [Check("x", True)]), report_dir=tmp_path,
+                       stack_kind="embedded")
+    doc["crash_point_evidence"] = [{"point": "p.freeze", "action": "freeze"},
+                                   {"point": "p.kill", "action": "kill"}]
+    summary = build_summary(scenarios=[doc], seed=5, duration_s=1.0, stack={"kind": "embedded", "boot_s": 0.5},
+                            provenance={"git_sha": "abc"}, report_dir=tmp_path, crash_catalog=["p.freeze", "p.kill"])
+    actions, matrix = crash_matrix(summary)
+    assert actions == ["kill", "stop", "hold", "freeze"]
+    assert matrix == {"p.freeze": {"freeze": ["late"]}, "p.kill": {"kill": ["late"]}}
+    assert "| p.freeze | - | - | - | late |" in render_markdown(summary)
+
+
+@pytest.mark.req("R-Q-6")
+@pytest.mark.parametrize("full", [True, False])
+def test_a_selections_report_says_it_is_not_a_sign_off(tmp_path: Path, full: bool) -> None:
+    doc = scenario_doc(_result(tmp_path, "one", Verdict.PASS, [Check("x", True)]), report_dir=tmp_path,
+                       stack_kind="embedded")
+    summary = build_summary(scenarios=[doc], seed=5, duration_s=1.0, stack={"kind": "embedded", "boot_s": 0.5},
+                            provenance={"git_sha": "abc"}, report_dir=tmp_path, crash_catalog=[])
+    summary.update(full_run=full, catalog_size=98)
+    write_report(tmp_path, summary)
+    for text in ((tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()):
+        said = "Not a release sign-off: a selection of 1 scenarios of the catalog&#39;s 98" in text.replace("'", "&#39;")
+        assert said is not full
