@@ -266,6 +266,11 @@ def _run_parallel(opts: SessionOptions, seed: int, scenarios: list[Scenario], re
         _report_new_docs(report_dir, shown, on_event)
     finally:
         kill_tree(proc, first=signal.SIGTERM, grace_s=30)
+        # A slice stopped before its stack did (a Ctrl-C reaches the slices too, and they
+        # are killed) leaves the stack's directory on the tmpfs: its owner is gone now.
+        from qualify.stack._embedded import sweep_stale_stacks
+
+        sweep_stale_stacks()
     docs = []
     for sc in scenarios:
         path = report_dir / ".docs" / f"{sc.id}.json"

@@ -22,7 +22,7 @@ from qualify.stack.postgres import SHM, PostgresServer, embedded_bin_dir, system
 from qualify.stack.temporal import TemporalServer
 
 __all__ = ["API_ROLE", "CREDENTIALS", "OPERATOR_CREDENTIALS", "TEMPLATE_DB", "WORKER_ROLE",
-           "EmbeddedStack", "StackInfo", "open_stack", "with_user"]
+           "EmbeddedStack", "StackInfo", "open_stack", "sweep_stale_stacks", "with_user"]
 
 TEMPLATE_DB = "qimpl_template"
 
@@ -39,7 +39,7 @@ class StackInfo:
     temporal_config: dict[str, str] = field(default_factory=dict)
 
 
-def _sweep_stale_stacks() -> None:
+def sweep_stale_stacks() -> None:
     """Remove stack directories whose owning harness process is gone (a ``kill -9``)."""
     for root in SHM.glob("qualify-stack-*"):
         try:
@@ -134,7 +134,7 @@ class EmbeddedStack:
             raise HarnessError(f"unknown stack kind {kind!r}")
         self.kind = kind
         self.keep_dir = keep_dir
-        _sweep_stale_stacks()
+        sweep_stale_stacks()
         self.root = Path(tempfile.mkdtemp(dir=SHM, prefix="qualify-stack-"))
         self.root.chmod(0o755)
         (self.root / "owner.pid").write_text(str(os.getpid()))

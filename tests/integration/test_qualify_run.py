@@ -65,10 +65,16 @@ def test_interrupted_run_leaves_no_process(tmp_path: Path) -> None:
     try:
         assert_eventually(workers_up, timeout=timedelta(seconds=60), what="a worker process")
         descendants = me.children(recursive=True)
-        proc.send_signal(signal.SIGINT)
+        pids = {str(p.pid) for p in [me, *descendants]}
+        stacks = [d for d in Path("/dev/shm").glob("qualify-stack-*")
+                  if (d / "owner.pid").exists() and (d / "owner.pid").read_text() in pids]
+        assert stacks, "the run's stacks are on the tmpfs"
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
         assert proc.wait(timeout=60) == 130
         _gone, alive = psutil.wait_procs(descendants, timeout=10)
         assert alive == [], [p.pid for p in alive]
+        # Every slice's stack directory is gone too (they were left on the tmpfs, tens of MB each).
+        assert [d for d in stacks if d.exists()] == []
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
