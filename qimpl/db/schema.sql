@@ -438,6 +438,19 @@ $$;
 
 ALTER FUNCTION public.qimpl_tenant_of_run(p_run_id uuid) OWNER TO qimpl_lookup;
 
+CREATE FUNCTION public.qimpl_terminal_clears_pending() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+BEGIN
+    IF NEW.result_json ? 'pending_input' OR NEW.result_json ? 'pending_approval' THEN
+        NEW.result_json := nullif(NEW.result_json - 'pending_input' - 'pending_approval', '{}'::jsonb);
+    END IF;
+    RETURN NEW;
+END $$;
+
+ALTER FUNCTION public.qimpl_terminal_clears_pending() OWNER TO postgres;
+
 CREATE FUNCTION public.run_checkpoints_guard() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'public', 'pg_temp'
@@ -1114,6 +1127,8 @@ CREATE TRIGGER run_transitions_xact BEFORE INSERT ON public.run_transitions FOR 
 CREATE TRIGGER runs_forbid_delete BEFORE DELETE ON public.runs FOR EACH ROW EXECUTE FUNCTION public.runs_forbid_delete();
 
 CREATE TRIGGER runs_record_transition AFTER INSERT OR UPDATE ON public.runs FOR EACH ROW EXECUTE FUNCTION public.runs_record_transition();
+
+CREATE TRIGGER runs_terminal_clears_pending BEFORE UPDATE OF state ON public.runs FOR EACH ROW WHEN ((((new.state)::text = ANY ((ARRAY['completed'::character varying, 'failed'::character varying, 'cancelled'::character varying, 'expired'::character varying])::text[])) AND ((new.state)::text IS DISTINCT FROM (old.state)::text))) EXECUTE FUNCTION public.qimpl_terminal_clears_pending();
 
 CREATE TRIGGER runs_transition_guard BEFORE INSERT OR UPDATE ON public.runs FOR EACH ROW EXECUTE FUNCTION public.runs_transition_guard();
 

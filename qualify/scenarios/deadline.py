@@ -34,7 +34,7 @@ DEADLINE_S = 7
           "before to 100 ms after each deadline by the database's clock: before, 202 and the "
           "next generation is never claimed, checkpointed or completed after the deadline; "
           "after, 409 run_terminal and the run expired; all end expired with no reconciler running",
-    requirements=("R-EXEC-8", "R-EXEC-12", "R-RESUME-1", "R-RESUME-2"),
+    requirements=("R-EXEC-8", "R-EXEC-12", "R-READ-2", "R-RESUME-1", "R-RESUME-2"),
 )
 def resume_at_the_deadline(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
@@ -69,6 +69,14 @@ def resume_at_the_deadline(ctx: ScenarioContext) -> None:
                all(f["state"] == "expired" and f["error_code"] == "deadline_exceeded" for f in finals.values()),
                "; ".join(f"{r[:8]}: {f['state']}/{f['error_code']}" for r, f in finals.items()),
                "R-EXEC-8", judged=len(finals))
+    # A run the deadline ended while it waited for input asks for nothing any more (R-READ-2).
+    parked = {r for r in runs if ctx.sql("SELECT count(*) FROM run_transitions WHERE run_id = %s"
+                                         " AND old_state = 'awaiting_input' AND new_state = 'expired'", r)[0][0]}
+    pending = {r[:8]: f["result_json"] for r, f in finals.items()
+               if set(f.get("result_json") or {}) & {"pending_input", "pending_approval"}}
+    ctx.expect("no ended run's result_json still holds a pending request", bool(parked) and not pending,
+               f"{len(parked)} expired while awaiting input; still pending: {pending}", "R-READ-2",
+               judged=len(parked))
     bad = [f"{r[:8]} at {d * 1000:+.0f} ms: {s} {c}" for r, (d, s, c) in answers.items()
            if not (s == 202 or (s == 409 and c == "run_terminal"))]
     ctx.expect("each resume answered 202 or 409 run_terminal", not bad, "; ".join(bad), "R-RESUME-2")
