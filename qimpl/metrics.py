@@ -104,12 +104,16 @@ def live_pollers(pollers: Iterable[PollerInfo], now: float, window_s: float,
     poller for minutes after its worker went away, so each counts only while Temporal
     heard from it recently:
 
-    - its last poll (``last_access_time``) started at most ``window_s`` seconds ago; or
     - its worker reports heartbeats (``heartbeats[identity]``, see ``latest_heartbeats``)
-      and the last one, at most ``window_s`` seconds old, says it is running; or
-    - its worker reports none, and its last poll started at most ``idle_poll_s +
-      window_s`` seconds ago: an idle live poller re-polls only once per long-poll expiry
-      (``idle_poll_s``), so a tighter bound would report live idle workers as missing.
+      and the last one, at most ``window_s`` seconds old, says it is running. The
+      heartbeat alone decides: Temporal refreshes the poll time of a frozen worker's
+      outstanding poll (a SIGSTOPped worker read "LastAccessTime 2 seconds ago" 15 s and
+      48 s after the stop), so a recent poll proves nothing about a worker that stopped
+      heartbeating; or
+    - its worker reports none, and its last poll (``last_access_time``) started at most
+      ``idle_poll_s + window_s`` seconds ago: an idle live poller re-polls only once per
+      long-poll expiry (``idle_poll_s``), so a tighter bound would report live idle
+      workers as missing.
 
     A poller whose worker's last heartbeat says it is shutting down never counts. Clocks
     are compared as they are: skew between this host and the workers or Temporal adds to
@@ -125,7 +129,7 @@ def live_pollers(pollers: Iterable[PollerInfo], now: float, window_s: float,
             alive = False
         else:
             beat = _unix_s(hb.heartbeat_time)
-            alive = any(t is not None and now - t <= window_s for t in (polled, beat))
+            alive = beat is not None and now - beat <= window_s
         live += int(alive)
     return live
 

@@ -2,7 +2,7 @@
 keeps ``qimpl_task_queue_pollers`` at 1 or more even while idle (its last poll older than
 the window: the next starts only when the long poll expires, about a minute), and the
 count falls to 0 within LIVE_WINDOW_S (+ 5 s of slack) of the worker stopping, whether it
-shut down or was killed."""
+shut down, was killed or was frozen (SIGSTOP, and then stays 0 while it is)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ from qimpl.metrics import LIVE_WINDOW_S, LONG_POLL_S, live_poller_counts
 from qualify.processes import Deployment, Processes
 
 SLACK_S = 5.0
+#: How long a frozen worker must stay uncounted (seconds): past one long poll's expiry.
+FROZEN_WATCH_S = LONG_POLL_S + 10
 
 
 async def _until(check: Callable[[], Awaitable[bool]], *, timeout_s: float, what: str) -> float:
@@ -48,7 +50,7 @@ async def _oldest_poll_age_s(client: Client, queue: str) -> float:
 
 
 @pytest.mark.req("R-OPS-6")
-@pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
+@pytest.mark.parametrize("stop", ["sigterm", "sigkill", "sigstop"])
 def test_pollers_metric_follows_the_worker(stack: Any, stop: str) -> None:
     work = Path(tempfile.mkdtemp(prefix="qualify-pollers-"))
     (work / "control").mkdir()
@@ -83,12 +85,25 @@ def test_pollers_metric_follows_the_worker(stack: Any, stop: str) -> None:
         start = time.monotonic()
         if stop == "sigterm":
             worker.stop()  # graceful: SIGTERM, waits for the exit
-        else:
+        elif stop == "sigkill":
             worker.sigkill()  # no goodbye: its heartbeats just stop
+        else:
+            worker.sigstop()  # frozen: its heartbeats stop, its connection stays open
         stopped_s = time.monotonic() - start
         print(f"stop took {stopped_s:.2f} s")
-        return stopped_s + await _until(
+        took = stopped_s + await _until(
             gone, timeout_s=LIVE_WINDOW_S + SLACK_S + 10, what="pollers == 0")
+        if stop == "sigstop":
+            # and it stays 0 while the worker stays frozen: Temporal refreshes a frozen
+            # worker's poll time (a tester saw 'LastAccessTime 2 seconds ago' 15 s and
+            # 48 s after the SIGSTOP, and the count back at 1), so it must not count
+            frozen_until = time.monotonic() + FROZEN_WATCH_S
+            while time.monotonic() < frozen_until:
+                seen = await counts()
+                assert max(seen.values()) == 0, f"a frozen worker counted again: {seen}"
+                await asyncio.sleep(0.5)
+            worker.sigcont()
+        return took
 
     try:
         took = asyncio.run(scenario())

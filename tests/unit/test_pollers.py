@@ -80,7 +80,8 @@ def test_heartbeats_decide_for_workers_that_send_them() -> None:
     assert live_pollers([idle], NOW, LIVE_WINDOW_S, {"w": beat("w", 2)}) == 1  # alive, idle
     assert live_pollers([idle], NOW, LIVE_WINDOW_S, {"w": beat("w", 11)}) == 0  # killed/frozen
     fresh = poller("w", 1)
-    assert live_pollers([fresh], NOW, LIVE_WINDOW_S, {"w": beat("w", 11)}) == 1  # heartbeat late
+    # a frozen worker: Temporal refreshed its poll's time, its heartbeats stopped
+    assert live_pollers([fresh], NOW, LIVE_WINDOW_S, {"w": beat("w", 11)}) == 0
     assert live_pollers([fresh], NOW, LIVE_WINDOW_S, {"w": beat("w", 0, SHUTTING_DOWN)}) == 0
     # another worker's heartbeat says nothing about this poller
     assert live_pollers([idle], NOW, LIVE_WINDOW_S, {"x": beat("x", 0)}) == 1
