@@ -15,6 +15,7 @@ journal's ``qimpl.api.routers.tools``). Routes (R-CREATE-1..7, R-READ-1):
 - tool results and the operator's reconciliation: ``qimpl.api.routers.tools`` (R-TOOL-3/4)
 - ``GET  /metrics``                               Prometheus metrics (R-OPS-6, R-OPS-7)
 - ``GET  /healthz``                               liveness (no database or Temporal call)
+- ``GET  /readyz``                                readiness (the database and Temporal answer)
 - ``GET  /docs``                                  Swagger UI, its assets served from the package (offline)
 """
 

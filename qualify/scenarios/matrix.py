@@ -105,7 +105,7 @@ def expected(method: str, path: str, kind: str) -> Answer | None:
     or a client key on an operator route, is 403; a client of another principal or tenant
     gets 404 for the run (no existence leak, R-AUTH-1); the run's events take the run's
     stream key only (an API key is not a stream credential, R-AUTH-3)."""
-    if (method, path) == ("GET", "/healthz"):
+    if (method, path) in (("GET", "/healthz"), ("GET", "/readyz")):
         return Answer(200)
     client = kind in ("owner", "peer", "other-tenant")
     operator = kind in ("operator", "other-operator")

@@ -51,7 +51,8 @@ def test_every_route_lists_its_error_codes() -> None:
 
 
 BEARER_FREE = {("get", "/v1/agents/{agent_id}/runs/{run_id}/events"),  # the stream key instead
-               ("get", "/healthz")}  # liveness: no credential
+               ("get", "/healthz"),  # liveness: no credential
+               ("get", "/readyz")}  # readiness: no credential
 REQUIRED_HEADERS = {
     ("post", "/v1/agents/{agent_id}/runs"): "Idempotency-Key",
     ("post", "/v1/agents/{agent_id}/runs/{run_id}/resume"): "Idempotency-Key",

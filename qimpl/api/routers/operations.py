@@ -1,19 +1,23 @@
-"""Operator surfaces of the API process: ``/metrics`` (R-OPS-6, R-OPS-7) and ``/healthz``."""
+"""Operator surfaces of the API process: ``/metrics`` (R-OPS-6, R-OPS-7), ``/healthz``
+(liveness) and ``/readyz`` (readiness)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import timedelta
 
 from fastapi import APIRouter, Response
 from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from qimpl import metrics
 from qimpl.api.deps import OperatorPrincipal, Svc
+from qimpl.api.models import ErrorBody
 from qimpl.api.openapi import errors
 
-__all__ = ["DOCS_ASSETS", "router"]
+__all__ = ["DOCS_ASSETS", "READY_TIMEOUT_S", "router"]
 
 log = logging.getLogger("qimpl.api")
 
@@ -48,8 +52,43 @@ async def metrics_endpoint(svc: Svc, principal: OperatorPrincipal) -> Response:
 @router.get("/healthz")
 async def healthz() -> dict[str, str]:
     """Liveness: ``{"status": "ok"}`` while the process serves requests. It asks neither the
-    database nor Temporal (readiness is the routes' own coded 503s); no credential."""
+    database nor Temporal (``/readyz`` does); no credential."""
     return {"status": "ok"}
+
+
+#: How long ``/readyz`` waits for each dependency, seconds.
+READY_TIMEOUT_S = 2.0
+
+
+@router.get("/readyz", responses={
+    200: {"description": '`{"status": "ready"}`'},
+    503: {"model": ErrorBody, "description": "codes: not_ready (the message names what did not answer: "
+                                             "the database, Temporal, or both)"}})
+async def readyz(svc: Svc) -> JSONResponse:
+    """Readiness for a load balancer or an orchestrator: 200 ``{"status": "ready"}`` when a
+    pooled database connection answers ``SELECT 1`` and Temporal answers its health check,
+    each within READY_TIMEOUT_S seconds; else 503 ``not_ready`` (retryable) naming which did
+    not. No credential; it says nothing but that (never an address or an error's text)."""
+
+    async def database() -> None:
+        async with svc.connection() as conn:
+            await conn.execute("SELECT 1")
+
+    async def temporal() -> None:
+        client = await svc.temporal()
+        await client.service_client.check_health(timeout=timedelta(seconds=READY_TIMEOUT_S))
+
+    down = []
+    for name, probe in (("the database", database), ("Temporal", temporal)):
+        try:
+            await asyncio.wait_for(probe(), timeout=READY_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - any failure means not ready
+            log.info("not ready: %s did not answer (%s)", name, type(exc).__name__)
+            down.append(name)
+    if down:
+        return JSONResponse({"code": "not_ready", "message": f"not ready: {' and '.join(down)} did not answer",
+                             "retryable": True}, 503)
+    return JSONResponse({"status": "ready"})
 
 
 #: Where the API serves Swagger UI's own files (``swagger_ui_bundle``, mounted by the app).
