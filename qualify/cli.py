@@ -12,6 +12,7 @@ import secrets
 import shlex
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -31,6 +32,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 #: What the ``up`` loop waits on between checks of its children (never set: a pause that
 #: a signal still interrupts at once, as the handler raises in the main thread).
 _PAUSE = threading.Event()
+#: ``qualify up``: an API or worker that exits again this soon (seconds) after its restart
+#: stops everything (a crash loop is a finding, not something to hide).
+RESTART_AFTER_S = 10.0
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "corpus.jsonl"
 
 
@@ -319,13 +323,26 @@ def _up(opts: UpOptions) -> int:
               f"\"QimplTenant = '{ready.tenant}' AND QimplRunState = 'failed'\"", flush=True)
         if ready.persistent:
             console.print("[yellow]development only:[/] this PostgreSQL runs with fsync off")
-        console.print("[yellow]Ctrl-C stops everything[/]")
+        console.print("[yellow]Ctrl-C stops everything[/]; an API or worker that exits is started again")
+        restarted: dict[str, float] = {}
         while True:
             dead = env.dead()
             if dead is not None:
-                console.print(f"[magenta]{dead.name} exited with {dead.proc.poll() if dead.proc else '?'}; "
-                              f"see {esc(str(dead.log_path))}[/]")
-                return 2
+                code = dead.proc.poll() if dead.proc else "?"
+                if time.monotonic() - restarted.get(dead.name, -RESTART_AFTER_S) < RESTART_AFTER_S:
+                    console.print(f"[magenta]{dead.name} exited with {code} again within {RESTART_AFTER_S:g} s"
+                                  f" of its restart; stopping (see {esc(str(dead.log_path))})[/]")
+                    return 2
+                console.print(f"[magenta]{dead.name} exited with {code}; starting it again[/]"
+                              f" (its log: {esc(str(dead.log_path))})")
+                try:
+                    env.restart(dead)
+                except HarnessError as exc:
+                    console.print(f"[magenta]{dead.name} did not start again: {esc(str(exc))}; stopping[/]")
+                    return 2
+                restarted[dead.name] = time.monotonic()
+                console.print(f"{dead.name} ready again (pid {dead.pid})")
+                continue
             server = env.servers_dead()
             if server is not None:
                 console.print(f"[magenta]{server} exited; see {esc(str(env.logs_dir))}[/]")

@@ -219,3 +219,25 @@ def test_qualify_up_with_tools_runs_a_tool_call_and_logs_each_request() -> None:
         assert "POST /v1/agents/" in api_log and "202" in api_log, api_log[-2000:]
         children = _stop(up)
     assert not psutil.wait_procs(children, timeout=10)[1]
+
+
+def test_qualify_up_starts_a_killed_worker_again_and_its_runs_complete() -> None:
+    """A worker killed by hand (what a user of ``qualify up`` tries first) is started again,
+    as a supervisor would; the service goes on (a tester saw everything stop instead)."""
+    with qualify_up() as up:
+        ready = json.loads(up.wait_for("ready ", READY_TIMEOUT_S).removeprefix("ready "))
+        req = _request_of(up.wait_for("curl ", 10))
+        workers = [p for p in up.descendants() if "qimpl.workflows.worker" in " ".join(p.cmdline())]
+        assert len(workers) == 1, [p.cmdline() for p in up.descendants()]
+        workers[0].kill()
+        up.wait_for("worker-1 exited with -9; starting it again", 30)
+        up.wait_for("worker-1 ready again", 60)
+        created = httpx.request(req["method"], req["url"], headers=req["headers"],
+                                content=req["content"], timeout=10)
+        assert created.status_code == 202, created.text
+        run_url = f"{ready['base_url']}/v1/agents/{ready['agent']}/runs/{created.json()['run_id']}"
+        auth = {"Authorization": f"Bearer {ready['api_key']}"}
+        assert_eventually(lambda: httpx.get(run_url, headers=auth, timeout=5).json()["state"] == "completed",
+                          timeout=timedelta(seconds=60), what="a run after the restart completed")
+        children = _stop(up)
+    assert not psutil.wait_procs(children, timeout=10)[1]
