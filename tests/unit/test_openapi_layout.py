@@ -62,10 +62,10 @@ def _api_routes(routes: list[Any]) -> list[APIRoute]:
 
 
 def test_create_app_only_assembles_routers() -> None:
-    """Every route (the 21 documented ones, ``/metrics`` and ``/healthz`` among them, and ``/docs``) comes from a
+    """Every route (the 22 documented ones, ``/metrics``, ``/healthz`` and ``/readyz`` among them, and ``/docs``) comes from a
     resource router module; none is defined in ``qimpl.api.app``."""
     routes = _api_routes(create_app(ApiSettings(database_url="postgresql://u@127.0.0.1:1/x")).routes)
-    assert len(routes) == 22, [r.path for r in routes]
+    assert len(routes) == 23, [r.path for r in routes]
     modules = {r.endpoint.__module__ for r in routes}
     assert "qimpl.api.app" not in modules, modules
 
