@@ -392,6 +392,12 @@ CATALOG: tuple[Mutant, ...] = (
         (Patch("qimpl/metrics.py", '        if state == "expired":\n            ended = n\n', ""),),
         "expiry-mid-run", "the deadline metric counts the run its own workflow expired"),
     Mutant(
+        "ended-runs-keep-their-requests", "a run that ends asks for nothing (R-READ-2)",
+        (Patch("qimpl/db/migrations/versions/20261211_090000_clear_pending.py",
+               "    IF NEW.result_json ? 'pending_input' OR NEW.result_json ? 'pending_approval' THEN\n",
+               "    IF false THEN\n"),),
+        "resume-at-the-deadline", "no ended run's result_json still holds a pending request"),
+    Mutant(
         "claims-journaled-as-checkpoints", "a takeover claim is a claim event, not a checkpoint (R-EVENT-1)",
         (Patch("qimpl/db/migrations/versions/20261207_110000_failure_codes.py",
                "                    kind := 'claim';\n", "                    kind := 'checkpoint';\n"),),
