@@ -335,8 +335,8 @@ def _up(opts: UpOptions) -> int:
                     return 2
                 console.print(f"[magenta]{dead.name} exited with {code}; starting it again[/]"
                               f" (its log: {esc(str(dead.log_path))})")
-                try:
-                    env.restart(dead)
+                try:  # the same command, settings and port, as a supervisor would
+                    dead.start()
                 except HarnessError as exc:
                     console.print(f"[magenta]{dead.name} did not start again: {esc(str(exc))}; stopping[/]")
                     return 2

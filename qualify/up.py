@@ -305,11 +305,6 @@ class UpEnvironment:
             return None
         return next((p for p in self.processes.all.values() if not p.alive), None)
 
-    def restart(self, proc: ManagedProcess) -> None:
-        """Start an API or worker that exited again, with the same command, settings and
-        port (as a supervisor would); HarnessError if it exits before it is ready."""
-        proc.start()
-
     def servers_dead(self) -> str | None:
         for name, server in (("postgres", self.postgres), ("temporal", self.temporal)):
             if server.proc is not None and server.proc.poll() is not None:
