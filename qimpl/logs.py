@@ -9,6 +9,7 @@ import logging
 import re
 import sys
 from datetime import timedelta
+from urllib.parse import unquote_plus
 
 from temporalio.runtime import (
     LogForwardingConfig,
@@ -104,13 +105,31 @@ def temporal_runtime() -> Runtime:
         worker_heartbeat_interval=timedelta(seconds=WORKER_HEARTBEAT_INTERVAL_S))
 
 
-#: A stream token in a logged URL (R-EVENT-6): a bearer credential, never written.
-_STREAM_TOKEN = re.compile(r"(stream_token=)[^&\s\"]+")
+#: A query parameter in a logged URL: its separator, its raw name, its raw value.
+_QUERY_PARAM = re.compile(r"([?&;])([^=&;?\s\"]+)=([^&;\s\"]*)")
+
+#: The name of the query parameter that carries a stream token (R-EVENT-6).
+_STREAM_TOKEN_NAME = "stream_token"
 
 
 def redact_stream_tokens(text: str) -> str:
-    """``text`` with every ``stream_token=`` value replaced by ``<redacted>`` (pure)."""
-    return _STREAM_TOKEN.sub(r"\1<redacted>", text)
+    """``text`` with the value of every query parameter whose name *decodes* to
+    ``stream_token`` replaced by ``<redacted>`` (pure). The API decodes a parameter's name
+    before it reads it (``stream%5Ftoken`` is ``stream_token`` to it), so the log must too:
+    a bearer credential is never written (R-EVENT-6)."""
+
+    def redact(m: re.Match[str]) -> str:
+        sep, name, _ = m.groups()
+        if unquote_plus(name) != _STREAM_TOKEN_NAME:
+            return m.group(0)
+        return f"{sep}{name}=<redacted>"
+
+    return _QUERY_PARAM.sub(redact, text)
+
+
+def _may_hold_a_token(text: str) -> bool:
+    """Cheap pre-check: a URL with a query whose parameters may name a stream token."""
+    return "=" in text and (_STREAM_TOKEN_NAME in text or "%" in text or "+" in text)
 
 
 class StreamTokenFilter(logging.Filter):
@@ -118,9 +137,9 @@ class StreamTokenFilter(logging.Filter):
     log passes the request path, query string included, as an argument)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, str) and "stream_token=" in record.msg:
+        if isinstance(record.msg, str) and _may_hold_a_token(record.msg):
             record.msg = redact_stream_tokens(record.msg)
-        if isinstance(record.args, tuple) and any(isinstance(a, str) and "stream_token=" in a for a in record.args):
+        if isinstance(record.args, tuple) and any(isinstance(a, str) and _may_hold_a_token(a) for a in record.args):
             record.args = tuple(redact_stream_tokens(a) if isinstance(a, str) else a for a in record.args)
         return True
 

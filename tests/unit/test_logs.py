@@ -76,6 +76,35 @@ def test_uvicorn_access_log_is_json_when_enabled(capsys: pytest.CaptureFixture[s
     assert docs[2]["run_id"] == "r-1"
 
 
+TOKEN = "v1.YWNtZQ.1265a0b1.1796556647.J63u6fMlsDCHsVYPwDtMRBSBM4WuKs4d9zvTroAdFeU"
+
+
+@pytest.mark.req("R-EVENT-6")
+@pytest.mark.parametrize("query", [
+    f"stream_token={TOKEN}",
+    f"stream%5Ftoken={TOKEN}",  # the API decodes a parameter's name before it reads it
+    f"stream%5ftoken={TOKEN}",
+    f"%73tream_token={TOKEN}",
+    f"a=1&stream_token={TOKEN}&b=2",
+    f"stream_token=x&stream_token={TOKEN}",
+    f"stream_token={TOKEN.replace('.', '%2E')}",
+])
+def test_the_access_log_never_writes_a_stream_token(query: str, capsys: pytest.CaptureFixture[str]) -> None:
+    uvicorn.Config("qimpl.api.app:create_app", factory=True, log_level="info")
+    setup_logging()
+    logging.getLogger("uvicorn.access").info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5", "GET",
+                                             f"/v1/agents/a/runs/r/events?{query}", "1.1", 200)
+    (doc,) = _json_lines(capsys.readouterr().out)
+    assert "J63u6fMls" not in str(doc["msg"]) and "<redacted>" in str(doc["msg"]), doc["msg"]
+
+
+def test_other_query_parameters_are_kept(capsys: pytest.CaptureFixture[str]) -> None:
+    from qimpl.logs import redact_stream_tokens
+
+    kept = "/v1/agents/a/runs?cursor=abc%3D&state=running&not_stream_token=1&stream_tokens=2"
+    assert redact_stream_tokens(kept) == kept
+
+
 def _formatted(exc: BaseException) -> str:
     try:
         raise exc
