@@ -9,13 +9,17 @@ case-sensitive). Exit codes (nothing is changed unless it is 0):
     2   the database cannot be reached
     3   Temporal cannot be reached
     64  usage error: a bad command line, or a missing or malformed setting
-        (one line naming the variable, as the API and the worker print it)
+        (one line naming the variable, as the API and the worker print it), or a
+        ``QIMPL_DATABASE_URL`` whose role escapes row-level security (a superuser,
+        BYPASSRLS, or a table's owner): the sweep connects as the worker's restricted
+        role, as the API and the worker do (R-AUTH-4)
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
 import sys
@@ -24,6 +28,8 @@ from typing import Any
 import psycopg
 from temporalio.client import Client
 
+from qimpl.db.roles import refuse_unsafe_role
+from qimpl.errors import UnsafeDatabaseRole
 from qimpl.logs import temporal_runtime
 from qimpl.reconciler import SWEEP_LIMIT, sweep_tenant
 from qimpl.scripts import EXIT_USAGE, UsageParser, piped
@@ -32,6 +38,11 @@ from qimpl.settings import Settings, load_or_exit
 __all__ = ["EXIT_DATABASE", "EXIT_TEMPORAL", "EXIT_USAGE", "main"]
 
 EXIT_DATABASE, EXIT_TEMPORAL = 2, 3
+
+#: The role check's logger: the sweep prints its own one line on stderr instead.
+log = logging.getLogger("qimpl.sweep")
+log.addHandler(logging.NullHandler())
+log.propagate = False
 
 
 async def _has_runs(conn: psycopg.AsyncConnection[Any], tenant: str) -> bool:
@@ -51,6 +62,11 @@ async def _run(settings: Settings, tenants: list[str], limit: int) -> int:
         print(f"agent_runs: cannot reach the database: {type(exc).__name__}", file=sys.stderr)
         return EXIT_DATABASE
     try:
+        try:
+            await refuse_unsafe_role(conn, "sweep", log)
+        except UnsafeDatabaseRole as exc:
+            print(f"agent_runs: {exc} ({exc.code})", file=sys.stderr)
+            return EXIT_USAGE
         try:
             client = await asyncio.wait_for(
                 Client.connect(settings.temporal_address, namespace=settings.temporal_namespace,

@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from qualify.procs import free_port
+from qualify.stack._embedded import WORKER_ROLE, with_user
 
 
 def _sweep(env: dict[str, str], *tenants: str) -> subprocess.CompletedProcess[str]:
@@ -30,8 +31,8 @@ def test_sweep_expires_overdue_runs_and_reports(stack: Any) -> None:
             conn.execute("INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,"
                          " stream_key, deadline_at) VALUES (%s, %s, 'p', 'a', 'queued', 'x', 'k',"
                          " now() - interval '1 second')", (str(uuid.uuid4()), tenant))
-    done = _sweep({"QIMPL_DATABASE_URL": dsn, "QIMPL_TEMPORAL_ADDRESS": stack.info.temporal_address},
-                  "t1")
+    done = _sweep({"QIMPL_DATABASE_URL": with_user(dsn, WORKER_ROLE),
+                   "QIMPL_TEMPORAL_ADDRESS": stack.info.temporal_address}, "t1")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["tenant"] == "t1" and report["expired"] == 2 and report["errors"] == 0
@@ -48,13 +49,31 @@ def test_sweep_warns_about_a_tenant_with_no_runs(stack: Any) -> None:
         conn.execute("INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,"
                      " stream_key, deadline_at) VALUES (%s, 'acme', 'p', 'a', 'completed', 'x', 'k',"
                      " now())", (str(uuid.uuid4()),))
-    done = _sweep({"QIMPL_DATABASE_URL": dsn, "QIMPL_TEMPORAL_ADDRESS": stack.info.temporal_address},
-                  "Acme", "acme", "Acme")
+    done = _sweep({"QIMPL_DATABASE_URL": with_user(dsn, WORKER_ROLE),
+                   "QIMPL_TEMPORAL_ADDRESS": stack.info.temporal_address}, "Acme", "acme", "Acme")
     assert done.returncode == 0, done.stderr
     # A tenant named twice is swept once (a tester's --tenant acme --tenant acme swept twice).
     assert [json.loads(line)["tenant"] for line in done.stdout.splitlines()] == ["Acme", "acme"]
     warnings = [line for line in done.stderr.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "'Acme' has no runs" in warnings[0]
+
+
+@pytest.mark.req("R-OPS-4")
+@pytest.mark.req("R-AUTH-4")
+def test_sweep_refuses_a_role_that_escapes_row_level_security(stack: Any) -> None:
+    """As the API and the worker do: a superuser (the harness's owner DSN) is refused with
+    one line and exit 64, and nothing is swept (a tester's finding: it swept)."""
+    dsn = stack.create_database()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,"
+                     " stream_key, deadline_at) VALUES (%s, 't1', 'p', 'a', 'queued', 'x', 'k',"
+                     " now() - interval '1 second')", (str(uuid.uuid4()),))
+    done = _sweep({"QIMPL_DATABASE_URL": dsn, "QIMPL_TEMPORAL_ADDRESS": stack.info.temporal_address}, "t1")
+    assert done.returncode == 64, (done.returncode, done.stderr)
+    assert done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
+    assert "a superuser" in done.stderr and "database_role_unsafe" in done.stderr
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT state FROM runs").fetchall() == [("queued",)]
 
 
 @pytest.mark.req("R-OPS-4")
@@ -66,7 +85,7 @@ def test_sweep_says_when_the_database_is_unreachable() -> None:
 
 @pytest.mark.req("R-OPS-4")
 def test_sweep_says_when_temporal_is_unreachable(stack: Any) -> None:
-    done = _sweep({"QIMPL_DATABASE_URL": stack.create_database(),
+    done = _sweep({"QIMPL_DATABASE_URL": with_user(stack.create_database(), WORKER_ROLE),
                    "QIMPL_TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}", "QIMPL_DISPATCH_TIMEOUT_S": "2"},
                   "t1")
     assert done.returncode == 3 and "cannot reach Temporal" in done.stderr
