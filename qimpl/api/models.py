@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from qimpl.lifecycle import DEFAULT_DEADLINE_S, MAX_DEADLINE_S, MIN_DEADLINE_S
 
@@ -38,12 +39,25 @@ MAX_PROMPT_CHARS = 32_000
 _NO_NUL = r"^[^\x00]*$"
 
 
+def _not_blank(text: str) -> str:
+    """A prompt of whitespace only is empty (R-CREATE-1: 422 ``prompt_empty``); the text
+    itself is kept as sent."""
+    if text.isspace():
+        raise PydanticCustomError("string_blank", "the text is whitespace only")
+    return text
+
+
+#: A prompt: 1..MAX_PROMPT_CHARS characters, not all whitespace, no NUL.
+Prompt = Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS, pattern=_NO_NUL),
+                   AfterValidator(_not_blank)]
+
+
 class CreateRunRequest(BaseModel):
     """R-CREATE-1."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS, pattern=_NO_NUL)
+    prompt: Prompt
     mode: Literal["ask"] = "ask"
     durable_temporal: bool = Field(default=False, strict=True, description=(
         "true: a durable run (Temporal; needs an Idempotency-Key). Omitted or false: the "
@@ -62,8 +76,7 @@ class ResumeRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    additional_prompt: str | None = Field(default=None, min_length=1, max_length=MAX_PROMPT_CHARS,
-                                          pattern=_NO_NUL)
+    additional_prompt: Prompt | None = None
 
 
 class ApprovalDecision(BaseModel):
@@ -87,7 +100,7 @@ class AnswerIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS, pattern=_NO_NUL)
+    prompt: Prompt
 
 
 class AnswerOut(BaseModel):

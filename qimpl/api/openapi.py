@@ -35,8 +35,9 @@ __all__ = [
 
 _KEY_PATTERN, _KEY_MAX = r"^[\x21-\x7e]+$", 255
 #: Optional to FastAPI, so that a missing key gets the route's own 400
-#: ``idempotency_key_required``; documented as required (``_required_header``).
-IdempotencyKey = Annotated[str | None, Header(max_length=_KEY_MAX, pattern=_KEY_PATTERN,
+#: ``idempotency_key_required``; documented as required (``_required_header``). An empty
+#: header is a missing key too (400, not 422), hence ``*`` where the document says ``+``.
+IdempotencyKey = Annotated[str | None, Header(max_length=_KEY_MAX, pattern=r"^[\x21-\x7e]*$",
                                               include_in_schema=False)]
 STREAM_KEY_MAX = 128
 

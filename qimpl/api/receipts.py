@@ -200,7 +200,8 @@ async def replayable(conn: Any, record: dict[str, Any] | None, fingerprint: str,
     if record["completed_at"] is None and record["age_s"] < in_flight_s and not dispatched:
         # Only the dispatch can race: once it is confirmed, the run is replayed even if the
         # first request could not complete the key's record (a database failure).
+        # Retry-After 1: the first request is usually answered within milliseconds, and a
+        # retry still in flight gets this answer again (it said 6 s, the in-flight bound).
         raise ApiError(409, "idempotency_key_in_flight", "the first request with this key is "
-                       "still being answered; retry shortly",
-                       retry_after=max(1, int(in_flight_s - record["age_s"]) + 1))
+                       "still being answered; retry shortly", retry_after=1)
     return dict(row)

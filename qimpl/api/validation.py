@@ -16,7 +16,7 @@ VALIDATION_CODES = (
     "malformed_body", "unknown_field", "prompt_required", "prompt_empty", "prompt_too_long",
     "prompt_invalid", "mode_unsupported", "response_mode_unsupported", "deadline_out_of_range",
     "deadline_invalid", "durable_temporal_invalid", "additional_prompt_empty",
-    "additional_prompt_too_long", "workspace_id_invalid", "action_version_invalid", "approved_invalid", "invalid_parameter", "invalid_request",
+    "additional_prompt_too_long", "additional_prompt_invalid", "workspace_id_invalid", "action_version_invalid", "approved_invalid", "invalid_parameter", "invalid_request",
     "value_unstorable",
 )
 
@@ -36,13 +36,11 @@ def code_for(error: Mapping[str, Any]) -> str:
     if field in ("prompt", "additional_prompt"):
         if kind == "missing":
             return f"{field}_required"
-        if kind == "string_too_short":
+        if kind in ("string_too_short", "string_blank"):
             return f"{field}_empty"
         if kind == "string_too_long":
             return f"{field}_too_long"
-        if kind == "string_pattern_mismatch":
-            return "prompt_invalid"
-        return "prompt_invalid" if field == "prompt" else "invalid_request"
+        return f"{field}_invalid"  # a NUL character, not a string
     if field == "mode":
         return "mode_unsupported"
     if field == "response_mode":

@@ -144,6 +144,10 @@ def test_documenting_headers_changes_no_runtime_behaviour(app: FastAPI) -> None:
                 assert (r.status_code, r.json()["code"]) == (400, "idempotency_key_required"), auth
             r = await client.post(RESUME, json={}, headers={"Authorization": f"Bearer {KEY}"})
             assert (r.status_code, r.json()["code"]) == (400, "idempotency_key_required")
+            for route in (RUNS, RESUME):  # an empty header is no key (was 422 invalid_parameter)
+                r = await client.post(route, json=durable if route == RUNS else {},
+                                      headers={"Authorization": f"Bearer {KEY}", "Idempotency-Key": ""})
+                assert (r.status_code, r.json()["code"]) == (400, "idempotency_key_required"), route
             r = await client.get(EVENTS)
             assert (r.status_code, r.json()["code"]) == (401, "stream_key_required")
             r = await client.post(RUNS, json={"prompt": "hi"}, headers={"Authorization": f"Bearer {KEY}"})

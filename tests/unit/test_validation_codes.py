@@ -15,6 +15,9 @@ def _code(body: dict) -> str:  # type: ignore[type-arg]
 @pytest.mark.parametrize(("body", "code"), [
     ({}, "prompt_required"),
     ({"prompt": ""}, "prompt_empty"),
+    ({"prompt": "   "}, "prompt_empty"),  # whitespace only is empty (a tester's finding)
+    ({"prompt": "\u00a0\n\t"}, "prompt_empty"),
+    ({"prompt": "a\x00"}, "prompt_invalid"),
     ({"prompt": "x" * 32001}, "prompt_too_long"),
     ({"prompt": 5}, "prompt_invalid"),
     ({"prompt": "x", "mode": "chat"}, "mode_unsupported"),
@@ -34,6 +37,29 @@ def _code(body: dict) -> str:  # type: ignore[type-arg]
 def test_each_bad_field_has_its_code(body: dict, code: str) -> None:  # type: ignore[type-arg]
     assert _code(body) == code
     assert code in VALIDATION_CODES
+
+
+@pytest.mark.req("R-RESUME-1")
+@pytest.mark.parametrize(("body", "code"), [
+    ({"additional_prompt": ""}, "additional_prompt_empty"),
+    ({"additional_prompt": " \n"}, "additional_prompt_empty"),
+    ({"additional_prompt": "x" * 32001}, "additional_prompt_too_long"),
+    # Its own field's code, as the create's prompt has (was prompt_invalid / invalid_request).
+    ({"additional_prompt": "a\x00"}, "additional_prompt_invalid"),
+    ({"additional_prompt": 5}, "additional_prompt_invalid"),
+])
+def test_a_resume_prompt_has_its_own_codes(body: dict, code: str) -> None:  # type: ignore[type-arg]
+    from qimpl.api.models import ResumeRequest
+
+    with pytest.raises(ValidationError) as err:
+        ResumeRequest.model_validate(body)
+    (error,) = err.value.errors()
+    assert code_for({**error, "loc": ("body", *error["loc"])}) == code
+    assert code in VALIDATION_CODES
+
+
+def test_a_prompt_keeps_its_whitespace() -> None:
+    assert CreateRunRequest.model_validate({"prompt": " a \n"}).prompt == " a \n"
 
 
 def test_a_body_that_is_not_an_object() -> None:

@@ -97,6 +97,7 @@ async def create_run(
     receipt whatever happened to the principal's workspace grant since (R-CREATE-2): the
     grant is checked only for new work (403 ``workspace_access_denied``), and a resume
     checks it again (R-AUTH-2)."""
+    idempotency_key = idempotency_key or None  # an empty header is no key
     if not body.durable_temporal:
         return await create_legacy(svc, agent_id, body, principal, idempotency_key)
     if not idempotency_key:
