@@ -96,7 +96,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _busy(_: Request, exc: Exception) -> JSONResponse:
         # lock_timeout: the run's row stayed locked (an owner paused inside a transaction
         # loses it within the lease bound). Nothing was written: the request may be retried.
-        return JSONResponse(_body("run_busy", "the run is busy; retry shortly", retryable=True),
+        return JSONResponse(_body("run_busy", "a row or table this request needs is locked; retry shortly",
+                                  retryable=True),
                             status_code=503, headers={"Retry-After": "1"})
 
     @app.exception_handler(psycopg.OperationalError)

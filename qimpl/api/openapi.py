@@ -10,7 +10,6 @@ from typing import Annotated, Any
 from fastapi import Header
 
 from qimpl.api.models import ErrorBody
-from qimpl.api.validation import VALIDATION_CODES
 
 __all__ = [
     "ANSWER_ERRORS",
@@ -20,16 +19,20 @@ __all__ = [
     "CREATE_ERRORS",
     "CREATE_HEADERS",
     "CREATE_LINKS",
+    "DATABASE_ERRORS",
     "EVENTS_ERRORS",
     "EVENTS_HEADERS",
     "LEGACY_ERRORS",
+    "PARAMETER_ERRORS",
     "READ_ERRORS",
     "READ_LINKS",
     "RESUME_ERRORS",
     "RESUME_HEADERS",
+    "RETRY_AFTER_HEADER",
     "STREAM_KEY_MAX",
     "TOKEN_ERRORS",
     "IdempotencyKey",
+    "body_errors",
     "errors",
 ]
 
@@ -67,14 +70,46 @@ EVENTS_HEADERS = {"parameters": [{
     "schema": {"type": "string", "maxLength": STREAM_KEY_MAX}}]}
 
 
-def errors(**by_status: str) -> dict[int | str, dict[str, Any]]:
+#: The 503s of any route that reads the database, its API key's lookup included (R-OPS-7):
+#: both retryable, with ``Retry-After: 1`` (``qimpl.api.errors``).
+DATABASE_ERRORS = (
+    "run_busy (a row or table the request needs stayed locked past `QIMPL_API_LOCK_TIMEOUT_S`; "
+    "retryable: true), database_unavailable (no database connection within "
+    "`QIMPL_API_POOL_TIMEOUT_S`, or it was lost mid-request; retryable: true)")
+#: The header a retryable answer carries.
+RETRY_AFTER_HEADER = {"Retry-After": {
+    "description": "seconds to wait before retrying: sent with `run_busy`, `database_unavailable`, "
+                   "`idempotency_key_in_flight` and `too_many_streams`",
+    "schema": {"type": "integer", "minimum": 1}}}
+
+
+def errors(*, database: bool = True, **by_status: str) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` listing every error code a route can return, by status:
-    ``errors(s404="run_not_found")``."""
-    return {int(k.removeprefix("s")): {"model": ErrorBody, "description": "codes: " + v}
-            for k, v in by_status.items()}
+    ``errors(s404="run_not_found")``. ``database``: the route reads the database (every
+    route that takes an API key does), so its 503 also lists ``DATABASE_ERRORS``. A 409,
+    429 or 503 documents ``Retry-After``."""
+    if database:
+        by_status["s503"] = ", ".join(filter(None, (by_status.get("s503"), DATABASE_ERRORS)))
+    out: dict[int | str, dict[str, Any]] = {}
+    for k, v in by_status.items():
+        status = int(k.removeprefix("s"))
+        out[status] = {"model": ErrorBody, "description": "codes: " + v}
+        if status in (409, 429, 503):
+            out[status]["headers"] = RETRY_AFTER_HEADER
+    return out
 
 
-_VALIDATION = ", ".join(VALIDATION_CODES)
+def body_errors(*extra: str) -> str:
+    """The 422 codes of a route with a JSON body: any body's, then the route's own fields'
+    (``extra``), then ``invalid_parameter`` (a path, query or header parameter off its
+    schema) and ``value_unstorable`` (a value PostgreSQL cannot store)."""
+    return ", ".join(("malformed_body", "unknown_field", "invalid_request", *extra, "invalid_parameter",
+                      "value_unstorable"))
+
+
+#: The 422 of a route without a body: a path, query or header parameter off its schema.
+PARAMETER_ERRORS = "invalid_parameter (a path, query or header parameter off its schema)"
+_PROMPT = "prompt_required, prompt_empty, prompt_too_long, prompt_invalid"
 _AUTH = "unauthenticated"
 _NOT_FOUND = "run_not_found"
 #: An operator key on a client route (R-OPS-7: operators act through the operator routes).
@@ -83,9 +118,11 @@ CREATE_ERRORS = errors(
     s400="idempotency_key_required", s401=_AUTH,
     s403=f"workspace_access_denied (no live grant for the body's workspace_id, R-AUTH-2), {CLIENT_ONLY}",
     s409="idempotency_key_in_flight",
-    s422=f"{_VALIDATION}, idempotency_key_reused",
+    s422=body_errors(_PROMPT, "mode_unsupported", "response_mode_unsupported", "deadline_out_of_range",
+                     "deadline_invalid", "durable_temporal_invalid", "workspace_id_invalid",
+                     "idempotency_key_reused"),
     s503="durable_dispatch_unknown (the body carries the receipt; retryable: false)")
-READ_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s404=_NOT_FOUND, s422=_VALIDATION)
+READ_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s404=_NOT_FOUND, s422=PARAMETER_ERRORS)
 
 
 def _link(operation_id: str, **parameters: str) -> dict[str, Any]:
@@ -118,8 +155,7 @@ READ_LINKS: dict[int | str, dict[str, Any]] = {200: {"description": "Successful 
     "CancelRun": _link("cancel_run_v1_agents__agent_id__runs__run_id__cancel_post",
                        agent_id="$request.path.agent_id", run_id="$request.path.run_id"),
 }}}
-_BUSY = "run_busy (the run's row stayed locked past the lock timeout; retryable: true)"
-CANCEL_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s404=_NOT_FOUND, s422=_VALIDATION, s503=_BUSY)
+CANCEL_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s404=_NOT_FOUND, s422=PARAMETER_ERRORS)
 RESUME_ERRORS: dict[int | str, dict[str, Any]] = {202: {"description": "Successful Response",
                                                         "headers": REPLAYED_HEADER}, **errors(
     s400="idempotency_key_required", s401=_AUTH,
@@ -127,16 +163,17 @@ RESUME_ERRORS: dict[int | str, dict[str, Any]] = {202: {"description": "Successf
     s404=_NOT_FOUND,
     s409="run_active, run_terminal (also when the deadline passed: the run is expired), "
          "run_not_resumable, run_resume_conflict, run_reconciliation_required (a tool call's "
-         "outcome is unknown, R-RESUME-3), tool_results_pending (R-TOOL-4)",
-    s422=f"{_VALIDATION}, idempotency_key_reused",
-    s503=f"durable_dispatch_unknown (the body carries the receipt), {_BUSY}")}
-ANSWER_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s422=_VALIDATION, s502="answer_failed")
-TOKEN_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s404=_NOT_FOUND, s422=_VALIDATION)
+         "outcome is unknown, R-RESUME-3), tool_results_pending (R-TOOL-4), idempotency_key_in_flight",
+    s422=body_errors("additional_prompt_empty", "additional_prompt_too_long", "additional_prompt_invalid",
+                     "idempotency_key_reused"),
+    s503="durable_dispatch_unknown (the body carries the receipt)")}
+ANSWER_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s422=body_errors(_PROMPT), s502="answer_failed")
+TOKEN_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s404=_NOT_FOUND, s422=body_errors())
 EVENTS_ERRORS: dict[int | str, dict[str, Any]] = {
     **errors(s400="last_event_id_unknown (the live run sent no event with that id)",
              s429="too_many_streams (QIMPL_EVENT_STREAMS_PER_RUN open streams of this run already)",
              s401="stream_key_required, stream_token_invalid (not a token of this run), "
-                  "stream_token_expired", s404=_NOT_FOUND, s422=_VALIDATION,
+                  "stream_token_expired", s404=_NOT_FOUND, s422=PARAMETER_ERRORS,
              s410="event_stream_pruned (the run ended longer ago than the event retention and "
                   "its events were pruned, R-EVENT-5; read the run record instead)"),
     204: {"description": "the run ended and `Last-Event-ID` is its terminal event (or later): "
@@ -145,7 +182,7 @@ APPROVAL_ERRORS = errors(
     s401=_AUTH, s403=CLIENT_ONLY, s404=f"{_NOT_FOUND}, approval_not_found",
     s409="action_version_mismatch, approval_conflict, approval_not_pending, run_terminal "
          "(also when the deadline passed: the run is expired)",
-    s422=_VALIDATION, s503=_BUSY)
-LEGACY_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s404=_NOT_FOUND, s422=_VALIDATION,
+    s422=body_errors("approved_invalid", "action_version_invalid"))
+LEGACY_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s404=_NOT_FOUND, s422=PARAMETER_ERRORS,
                        s409="durable_lifecycle_conflict (lifecycle_version 2 runs)",
                        s501="legacy_control_unavailable (lifecycle_version 1 runs)")

@@ -25,8 +25,8 @@ def code_for(error: Mapping[str, Any]) -> str:
     """The code of one pydantic error (``{"loc", "type", ...}``)."""
     loc: Sequence[Any] = error.get("loc", ())
     kind = str(error.get("type", ""))
-    if kind in ("json_invalid", "model_attributes_type", "dict_type") or (
-            kind == "missing" and tuple(loc) == ("body",)):
+    if kind in ("json_invalid", "model_attributes_type") or (
+            kind in ("missing", "dict_type") and tuple(loc) == ("body",)):
         return "malformed_body"
     if kind == "extra_forbidden":
         return "unknown_field"

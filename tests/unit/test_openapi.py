@@ -13,10 +13,11 @@ import httpx
 import pytest
 from fastapi import FastAPI, Response
 
+from qimpl.api import models
 from qimpl.api.app import create_app
 from qimpl.api.deps import Services
 from qimpl.api.routers import runs as runs_module
-from qimpl.api.validation import VALIDATION_CODES
+from qimpl.api.validation import VALIDATION_CODES, code_for
 from qimpl.settings import ApiSettings
 
 #: Never connected to: these tests build the app without its lifespan.
@@ -44,10 +45,82 @@ def test_every_route_lists_its_error_codes() -> None:
             if status.startswith(("4", "5")):
                 assert resp["description"].startswith("codes: "), (path, status)
     create_422 = doc["paths"]["/v1/agents/{agent_id}/runs"]["post"]["responses"]["422"]["description"]
-    assert all(code in create_422 for code in VALIDATION_CODES)
+    assert "prompt_empty" in create_422 and "idempotency_key_reused" in create_422
     assert "requestBody" in doc["paths"]["/v1/agents/{agent_id}/runs"]["post"]
     legacy = [p for p in doc["paths"] if p.endswith(("/pause", "/handoff", "/branch", "/rollback"))]
     assert len(legacy) == 4
+
+
+#: A valid body of each request model; each field is then spoiled in turn.
+VALID_BODIES: dict[str, dict[str, Any]] = {
+    "CreateRunRequest": {"prompt": "x"}, "ResumeRequest": {}, "AnswerIn": {"prompt": "x"},
+    "ApprovalDecision": {"approved": True, "action_version": "ab"}, "ToolResult": {"result": {}},
+    "Resolution": {"outcome": "succeeded", "note": "n"}, "StreamTokenRequest": {},
+}
+SPOILERS: tuple[Any, ...] = (5, "", " ", "a\x00", "x" * 40_000, -1, 10**9, 1.5, None, True, {}, [], "zz")
+
+
+def _codes_of(model: type[Any], valid: dict[str, Any]) -> set[str]:
+    """Every code a body of ``model`` can get: each field missing, then each spoiled."""
+    from pydantic import ValidationError
+
+    bodies = [{k: v for k, v in valid.items() if k != name} for name in model.model_fields]
+    bodies += [{**valid, name: bad} for name in model.model_fields for bad in SPOILERS]
+    bodies += [{**valid, "surprise": 1}]
+    got = set()
+    for body in bodies:
+        try:
+            model.model_validate(body)
+        except ValidationError as err:
+            got |= {code_for({**e, "loc": ("body", *e["loc"])}) for e in err.errors()}
+    return got
+
+
+@pytest.mark.req("R-CREATE-1")
+def test_each_route_lists_the_validation_codes_its_body_can_get_and_no_others() -> None:
+    """A route's 422 lists every code its own body (and parameters) can get, and a route
+    without a body lists no body's codes (every route listed every validation code)."""
+    doc = create_app(ApiSettings(database_url=DSN)).openapi()
+    seen = set()
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            listed = op.get("responses", {}).get("422", {}).get("description", "")
+            schema = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+            refs = [r["$ref"] for r in (schema, *schema.get("anyOf", ())) if "$ref" in r]  # an optional body: anyOf
+            name = refs[0].rsplit("/", 1)[-1] if refs else ""
+            if name:
+                seen.add(name)
+                for code in _codes_of(getattr(models, name), VALID_BODIES[name]):
+                    assert code in listed, (method, path, code)
+            elif listed:
+                body_only = {c for c in VALIDATION_CODES if c != "invalid_parameter"}
+                assert not [c for c in body_only if f"{c}" in listed.replace("invalid_parameter", "")], (
+                    method, path, listed)
+    assert seen == set(VALID_BODIES)
+
+
+@pytest.mark.req("R-OPS-7")
+def test_every_route_that_reads_the_database_documents_its_503s() -> None:
+    """Any route that takes an API key looks it up in PostgreSQL, so it can answer 503
+    ``run_busy`` or ``database_unavailable`` (with Retry-After); the document says so
+    (a tester held a table lock: create, read, list and events answered codes they did
+    not document)."""
+    doc = create_app(ApiSettings(database_url=DSN)).openapi()
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            if (method, path) in BEARER_FREE - {("get", "/v1/agents/{agent_id}/runs/{run_id}/events")}:
+                continue
+            if path.startswith("/docs") or path == "/openapi.json":
+                continue
+            got = op.get("responses", {}).get("503", {})
+            assert "run_busy" in got.get("description", "") and "database_unavailable" in got["description"], (
+                method, path)
+            assert "Retry-After" in got.get("headers", {}), (method, path)
+    resume = doc["paths"]["/v1/agents/{agent_id}/runs/{run_id}/resume"]["post"]["responses"]
+    assert "idempotency_key_in_flight" in resume["409"]["description"]
+    assert "Retry-After" in resume["409"]["headers"]
+    listing = doc["paths"]["/v1/operator/runs/{run_id}/tool-invocations"]["get"]["responses"]
+    assert "409" not in listing and "resolution_result" not in listing["422"]["description"]
 
 
 BEARER_FREE = {("get", "/v1/agents/{agent_id}/runs/{run_id}/events"),  # the stream key instead

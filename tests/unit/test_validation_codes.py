@@ -65,3 +65,11 @@ def test_a_prompt_keeps_its_whitespace() -> None:
 def test_a_body_that_is_not_an_object() -> None:
     assert code_for({"loc": ("body",), "type": "missing"}) == "malformed_body"
     assert code_for({"loc": ("body", 0), "type": "json_invalid"}) == "malformed_body"
+    assert code_for({"loc": ("body",), "type": "dict_type"}) == "malformed_body"
+
+
+def test_a_field_that_is_not_an_object_is_that_fields_error() -> None:
+    """A tool result's ``result`` given as a string was ``malformed_body`` (the body *was*
+    an object), and missing, ``invalid_request``: both are the field's error now."""
+    assert code_for({"loc": ("body", "result"), "type": "dict_type"}) == "invalid_request"
+    assert code_for({"loc": ("body", "result"), "type": "missing"}) == "invalid_request"

@@ -22,15 +22,13 @@ from qimpl.api.auth import Principal
 from qimpl.api.deps import AgentId, operator_principal, owned_run, principal_of, services_of
 from qimpl.api.errors import ApiError
 from qimpl.api.models import (
-    ErrorBody,
     Invocation,
     InvocationList,
     Resolution,
     ToolResult,
     ToolResultAnswer,
 )
-from qimpl.api.openapi import CLIENT_ONLY
-from qimpl.api.validation import VALIDATION_CODES
+from qimpl.api.openapi import CLIENT_ONLY, PARAMETER_ERRORS, body_errors, errors
 from qimpl.db import runs as repo
 from qimpl.tool_journal import store as journal_db
 from qimpl.tool_journal.rules import UNSETTLED
@@ -44,25 +42,18 @@ log = logging.getLogger("qimpl.api")
 router = APIRouter()
 
 CallId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9-]+$")]
-_VALIDATION = ", ".join(VALIDATION_CODES)
 _SETTLE_CONFLICTS = ("tool_call_not_found, tool_call_settled (a different result was already "
                      "recorded), tool_call_kind_mismatch, run_not_parked")
-RESULT_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "codes: unauthenticated"},
-    403: {"model": ErrorBody, "description": "codes: " + CLIENT_ONLY},
-    404: {"model": ErrorBody, "description": "codes: run_not_found"},
-    409: {"model": ErrorBody, "description": "codes: " + _SETTLE_CONFLICTS},
-    422: {"model": ErrorBody, "description": f"codes: {_VALIDATION}, tool_result_invalid "
-                                             "(``errors`` lists each field and the schema keyword)"},
-}
-OPERATOR_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "codes: unauthenticated"},
-    403: {"model": ErrorBody, "description": "codes: operator_credential_required (R-OPS-7)"},
-    404: {"model": ErrorBody, "description": "codes: run_not_found"},
-    409: {"model": ErrorBody, "description": "codes: " + _SETTLE_CONFLICTS},
-    422: {"model": ErrorBody, "description": f"codes: {_VALIDATION}, resolution_result_required, "
-                                             "resolution_result_unexpected"},
-}
+RESULT_ERRORS = errors(
+    s401="unauthenticated", s403=CLIENT_ONLY, s404="run_not_found", s409=_SETTLE_CONFLICTS,
+    s422=body_errors("tool_result_invalid (``errors`` lists each field and the schema keyword)"))
+_OPERATOR_ONLY = "operator_credential_required (R-OPS-7)"
+#: Listing a run's tool calls: a GET, so no body and no conflict.
+INVOCATIONS_ERRORS = errors(s401="unauthenticated", s403=_OPERATOR_ONLY, s404="run_not_found",
+                            s422=PARAMETER_ERRORS)
+RESOLUTION_ERRORS = errors(
+    s401="unauthenticated", s403=_OPERATOR_ONLY, s404="run_not_found", s409=_SETTLE_CONFLICTS,
+    s422=body_errors("resolution_result_required", "resolution_result_unexpected"))
 _CLIENT_KINDS = frozenset({str(ToolKind.DEVELOPER_HOSTED)})
 _OPERATOR_KINDS = frozenset({str(ToolKind.INSTRUMENTED), str(ToolKind.UNINSTRUMENTED)})
 
@@ -145,7 +136,7 @@ def _invocation(r: dict[str, Any]) -> Invocation:
 
 
 @router.get("/v1/operator/runs/{run_id}/tool-invocations", response_model=InvocationList,
-            responses=OPERATOR_ERRORS)
+            responses=INVOCATIONS_ERRORS)
 async def list_invocations(
     run_id: uuid.UUID,
     request: Request,
@@ -166,7 +157,7 @@ async def list_invocations(
 
 
 @router.post("/v1/operator/runs/{run_id}/tool-invocations/{call_id}/resolution",
-             response_model=Invocation, responses=OPERATOR_ERRORS)
+             response_model=Invocation, responses=RESOLUTION_ERRORS)
 async def resolve_invocation(
     run_id: uuid.UUID,
     call_id: CallId,
