@@ -407,7 +407,7 @@ CATALOG: tuple[Mutant, ...] = (
         (Patch("qimpl/api/routers/events.py",
                "    if svc.events.streams_of(str(run_id)) >= svc.settings.event_streams_per_run:\n",
                "    if False:\n"),),
-        "streams-per-run-bounded", "a third stream of the run is 429 too_many_streams"),
+        "streams-per-run-bounded", "a third stream of the run is 429 too_many_streams, with Retry-After"),
     Mutant(
         "watcher-forgets-the-lost-worker",
         "a retry swallowed by the lost owner's own worker is judged on the short bound (R-EXEC-13)",

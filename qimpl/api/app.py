@@ -27,10 +27,10 @@ from contextlib import asynccontextmanager
 
 import swagger_ui_bundle
 from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 from psycopg_pool import PoolTimeout
 
+from qimpl.api.cors import CodedCORSMiddleware
 from qimpl.api.deps import Services
 from qimpl.api.errors import install_error_handlers
 from qimpl.api.limits import RequestLimits
@@ -96,8 +96,10 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         await services.pool.close()
 
     # /docs is served by the operations router from packaged assets (no CDN); no /redoc.
+    # No redirect from a path with a trailing slash: a 307 whose Location is built from the
+    # request's Host header (a tester's finding); such a path is 404 ``not_found``.
     app = FastAPI(title="qimpl durable agent runs", version="0.1.0", lifespan=lifespan,
-                  docs_url=None, redoc_url=None)
+                  docs_url=None, redoc_url=None, redirect_slashes=False)
     app.mount(operations.DOCS_ASSETS, StaticFiles(directory=swagger_ui_bundle.swagger_ui_path),
               name="docs-assets")
     install_error_handlers(app)
@@ -105,7 +107,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     if settings.cors_origins:
         # Outermost: a browser's preflight is answered before the limits read anything.
         # Only the listed origins (an allow-list, never "*"); no cookies are involved.
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
+        app.add_middleware(CodedCORSMiddleware, allow_origins=list(settings.cors_origins),
                            allow_methods=["GET", "POST"], allow_credentials=False, max_age=600,
                            allow_headers=["Authorization", "Content-Type", "Idempotency-Key",
                                           "Last-Event-ID", "X-Stream-Key"],

@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from qimpl.api.validation import code_for
 
-__all__ = ["ApiError", "install_error_handlers", "origin"]
+__all__ = ["UNAUTHENTICATED_HEADERS", "ApiError", "install_error_handlers", "origin"]
 
 
 class ApiError(Exception):
@@ -50,8 +50,26 @@ def origin(exc: BaseException) -> dict[str, str]:
         return {}
 
 
+#: What a 401 ``unauthenticated`` carries beside its body: the scheme to authenticate with.
+UNAUTHENTICATED_HEADERS = {"WWW-Authenticate": 'Bearer realm="qimpl"'}
+
+
 def _body(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"code": code, "message": message, **{k: v for k, v in extra.items() if v is not None}}
+
+
+def _methods_of(request: Request) -> list[str]:
+    """The methods the request's path is served with: its operations in the app's OpenAPI
+    document (every route of the API is in it), matched segment by segment."""
+    asked = request.url.path.split("/")
+
+    def fits(template: str) -> bool:
+        parts = template.split("/")
+        return len(parts) == len(asked) and all(
+            p == a or (p.startswith("{") and p.endswith("}") and a) for p, a in zip(parts, asked, strict=True))
+
+    paths = request.app.openapi().get("paths", {})
+    return sorted({m.upper() for t, ops in paths.items() if fits(t) for m in ops})
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -59,7 +77,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         extra = dict(exc.extra)
         retry_after = extra.pop("retry_after", None)
-        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+        if exc.code == "unauthenticated":
+            headers.update(UNAUTHENTICATED_HEADERS)  # RFC 9110: a 401 names its scheme
         return JSONResponse(_body(exc.code, exc.message, **extra), status_code=exc.status,
                             headers=headers)
 
@@ -75,14 +95,18 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400:
             # A body that cannot even be parsed (not JSON, a broken encoding) is answered
             # like invalid JSON: 422 ``malformed_body``, a code every route documents.
             return JSONResponse(_body("malformed_body", "the request body could not be parsed"),
                                 status_code=422)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return JSONResponse(_body(code, str(exc.detail)), status_code=exc.status_code)
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            # Every method of the path: Starlette names only the first route's.
+            headers["Allow"] = ", ".join(_methods_of(request))
+        return JSONResponse(_body(code, str(exc.detail)), status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(psycopg.DataError)
     @app.exception_handler(UnicodeEncodeError)

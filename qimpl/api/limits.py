@@ -11,8 +11,8 @@
 - a body larger than ``max_body_bytes`` (declared by ``Content-Length``, or counted while
   it streams in, chunked included) is answered 413 ``body_too_large`` without being kept
   whole: at most ``max_body_bytes`` are buffered;
-- a request of any method that sends ``Authorization``, ``Idempotency-Key`` or
-  ``Last-Event-ID`` more than once is answered 400 ``duplicate_header`` before anything
+- a request of any method that sends ``Authorization``, ``Idempotency-Key``,
+  ``Last-Event-ID`` or ``X-Stream-Key`` more than once is answered 400 ``duplicate_header`` before anything
   else: the API would read the first, a proxy or a log in front of it perhaps the last,
   and the two would disagree on who asked or what was asked (R-AUTH-1, R-CREATE-2).
 """
@@ -23,6 +23,8 @@ import json
 import time
 from typing import Any
 
+from qimpl.api.errors import UNAUTHENTICATED_HEADERS
+
 __all__ = ["RequestLimits"]
 
 Scope = dict[str, Any]
@@ -31,7 +33,7 @@ Message = dict[str, Any]
 _WRITES = frozenset({b"POST", b"PUT", b"PATCH", "POST", "PUT", "PATCH"})
 #: Headers a request may send once only: ASGI's lowercase name -> as HTTP spells it.
 _SINGLE = {b"authorization": "Authorization", b"idempotency-key": "Idempotency-Key",
-           b"last-event-id": "Last-Event-ID"}
+           b"last-event-id": "Last-Event-ID", b"x-stream-key": "X-Stream-Key"}
 
 
 class RequestLimits:
@@ -53,7 +55,8 @@ class RequestLimits:
         for name, value in scope.get("headers") or []:
             headers.setdefault(name, value)
         if scope["path"].startswith("/v1/") and not await _known(scope, headers):
-            await _answer(send, 401, "unauthenticated", "a valid API key is required")
+            await _answer(send, 401, "unauthenticated", "a valid API key is required",
+                          headers=UNAUTHENTICATED_HEADERS)
             return
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
@@ -116,10 +119,12 @@ async def _known(scope: Scope, headers: dict[bytes, bytes]) -> bool:
         return True
 
 
-async def _answer(send: Any, status: int, code: str, message: str) -> None:
+async def _answer(send: Any, status: int, code: str, message: str,
+                  headers: dict[str, str] | None = None) -> None:
     # As the routes' JSONResponse renders it: one error body, whichever layer answers.
     body = json.dumps({"code": code, "message": message}, separators=(",", ":")).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
+                            (b"content-length", str(len(body)).encode()),
+                            *((k.lower().encode(), v.encode()) for k, v in (headers or {}).items())]})
     await send({"type": "http.response.body", "body": body})

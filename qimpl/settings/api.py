@@ -92,6 +92,12 @@ class ApiSettings(_ProviderSettings, Settings):
             scheme, sep, rest = origin.partition("://")
             if scheme not in ("http", "https") or not sep or not rest or "/" in rest or "*" in rest:
                 raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], no path, no wildcard)")
+            host, _, port = rest.rpartition(":")
+            if (scheme, port) in (("https", "443"), ("http", "80")):
+                # A browser sends the origin without its scheme's default port: this entry
+                # would never match, and every preflight would be refused.
+                raise ValueError(f"{origin!r}: browsers send this origin without its default port; "
+                                 f"write {scheme}://{host}")
         return value
 
     @field_validator("api_keys")

@@ -298,14 +298,17 @@ def test_a_value_the_database_cannot_store_is_422_not_500() -> None:
     ("GET", f"/v1/agents/a-1/runs/{uuid.uuid4()}", "Authorization", "Authorization"),
     ("POST", RUNS, "Idempotency-Key", "Idempotency-Key"),
     ("GET", EVENTS, "last-event-id", "Last-Event-ID"),
-], ids=["create-authorization", "read-authorization", "create-idempotency-key", "events-last-event-id"])
+    ("GET", EVENTS, "X-Stream-Key", "X-Stream-Key"),  # a tester's: the first one won
+], ids=["create-authorization", "read-authorization", "create-idempotency-key", "events-last-event-id",
+        "events-stream-key"])
 def test_a_header_read_once_sent_twice_is_400_before_anything_runs(app: FastAPI, method: str, path: str,
                                                                     twice: str, spelt: str) -> None:
     """Two ``Authorization`` (or ``Idempotency-Key``, ``Last-Event-ID``) headers: the API
     would read the first and a proxy perhaps the last. 400 ``duplicate_header``, whatever
     the values (the same twice too), before authentication or the body is read; one of
     each goes through (here to the route's own answer)."""
-    values = {"Authorization": f"Bearer {KEY}", "Idempotency-Key": "k", "last-event-id": "1"}
+    values = {"Authorization": f"Bearer {KEY}", "Idempotency-Key": "k", "last-event-id": "1",
+              "X-Stream-Key": "s"}
     single = [("Authorization", f"Bearer {KEY}"), ("Idempotency-Key", "k"), ("Content-Type", "application/json")]
 
     async def calls() -> None:
@@ -319,3 +322,41 @@ def test_a_header_read_once_sent_twice_is_400_before_anything_runs(app: FastAPI,
             assert once.status_code != 400 or once.json()["code"] != "duplicate_header"
 
     asyncio.run(calls())
+
+
+@pytest.mark.req("R-AUTH-1")
+def test_http_semantics_a_client_library_relies_on(app: FastAPI) -> None:
+    """From a tester's findings: a 405 names the path's methods (``Allow``); a 401 names
+    its scheme (``WWW-Authenticate``), whichever layer answers it; a path with a trailing
+    slash is 404, not a 307 to a Location built from the request's Host header."""
+
+    async def calls() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
+            r = await client.delete(RUNS, headers={"Authorization": f"Bearer {KEY}"})
+            assert (r.status_code, r.json()["code"]) == (405, "method_not_allowed")
+            assert "POST" in r.headers["allow"] and "GET" in r.headers["allow"], r.headers
+            for method, path in (("POST", RUNS), ("GET", RUNS)):  # the limits' 401, the route's
+                r = await client.request(method, path, json={"prompt": "x"})
+                assert (r.status_code, r.json()["code"]) == (401, "unauthenticated"), (method, r.text)
+                assert r.headers["www-authenticate"].startswith("Bearer"), (method, r.headers)
+            r = await client.post(RUNS + "/", json={"prompt": "x"},
+                                  headers={"Authorization": f"Bearer {KEY}", "Host": "evil.example.com"})
+            assert (r.status_code, r.json()["code"]) == (404, "not_found") and "location" not in r.headers
+
+    asyncio.run(calls())
+
+
+@pytest.mark.req("R-EVENT-6")
+def test_a_refused_cors_preflight_is_a_coded_error() -> None:
+    """It was the API's one error without a ``code`` (text/plain "Disallowed CORS origin")."""
+    from fastapi.testclient import TestClient
+
+    api = create_app(ApiSettings(database_url=DSN, cors_origins=["https://app.example.com"]))
+    client = TestClient(api)  # no lifespan: the preflight needs no database
+    ask = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}
+    ok = client.options(RUNS, headers={"Origin": "https://app.example.com", **ask})
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "https://app.example.com"
+    refused = client.options(RUNS, headers={"Origin": "https://evil.example.com", **ask})
+    assert refused.status_code == 400 and refused.headers["content-type"] == "application/json"
+    assert refused.json()["code"] == "cors_preflight_refused" and "origin" in refused.json()["message"]
+    assert "access-control-allow-origin" not in refused.headers

@@ -240,3 +240,21 @@ def test_static_keys_have_no_built_in_default_and_must_be_secrets() -> None:
                  {good: {"tenant": "t", "principal": "p", "role": "root"}}):
         with pytest.raises(ValidationError):
             ApiSettings(database_url=dsn, auth="static", api_keys=keys)
+
+
+@pytest.mark.req("R-EVENT-6")
+@pytest.mark.parametrize(("origin", "ok"), [
+    ("https://app.example.com", True), ("http://localhost:8000", True), ("https://app.example.com:8443", True),
+    # A browser never sends a scheme's default port: the entry would match no preflight.
+    ("https://app.example.com:443", False), ("http://localhost:80", False), ("http://[::1]:80", False),
+    ("https://app.example.com/", False), ("*", False),
+])
+def test_a_cors_origin_is_one_a_browser_sends(env: pytest.MonkeyPatch, origin: str, ok: bool) -> None:
+    env.setenv("QIMPL_DATABASE_URL", DSN)
+    env.setenv("QIMPL_CORS_ORIGINS", json.dumps([origin]))
+    if ok:
+        assert load(ApiSettings).cors_origins == [origin]
+        return
+    with pytest.raises(ConfigError) as caught:
+        load(ApiSettings)
+    assert caught.value.variable == "QIMPL_CORS_ORIGINS"

@@ -130,7 +130,8 @@ async def run_events(
         # Counted by the open subscriptions of this process (a stream subscribes as it
         # starts): concurrent opens may pass together, never unboundedly (issue 22, item 10).
         raise ApiError(429, "too_many_streams",
-                       f"at most {svc.settings.event_streams_per_run} open streams per run; close one")
+                       f"at most {svc.settings.event_streams_per_run} open streams per run; close one",
+                       retry_after=1)
     async def record(conn: Any) -> dict[str, Any]:
         now = await repo.get_run(conn, str(run_id), tenant_id=tenant_id)
         if now is None:
