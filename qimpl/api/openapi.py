@@ -57,7 +57,9 @@ def _required_header(name: str, description: str, **schema: Any) -> dict[str, An
 _IDEMPOTENCY = {"maxLength": _KEY_MAX, "pattern": _KEY_PATTERN}
 CREATE_HEADERS = _required_header(
     "Idempotency-Key", "Required for a durable run (`durable_temporal: true`); without it 400 "
-    "`idempotency_key_required` (R-CREATE-2). Keys are scoped to tenant, principal and route. "
+    "`idempotency_key_required` (R-CREATE-2). Keys are scoped to tenant, principal and route: "
+    "the route template, so a key used to create a run of one agent is the same key on "
+    "another agent's create (422 `idempotency_key_reused` with another body). "
     "The legacy inline path (R-CREATE-6) also accepts a request without one.", **_IDEMPOTENCY)
 RESUME_HEADERS = _required_header(
     "Idempotency-Key", "A new key per resume; without it 400 `idempotency_key_required` "
