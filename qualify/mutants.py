@@ -192,6 +192,17 @@ CATALOG: tuple[Mutant, ...] = (
                "    IF false AND NEW.generation = OLD.generation AND OLD.owner_attempt IS NOT NULL\n"),),
         "stale-writers-refused", "the guard refuses an attempt taking its generation back (QG008)"),
     Mutant(
+        "late-attempt-claims-the-run-back", "the claim's fence: a superseded attempt delivered late "
+        "cannot take the run back (R-EXEC-7); both the claim's own check and the guard's QG008 off",
+        (Patch("qimpl/db/owner.py",
+               'if row["owner_attempt"] is not None and attempt < int(row["owner_attempt"]):',
+               "if False:"),
+         _transition_guard(
+               "    IF NEW.generation = OLD.generation AND OLD.owner_attempt IS NOT NULL\n",
+               "    IF false AND NEW.generation = OLD.generation AND OLD.owner_attempt IS NOT NULL\n")),
+        "superseded-attempt-delivered-late",
+        "the late attempt 1 reached its claim and the fence refused it; it ended without writing"),
+    Mutant(
         "guard-expires-early", "transition guard: no expiry before the deadline (R-EXEC-12)",
         (_transition_guard(
                "IF NEW.state = 'expired' AND v_now < OLD.deadline_at THEN",

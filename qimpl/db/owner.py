@@ -172,6 +172,16 @@ class RunOwner:
                                     slot_limit=slot_limit, task_token=task_token, live=live,
                                     lease_s=lease_s)
         except psycopg.Error as exc:
+            if exc.sqlstate in GUARD_SQLSTATES and exc.sqlstate != DEADLINE_SQLSTATE:
+                # The database's guard refused the claim (a fencing token going back, QG008,
+                # should the check above ever miss one): a lost ownership like any other
+                # refused owner write, logged as the fence's refusal (R-EXEC-7).
+                log.warning("claim of run %s refused (guard:%s): attempt %s of generation %s",
+                            run_id, exc.sqlstate, attempt, generation,
+                            extra={"event": "owner.write_refused", "run_id": run_id,
+                                   "how": f"guard:{exc.sqlstate}", "attempt": attempt,
+                                   "generation": generation})
+                raise LostOwnership(f"claim of run {run_id} rejected: {exc.sqlstate}") from None
             if exc.sqlstate != DEADLINE_SQLSTATE:
                 raise
         # The deadline passed between the claim's read and its write (R-EXEC-8).
