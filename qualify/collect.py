@@ -12,7 +12,7 @@ from psycopg.rows import dict_row
 
 from qualify.history import Event
 
-__all__ = ["database_events", "file_events", "journal_events", "workflow_events"]
+__all__ = ["database_events", "file_events", "journal_events", "workflow_events", "workspace_grants"]
 
 
 #: Every column of ``tool_invocations``, times as epoch seconds on the database's clock
@@ -41,6 +41,13 @@ FILE_EVENTS = (
     ("sink/requests.jsonl", "sink_request"),
     ("sink/executions.jsonl", "sink_execution"),
 )
+
+
+def workspace_grants(dsn: str) -> list[str]:
+    """Every workspace grant token the scenario's database holds (revoked ones included):
+    what no process may ever log (R-READ-3)."""
+    with psycopg.connect(dsn) as conn:
+        return [str(r[0]) for r in conn.execute("SELECT DISTINCT grant_token FROM workspace_grants")]
 
 
 def database_events(dsn: str) -> list[Event]:

@@ -203,6 +203,13 @@ CATALOG: tuple[Mutant, ...] = (
         "superseded-attempt-delivered-late",
         "the late attempt 1 reached its claim and the fence refused it; it ended without writing"),
     Mutant(
+        "worker-logs-the-grant", "grants never appear in logs (R-READ-3)",
+        (Patch("qimpl/workflows/activities.py",
+               "            result = await self._ask(owner, StepContext(\n",
+               '            log.info("asking step %s with grant %s", step, grant)\n'
+               "            result = await self._ask(owner, StepContext(\n"),),
+        "happy-path", "no workspace grant in any process log"),
+    Mutant(
         "guard-expires-early", "transition guard: no expiry before the deadline (R-EXEC-12)",
         (_transition_guard(
                "IF NEW.state = 'expired' AND v_now < OLD.deadline_at THEN",

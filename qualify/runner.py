@@ -21,7 +21,7 @@ from typing import Any
 
 from qualify import interrupt
 from qualify.checkers import GENERIC_CHECKERS, Check, accepted_runs, run_checks
-from qualify.collect import database_events, file_events, workflow_events
+from qualify.collect import database_events, file_events, workflow_events, workspace_grants
 from qualify.errors import HarnessError, InvariantViolation
 from qualify.faults import Nemesis
 from qualify.forkserver import ForkServer
@@ -75,7 +75,7 @@ class ScenarioResult:
     tables: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
 
 
-#: What a qimpl process must never print: a trace (R-EXEC-6, R-READ-3) or a crash on exit.
+#: What a qimpl process must never print: a trace (R-EXEC-6) or a crash on exit.
 LOG_RED_FLAGS = ("Traceback (most recent call last)", "Fatal Python error")
 
 
@@ -87,7 +87,25 @@ def clean_logs(logs_dir: Path) -> Check:
         text = path.read_text(errors="replace")
         bad += [f"{path.name}: {flag}" for flag in LOG_RED_FLAGS if flag in text]
     return Check("no stack trace or fatal error in any process log", not bad,
-                 "; ".join(bad) or f"{len(logs)} logs", ("R-EXEC-6", "R-READ-3"), judged=len(logs))
+                 "; ".join(bad) or f"{len(logs)} logs", ("R-EXEC-6",), judged=len(logs))
+
+
+def no_grant_in_logs(logs_dir: Path, grants: Sequence[str]) -> Check:
+    """No process log carries any workspace grant token of the scenario's database
+    (R-READ-3): the worker reads its run's grant at every attempt, so every scenario that
+    runs one is a chance to leak it. Judged over the logs when the database holds a grant
+    (``judged`` 0, covering nothing, when it holds none). The tokens themselves are not
+    written into the detail: a leak is named by log and grant count."""
+    logs = sorted(logs_dir.glob("*.log"))
+    bad = []
+    for path in logs:
+        text = path.read_text(errors="replace")
+        found = sum(1 for g in grants if g and g in text)
+        if found:
+            bad.append(f"{path.name}: {found} grant(s)")
+    return Check("no workspace grant in any process log", not bad,
+                 "; ".join(bad) or f"{len(logs)} logs, {len(grants)} grants", ("R-READ-3",),
+                 judged=len(logs) if grants else 0)
 
 
 def all_reaped(procs: Sequence[Any]) -> Check:
@@ -217,6 +235,7 @@ def _run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_di
     history.record("scenario", phase="end", id=scenario.id)
     with spent("collect"):
         try:
+            grants: list[str] = workspace_grants(dsn)
             collected = (database_events(dsn) + file_events(control)
                          + workflow_events(deployment.temporal_address, deployment.namespace,
                                            deployment.task_queue, since=started_at - 1.0))
@@ -231,6 +250,8 @@ def _run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_di
     with spent("checks"):
         checks = pre_checks + ctx.checks + (run_checks(events, GENERIC_CHECKERS) if collected else [])
         checks.append(clean_logs(out_dir / "logs"))
+        if collected:
+            checks.append(no_grant_in_logs(out_dir / "logs", grants))
         checks.append(all_reaped([*processes.all.values(), sink]))
     struck = sorted({e["point"] for e in events if e["type"] == "crash_point"})
     if scenario.crash_points:
