@@ -25,6 +25,7 @@ from qualify.checkers.lifecycle import (
     checkpoints_one_per_step,
     deadline_from_acceptance,
     deadline_respected,
+    every_run_ended,
     no_crash_loop,
     no_step_repeated_after_checkpoint,
     no_write_after_terminal,
@@ -71,6 +72,7 @@ __all__ = [
     "deadline_respected",
     "event_journal_matches_run_record",
     "event_prunes_bounded",
+    "every_run_ended",
     "every_write_by_its_owner",
     "no_crash_loop",
     "no_execution_without_intent",
@@ -97,6 +99,7 @@ __all__ = [
 
 
 GENERIC_CHECKERS: tuple[Callable[[Sequence[Event]], Check], ...] = (
+    every_run_ended,
     one_terminal_state,
     row_version_strictly_increasing,
     no_write_after_terminal,

@@ -18,6 +18,7 @@ __all__ = [
     "checkpoints_one_per_step",
     "deadline_from_acceptance",
     "deadline_respected",
+    "every_run_ended",
     "no_crash_loop",
     "no_step_repeated_after_checkpoint",
     "no_write_after_terminal",
@@ -30,19 +31,35 @@ __all__ = [
 ]
 
 
+def every_run_ended(history: Sequence[Event]) -> Check:
+    """Every accepted run ends in a terminal state: its last transition is one (R-Q-5's
+    "one terminal state per accepted run", its liveness half: no guard enforces it)."""
+    name = "every accepted run ended in a terminal state"
+    trans = _by_run(_of(history, "transition"))
+    bad = []
+    for run in sorted(accepted_runs(history)):
+        if not trans.get(run):
+            bad.append(f"{run}: no transition")
+        elif trans[run][-1]["new_state"] not in TERMINAL:
+            bad.append(f"{run}: ends in {trans[run][-1]['new_state']}")
+    runs = len(accepted_runs(history))
+    return Check(name, not bad, _summary(bad) or f"{runs} runs", ("R-Q-5",), judged=runs)
+
+
 def one_terminal_state(history: Sequence[Event]) -> Check:
-    """Every accepted run ends in exactly one terminal state, entered exactly once."""
-    name = "one terminal state per accepted run"
+    """No accepted run enters a terminal state twice (R-Q-5's "one terminal state per
+    accepted run", its safety half). Restates the guard's QG001 (a terminal row never
+    changes, R-STATE-1): it fails a scenario whose history breaks it, and covers nothing."""
+    name = "no run entered a terminal state twice"
     trans = _by_run(_of(history, "transition"))
     bad = []
     for run in sorted(accepted_runs(history)):
         entries = [e for e in trans.get(run, []) if e["new_state"] in TERMINAL]
-        if len(entries) != 1:
+        if len(entries) > 1:
             bad.append(f"{run}: {len(entries)} terminal transitions")
-        elif trans[run][-1]["new_state"] not in TERMINAL:
-            bad.append(f"{run}: ends in {trans[run][-1]['new_state']}")
     runs = len(accepted_runs(history))
-    return Check(name, not bad, _summary(bad) or f"{runs} runs", ("R-STATE-1",), judged=runs)
+    return Check(name, not bad, _summary(bad) or f"{runs} runs", ("R-STATE-1", "R-Q-5"), judged=runs,
+                 restates="QG001")
 
 
 def row_version_strictly_increasing(history: Sequence[Event]) -> Check:

@@ -60,16 +60,22 @@ def test_catches_two_terminal_transitions() -> None:
     assert ck.one_terminal_state(h).ok is False
 
 
-@pytest.mark.req("R-STATE-1")
+@pytest.mark.req("R-Q-5")
 def test_catches_a_run_that_never_ends() -> None:
     h = [e for e in good() if e.get("new_state") != "completed"]
-    assert ck.one_terminal_state(h).ok is False
+    assert ck.every_run_ended(h).ok is False
 
 
-@pytest.mark.req("R-STATE-1")
+@pytest.mark.req("R-Q-5")
 def test_catches_an_accepted_run_with_no_transitions() -> None:
     h = [*good(), {"type": "client", "op": "create", "phase": "ok", "run_id": "run-2", "t": 9}]
-    assert ck.one_terminal_state(h).ok is False
+    assert ck.every_run_ended(h).ok is False
+
+
+@pytest.mark.req("R-Q-12")
+def test_the_terminal_state_check_restates_the_guard_and_the_liveness_one_does_not() -> None:
+    assert ck.one_terminal_state(good()).restates == "QG001"
+    assert ck.every_run_ended(good()).restates == "" and ck.every_run_ended(good()).requirements == ("R-Q-5",)
 
 
 @pytest.mark.req("R-EXEC-3")

@@ -89,7 +89,8 @@ def test_a_history_with_one_plain_run_covers_nothing_of_tools_streams_or_workflo
          "deadline_t": 100.0, "t": 1.0, "tenant_id": "t"},
     ]
     got = {r for c in (checker(history) for checker in _all_generic()) for r in covers(c.as_dict())}
-    assert got == {"R-STATE-1"}, got  # one terminal state, judged for the one run
+    assert got == {"R-Q-5"}, got  # every accepted run ended, judged for the one run (the
+    # terminal-state safety half restates the guard, QG001, and covers nothing: R-STATE-1)
 
 
 def _naive_uncovered(scenarios: Sequence[Mapping[str, Any]]) -> list[str]:
