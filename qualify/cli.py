@@ -100,14 +100,15 @@ def diff(
     new: Annotated[Path, typer.Argument(help="this one")],
 ) -> None:
     """What changed since the last sign-off: scenarios added or removed, checks that
-    appeared, disappeared or changed result, requirements that lost coverage. Exit code 1
-    when a requirement lost coverage, else 0."""
+    appeared, disappeared, changed result or now judge nothing, requirements that lost
+    coverage. Exit code 1 when NEW judges less than OLD (a requirement lost coverage, a
+    scenario or check disappeared, a check now judges nothing or fails), else 0."""
     from qualify.diff import diff_summaries, load_summary, render_diff
 
     def body() -> int:
         d = diff_summaries(load_summary(old), load_summary(new))
         print(render_diff(d), end="")
-        return 1 if d["coverage_lost"] else 0
+        return 1 if d["regressions"] else 0
 
     raise typer.Exit(_guarded(body))
 

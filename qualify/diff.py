@@ -2,9 +2,12 @@
 two ``summary.json`` documents (or the report directories holding them), pure.
 
 It says which scenarios were added or removed, which changed status, which checks appeared,
-disappeared or changed result in a scenario both ran, and which requirements lost or gained
-coverage by the requirement gate (R-Q-8, R-Q-12) — the questions a release manager asks of
-the last sign-off before signing this one."""
+disappeared, changed result or came to judge nothing in a scenario both ran, and which
+requirements lost or gained coverage by the requirement gate (R-Q-8, R-Q-12) — the
+questions a release manager asks of the last sign-off before signing this one. A check
+named twice in one scenario (an ``expect`` in a loop) is one check: ok when every one is,
+judging the sum. ``regressions`` says whether NEW judges less than OLD (``qualify diff``
+exits 1)."""
 
 from __future__ import annotations
 
@@ -31,8 +34,17 @@ def load_summary(path: Path) -> dict[str, Any]:
     return doc
 
 
-def _checks(scenario: Mapping[str, Any]) -> dict[str, Any]:
-    return {str(c.get("name")): c.get("ok") for c in scenario.get("checks", [])}
+def _checks(scenario: Mapping[str, Any]) -> dict[str, tuple[Any, int]]:
+    """Each check's (ok, items judged), a name's repeats folded into one."""
+    out: dict[str, tuple[Any, int]] = {}
+    for c in scenario.get("checks", []):
+        name, ok, judged = str(c.get("name")), c.get("ok"), int(c.get("judged", 1) or 0)
+        if name in out:
+            was_ok, was_judged = out[name]
+            ok = ok if was_ok is True else was_ok
+            judged += was_judged
+        out[name] = (ok, judged)
+    return out
 
 
 def _covered(summary: Mapping[str, Any]) -> set[str]:
@@ -46,26 +58,44 @@ def _covered(summary: Mapping[str, Any]) -> set[str]:
 def diff_summaries(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     """``{verdict: [old, new], scenarios_added, scenarios_removed, status_changed: {id: [old,
     new]}, checks_added: {id: [...]}, checks_removed: {id: [...]}, checks_changed: {id:
-    {check: [old ok, new ok]}}, coverage_lost, coverage_gained}`` (lists sorted)."""
+    {check: [old ok, new ok]}}, checks_vacuous: {id: [...]} (judged something before,
+    nothing now), coverage_lost, coverage_gained, selection: [old, new] (each a selection
+    of the catalog, not a full run), regressions: [what NEW judges less]}`` (lists sorted)."""
     before = {s["id"]: s for s in old["scenarios"]}
     after = {s["id"]: s for s in new["scenarios"]}
     both = sorted(set(before) & set(after))
     added: dict[str, list[str]] = {}
     removed: dict[str, list[str]] = {}
     changed: dict[str, dict[str, list[Any]]] = {}
+    vacuous: dict[str, list[str]] = {}
     for sid in both:
         was, now = _checks(before[sid]), _checks(after[sid])
         if plus := sorted(set(now) - set(was)):
             added[sid] = plus
         if minus := sorted(set(was) - set(now)):
             removed[sid] = minus
-        if moved := {c: [was[c], now[c]] for c in sorted(set(was) & set(now)) if was[c] != now[c]}:
+        common = sorted(set(was) & set(now))
+        if moved := {c: [was[c][0], now[c][0]] for c in common if was[c][0] != now[c][0]}:
             changed[sid] = moved
+        if empty := [c for c in common if was[c][1] > 0 and now[c][1] == 0]:
+            vacuous[sid] = empty
     covered_before, covered_after = _covered(old), _covered(new)
+    scenarios_removed = sorted(set(before) - set(after))
+    failing = {sid: [c for c, (was_ok, now_ok) in moved.items() if was_ok is True and now_ok is not True]
+               for sid, moved in changed.items()}
+    regressions = (
+        [f"requirement lost coverage: {r}" for r in sorted(covered_before - covered_after)]
+        + [f"scenario removed: {sid}" for sid in scenarios_removed]
+        + [f"{sid}: check removed: {c}" for sid, names in removed.items() for c in names]
+        + [f"{sid}: check judged nothing: {c}" for sid, names in vacuous.items() for c in names]
+        + [f"{sid}: check fails: {c}" for sid, names in failing.items() for c in names])
     return {
+        "selection": [old.get("full_run") is False, new.get("full_run") is False],
+        "checks_vacuous": vacuous,
+        "regressions": regressions,
         "verdict": [old.get("verdict"), new.get("verdict")],
         "scenarios_added": sorted(set(after) - set(before)),
-        "scenarios_removed": sorted(set(before) - set(after)),
+        "scenarios_removed": scenarios_removed,
         "status_changed": {sid: [before[sid].get("status"), after[sid].get("status")] for sid in both
                            if before[sid].get("status") != after[sid].get("status")},
         "checks_added": added, "checks_removed": removed, "checks_changed": changed,
@@ -77,6 +107,10 @@ def diff_summaries(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, 
 def render_diff(d: Mapping[str, Any]) -> str:
     """The diff as markdown (the terminal shows it as is)."""
     lines = [f"verdict: {d['verdict'][0]} -> {d['verdict'][1]}"]
+    for side, selected in zip(("OLD", "NEW"), d.get("selection", [False, False]), strict=True):
+        if selected:
+            lines.append(f"{side} is a selection of the catalog, not a full run: coverage it lacks "
+                         "may be scenarios it did not run")
     if d["coverage_lost"]:
         lines.append(f"**requirements that lost coverage**: {', '.join(d['coverage_lost'])}")
     if d["coverage_gained"]:
@@ -91,6 +125,8 @@ def render_diff(d: Mapping[str, Any]) -> str:
             lines += [f"{sid}: {label} {name}" for name in names]
     for sid, moved in d["checks_changed"].items():
         lines += [f"{sid}: {name}: {was} -> {now}" for name, (was, now) in moved.items()]
+    for sid, names in d.get("checks_vacuous", {}).items():
+        lines += [f"{sid}: **judged nothing now**: {name}" for name in names]
     if len(lines) == 1:
         lines.append("no change in scenarios, checks or coverage")
     return "\n".join(lines) + "\n"

@@ -48,3 +48,38 @@ def test_no_change_says_so_and_the_command_exits_on_lost_coverage(tmp_path: Path
     lost = runner.invoke(app, ["diff", str(tmp_path / "old"), str(tmp_path / "new.json")])
     assert lost.exit_code == 1 and "R-EXEC-1" in lost.output
     assert runner.invoke(app, ["diff", str(tmp_path / "old"), str(tmp_path / "missing")]).exit_code == 64
+
+
+@pytest.mark.req("R-Q-12")
+def test_a_check_that_now_judges_nothing_or_disappears_is_a_regression(tmp_path: Path) -> None:
+    """A reviewer's edit of a real summary: a scenario whose checks all came to judge
+    nothing was not reported, and two deleted checks exited 0."""
+    old = _summary(_sc("a", x=(True, "R-EXEC-1"), y=(True, "R-EXEC-2")), _sc("b", z=(True, "R-EXEC-3")))
+    new = json.loads(json.dumps(old))
+    new["scenarios"][0]["checks"] = [{**new["scenarios"][0]["checks"][0], "judged": 0}]  # x vacuous, y gone
+    d = diff_summaries(old, new)
+    assert d["checks_vacuous"] == {"a": ["x"]} and d["checks_removed"] == {"a": ["y"]}
+    assert "a: check judged nothing: x" in d["regressions"] and "a: check removed: y" in d["regressions"]
+    assert "a: **judged nothing now**: x" in render_diff(d)
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    assert CliRunner().invoke(app, ["diff", str(tmp_path / "old.json"), str(tmp_path / "new.json")]).exit_code == 1
+
+
+def test_a_name_repeated_in_a_scenario_is_one_check() -> None:
+    """An ``expect`` in a retry loop names its check once per round: one check, ok when
+    every round is, judging the sum; a run with one round fewer changes nothing."""
+    two = _summary({"id": "a", "status": "pass", "checks": [
+        {"name": "x", "ok": True, "requirements": ["R-EXEC-1"], "judged": 1},
+        {"name": "x", "ok": True, "requirements": ["R-EXEC-1"], "judged": 1}]})
+    one = _summary(_sc("a", x=(True, "R-EXEC-1")))
+    d = diff_summaries(two, one)
+    assert not d["regressions"] and "no change" in render_diff(d)
+
+
+def test_a_selection_says_so() -> None:
+    full = {**_summary(_sc("a", x=(True, "R-EXEC-1")), _sc("b", y=(True, "R-EXEC-2"))), "full_run": True}
+    part = {**_summary(_sc("a", x=(True, "R-EXEC-1"))), "full_run": False}
+    d = diff_summaries(full, part)
+    assert d["selection"] == [False, True] and "scenario removed: b" in d["regressions"]
+    assert "NEW is a selection of the catalog" in render_diff(d)
