@@ -142,9 +142,14 @@ def finish(summary: dict[str, Any], report_dir: Path, code: int) -> int:
     TALLY.stop()
     v = summary["verdict"]
     console.print(f"verdict [{STYLE.get(v, 'white')}]{v.upper()}[/] in {summary['duration_s']:.1f} s "
-                  f"({len(summary['scenarios'])} scenarios, {summary.get('scenarios_per_hour', 0)} an hour)")
+                  f"({len(summary['scenarios'])} scenario{'' if len(summary['scenarios']) == 1 else 's'}, "
+                  f"{summary.get('scenarios_per_hour', 0)} an hour)")
     if summary.get("error"):
         console.print(f"  [red]{esc(summary['error'])}[/]")
+    if summary.get("full_run") is False:
+        n, size = len(summary["scenarios"]), summary.get("catalog_size")
+        of = f" of the catalog's {size}" if size else ""
+        console.print(f"  [yellow]a selection of {n}{of} scenarios: not a release sign-off[/]")
     for s in summary["scenarios"]:
         if s["status"] != "pass":
             console.print(f"  repro: {s['repro']}")

@@ -71,7 +71,7 @@ def merge_reports(shard_dirs: Sequence[Path], reports_root: Path) -> tuple[dict[
     report, holds the report of a run that was not a shard, or is given twice; shards that
     do not fit together are merged into a ``crashed`` report."""
     from qualify.scenarios import REGISTRY
-    from qualify.session import crash_point_catalog, full_run_gates, new_report_dir
+    from qualify.session import crash_point_catalog, full_run_gates, mark_selection, new_report_dir
 
     summaries = []
     given = Counter(d.resolve() for d in shard_dirs)
@@ -99,8 +99,7 @@ def merge_reports(shard_dirs: Sequence[Path], reports_root: Path) -> tuple[dict[
         stack=first.get("stack", {}), provenance=first.get("provenance", {}), report_dir=report_dir,
         crash_catalog=list(crash_point_catalog()))
     summary["refused"] = sorted({i for s in summaries for i in s.get("refused", [])})
-    summary["full_run"] = False  # full_run_gates says so when they apply
-    summary["catalog_size"] = len(REGISTRY)
+    mark_selection(summary, docs)  # full_run_gates says otherwise when they apply
     modes = {s.get("spawn", "auto") for s in summaries}
     summary["spawn"] = "fork" if modes == {"fork"} else sorted(modes - {"fork"})[0]
     summary["merged_from"] = [{"dir": str(d), "shard": f"{s['shard']['index']}/{s['shard']['count']}",

@@ -146,9 +146,12 @@ def _cell(text: object) -> str:
 
 def render_markdown(summary: dict[str, Any]) -> str:
     st = summary["stack"]
+    partial = partial_selection(summary)
     lines = [
-        f"# Qualification report — verdict: **{summary['verdict'].upper()}**",
+        f"# Qualification report{' of a selection (not a sign-off)' if partial else ''} — "
+        f"verdict: **{summary['verdict'].upper()}**",
         "",
+        *([f"**{partial}**", ""] if partial else []),
         *([f"- **{summary['error']}**"] if summary.get("error") else []),
         f"- seed: `{summary['seed']}`; duration: {summary['duration_s']} s",
         f"- git: `{summary['git_sha']}`{' (dirty)' if summary.get('git_dirty') else ''}",
@@ -199,9 +202,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
             shown = "**none**"
         lines.append(f"| {r['req']} | {shown} | {cited} |")
     lines += ["", "## Scope of this sign-off", ""]
-    partial = partial_selection(summary)
     lines += [f"**{partial}**", ""] if partial else []
-    lines += [f"Qualifies: {QUALIFIES}.", "", f"Does not qualify: {DOES_NOT_QUALIFY}."]
+    lines += [f"{'A full run qualifies' if partial else 'Qualifies'}: {QUALIFIES}.", "",
+              f"Does not qualify: {DOES_NOT_QUALIFY}."]
     kinds = faults_by_kind(summary)
     if kinds:
         lines += ["", "## Faults by kind", "", "| fault | struck | scenarios |", "|---|---|---|"]
@@ -302,7 +305,8 @@ def partial_selection(summary: dict[str, Any]) -> str | None:
     if summary.get("full_run", True):
         return None
     of = f" of the catalog's {summary['catalog_size']}" if summary.get("catalog_size") else ""
-    return (f"Not a release sign-off: a selection of {len(summary['scenarios'])} scenarios{of}. A full "
+    n = len(summary["scenarios"])
+    return (f"Not a release sign-off: a selection of {n} scenario{'' if n == 1 else 's'}{of}. A full "
             "run's gates (every crash point struck, every requirement covered) were not applied; "
             "sign off on a full `qualify run`.")
 

@@ -172,6 +172,16 @@ def entry_points_execd(docs: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
             for kind in ENTRY_POINT_KINDS}
 
 
+def mark_selection(summary: dict[str, Any], docs: Sequence[dict[str, Any]]) -> None:
+    """What every summary starts as, in place: a selection of the catalog (``full_run``
+    False, ``catalog_size``) whose requirement gate is judged but not applied
+    (``requirement_gate["applied"]`` False), so that the page and the JSON agree on what
+    a selection covers. ``full_run_gates`` replaces them for a full run."""
+    summary["full_run"] = False
+    summary["catalog_size"] = len(REGISTRY)
+    summary["requirement_gate"] = {**gate(docs, REQUIREMENTS), "applied": False}
+
+
 def full_run_gates(summary: dict[str, Any], docs: Sequence[dict[str, Any]],
                    refused: Sequence[Scenario] = ()) -> None:
     """Apply a full run's gates to ``summary`` in place: every declared crash point struck
@@ -194,8 +204,9 @@ def full_run_gates(summary: dict[str, Any], docs: Sequence[dict[str, Any]],
     summary["uncovered_crash_points"] = uncovered
     summary["waived_crash_points"] = waived_points
     problems = ["uncovered crash point: " + ", ".join(uncovered)] if uncovered else []
-    summary["requirement_gate"] = gate(
-        docs, REQUIREMENTS, unreachable=unreachable_waivers(((sc.id, sc.requirements) for sc in refused), reason))
+    summary["requirement_gate"] = {**gate(
+        docs, REQUIREMENTS, unreachable=unreachable_waivers(((sc.id, sc.requirements) for sc in refused), reason)),
+        "applied": True}
     missing = summary["requirement_gate"]["uncovered"]
     if missing:
         problems.append("requirement without a passing check: " + ", ".join(missing))
@@ -372,8 +383,7 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
                             stack=stack_doc, provenance=prov, report_dir=report_dir,
                             crash_catalog=list(crash_point_catalog()))
     summary["refused"] = refused
-    summary["full_run"] = False  # full_run_gates says so when they apply
-    summary["catalog_size"] = len(REGISTRY)
+    mark_selection(summary, docs)  # full_run_gates says otherwise when they apply
     summary["spawn"] = opts.spawn
     summary["temporal_timers"] = opts.temporal_timers
     summary["load"] = slice_load(cpu_s=cpu_seconds() - cpu0, wall_s=max(summary["duration_s"], 1e-3),

@@ -182,5 +182,31 @@ def test_a_selections_report_says_it_is_not_a_sign_off(tmp_path: Path, full: boo
     summary.update(full_run=full, catalog_size=98)
     write_report(tmp_path, summary)
     for text in ((tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()):
-        said = "Not a release sign-off: a selection of 1 scenarios of the catalog&#39;s 98" in text.replace("'", "&#39;")
+        said = "Not a release sign-off: a selection of 1 scenario of the catalog&#39;s 98" in text.replace("'", "&#39;")
         assert said is not full
+        # Said at the top, before anything reads like a verdict on the release (a reviewer
+        # found it 130 lines down, after the requirements table).
+        assert (text.find("Not a release sign-off") < text.find("## Scenarios") if not full
+                and "## Scenarios" in text else True)
+        assert ("A full run qualifies" in text) is not full
+    md = (tmp_path / "report.md").read_text().splitlines()
+    assert ("a selection (not a sign-off)" in md[0]) is not full
+    assert ("a selection, not a sign-off" in (tmp_path / "report.html").read_text()) is not full
+
+
+@pytest.mark.req("R-Q-8")
+def test_a_selections_summary_carries_its_gate_not_applied(tmp_path: Path) -> None:
+    """The page showed a selection's requirement gate; its summary.json had none. Now both
+    say what it covers, and the JSON that the gate was not applied."""
+    from qualify.session import full_run_gates, mark_selection
+
+    doc = scenario_doc(_result(tmp_path, "one", Verdict.PASS, [Check("x", True, requirements=("R-EXEC-1",), judged=1)]),
+                       report_dir=tmp_path, stack_kind="embedded")
+    summary = build_summary(scenarios=[doc], seed=5, duration_s=1.0, stack={"kind": "embedded", "boot_s": 0.5},
+                            provenance={"git_sha": "abc"}, report_dir=tmp_path, crash_catalog=[])
+    mark_selection(summary, [doc])
+    assert summary["full_run"] is False and summary["requirement_gate"]["applied"] is False
+    assert "R-EXEC-1" in summary["requirement_gate"]["covered"] and summary["verdict"] == "pass"
+    full_run_gates(summary, [doc])
+    assert summary["full_run"] is True and summary["requirement_gate"]["applied"] is True
+    assert summary["verdict"] == "fail"  # a full run's gate fails on every uncovered requirement
