@@ -210,3 +210,21 @@ def test_a_selections_summary_carries_its_gate_not_applied(tmp_path: Path) -> No
     full_run_gates(summary, [doc])
     assert summary["full_run"] is True and summary["requirement_gate"]["applied"] is True
     assert summary["verdict"] == "fail"  # a full run's gate fails on every uncovered requirement
+
+
+@pytest.mark.req("R-Q-6")
+def test_faults_by_kind_names_the_holds_it_leaves_to_the_crash_matrix(tmp_path: Path) -> None:
+    """A reviewer saw two holds in the crash-point matrix for cancel-vs-completion and no
+    fault for it in "Faults by kind": a hold that only orders a race is a schedule, not a
+    fault, and the page now says how many it left out and where."""
+    from qualify.report import faults_note, scheduling_strikes
+
+    doc = scenario_doc(_result(tmp_path, "race", Verdict.PASS, [Check("x", True)]), report_dir=tmp_path,
+                       stack_kind="embedded")
+    doc["crash_point_evidence"] = [{"point": "p", "action": "hold"}, {"point": "q", "action": "hold"}]
+    summary = build_summary(scenarios=[doc], seed=5, duration_s=1.0, stack={"kind": "embedded", "boot_s": 0.5},
+                            provenance={"git_sha": "abc"}, report_dir=tmp_path, crash_catalog=["p", "q"])
+    assert scheduling_strikes(summary) == (2, ["race"])
+    assert "2 crash-point strike(s) that only ordered a race" in faults_note(summary)
+    doc["faults"] = ["crash_point:hold worker-1 (landed)", "crash_point:hold worker-1 (landed)"]
+    assert scheduling_strikes(summary) == (0, [])
