@@ -27,8 +27,7 @@ WAIVED: Mapping[str, str] = {
     "R-Q-7": "a property of the session: tests/unit/test_determinism.py, tests/integration/test_qualify_run.py",
     "R-Q-8": "this gate: tests/unit/test_coverage_gate.py",
     "R-Q-9": "qualify selftest; tests/integration/test_mutations.py runs the catalog's CI subset",
-    # Added to the spec on 2026-12-01; each waits on its open issue and leaves this list
-    # when the issue lands.
+    # Added to the spec on 2026-12-01: a property of the gate itself, judged by its tests.
     "R-Q-12": "this gate: tests/unit/test_coverage_gate.py (the gate run on a real summary with each "
               "scenario family removed, and every generic checker on an empty history)",
 }

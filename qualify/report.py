@@ -44,7 +44,20 @@ def _fault_line(f: dict[str, Any]) -> str:
     ev = f.get("evidence", {})
     keys = ("pid", "old_pid", "new_pid", "backend_pids", "point", "barrier", "step", "attempt")
     where = ", ".join(f"{k}={ev[k]}" for k in keys if k in ev)
-    return f"{f['fault']} {f['target']} ({where}){'' if f['landed'] else ' [did not land]'}"
+    # Landed or not is said either way; the evidence keys only when there are some.
+    return (f"{f['fault']} {f['target']}{f' ({where})' if where else ''}"
+            f"{' [landed]' if f['landed'] else ' [did not land]'}")
+
+
+def figure_text(figures: dict[str, Any]) -> str:
+    """A scenario's figures as ``name = value`` (pure); a negative figure is the catalog's
+    "did not happen" (a takeover that never came), written as such."""
+    def shown(v: Any) -> str:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+            return "did not happen"
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    return "; ".join(f"{k} = {shown(v)}" for k, v in figures.items())
 
 
 def scenario_doc(r: ScenarioResult, *, report_dir: Path, stack_kind: str) -> dict[str, Any]:
@@ -172,7 +185,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
             mark = {True: "ok", False: "FAIL", None: "UNKNOWN"}[c["ok"]]
             lines.append(f"- [{mark}] {c['name']} ({_judged(c)}){': ' + c['detail'] if c['detail'] else ''}")
         if s["figures"]:
-            lines.append(f"- figures: {json.dumps(s['figures'])}")
+            lines.append(f"- figures: {figure_text(s['figures'])}")
         for name, table in s.get("tables", {}).items():
             lines += ["", f"{name}:", "", "| " + " | ".join(_cell(c) for c in table["columns"]) + " |",
                       "|" + "---|" * len(table["columns"])]
@@ -388,7 +401,7 @@ def render_html(summary: dict[str, Any], histories: dict[str, list[dict[str, Any
         s=summary, requirements=REQUIREMENTS, actions=actions, crash_matrix=matrix,
         timelines=timelines, max_events=MAX_EVENTS, max_runs=MAX_RUNS, gate=judged, req_rows=rows,
         qualifies=QUALIFIES, does_not_qualify=DOES_NOT_QUALIFY, partial=partial_selection(summary), fault_kinds=faults_by_kind(summary), faults_note=faults_note(summary),
-        scenario_s=total_s, slowest=slow, by_kind=by_kind, execs=execs,
+        scenario_s=total_s, slowest=slow, by_kind=by_kind, execs=execs, figure_text=figure_text,
         load_text=load_line(summary["load"]) if summary.get("load") else "")
 
 

@@ -141,7 +141,9 @@ def run_selftest(names: Sequence[str], *, reports_root: Path, seed: int = 3, see
     out = reports_root / f"{utc_stamp()}-selftest"
     out.mkdir(parents=True, exist_ok=True)
     (out / "selftest.json").write_text(json.dumps(summary, indent=2))
-    lines = ["# qualify selftest", "", f"Kill rate: {caught}/{len(results)} (seeds {', '.join(map(str, seed_list))})",
+    seeds_said = f"seed {seed_list[0]}" if len(seed_list) == 1 else f"seeds {', '.join(map(str, seed_list))}"
+    of = "" if len(results) == len(CATALOG) else f"; a selection of {len(results)} of the catalog's {len(CATALOG)} mutants"
+    lines = ["# qualify selftest", "", f"Kill rate: {caught}/{len(results)} ({seeds_said}{of})",
              "", f"Baseline (unmutated code, same seeds): {len(base) - len(unproven)} of {len(base)} scenarios pass"
              + (f"; not passing, so their mutants prove nothing: {', '.join(unproven)}" if unproven else ""),
              "", "| mutant | mechanism | scenario | verdicts per seed | caught by |", "|---|---|---|---|---|"]

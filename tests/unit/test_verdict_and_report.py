@@ -228,3 +228,11 @@ def test_faults_by_kind_names_the_holds_it_leaves_to_the_crash_matrix(tmp_path: 
     assert "2 crash-point strike(s) that only ordered a race" in faults_note(summary)
     doc["faults"] = ["crash_point:hold worker-1 (landed)", "crash_point:hold worker-1 (landed)"]
     assert scheduling_strikes(summary) == (0, [])
+
+
+def test_figures_read_as_figures_and_a_negative_one_as_did_not_happen() -> None:
+    """They were a Python dict's repr, and -1.0 stood for a takeover that never came."""
+    from qualify.report import figure_text
+
+    assert figure_text({"takeover_s": 2.973, "takeover_after_sigkill_s": -1.0, "n": 3}) == (
+        "takeover_s = 2.973; takeover_after_sigkill_s = did not happen; n = 3")
