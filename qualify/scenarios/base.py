@@ -13,6 +13,7 @@ reads.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import random
 import re
@@ -131,6 +132,8 @@ class ScenarioContext:
     nemesis: Nemesis
     rng: random.Random
     checks: list[Check] = field(default_factory=list)
+    #: How many times each check asserted more than once was asserted (``expect``).
+    _asserted: dict[str, int] = field(default_factory=dict)
     figures: dict[str, float] = field(default_factory=dict)
     #: Tables the report shows under the scenario: name -> ``{"columns": [...], "rows": [[...]]}``.
     tables: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
@@ -192,7 +195,21 @@ class ScenarioContext:
             raise HarnessError(f"check name carries an id (put it in the detail): {name!r}")
         if _MEASURED_IN_NAME.search(name):
             raise HarnessError(f"check name carries a measurement (put it in the detail): {name!r}")
-        self.checks.append(Check(name, bool(ok), redact(detail), tuple(requirements), judged=judged))
+        check = Check(name, bool(ok), redact(detail), tuple(requirements), judged=judged)
+        earlier = next((i for i, c in enumerate(self.checks) if c.name == name), None)
+        if earlier is None:
+            self.checks.append(check)
+            return bool(ok)
+        # The same check asserted again (an ``expect`` in a retry loop): one check, ok while
+        # every assertion is, judging them all, its detail the first failure's (else the
+        # last's), so the report counts it once however many rounds a run took.
+        was = self.checks[earlier]
+        times = self._asserted[name] = self._asserted.get(name, 1) + 1
+        detail = was.detail if was.ok is False else check.detail
+        self.checks[earlier] = dataclasses.replace(
+            was, ok=bool(was.ok and ok), judged=was.judged + judged,
+            requirements=tuple(dict.fromkeys((*was.requirements, *check.requirements))),
+            detail=f"{detail.split(' [asserted ')[0]} [asserted {times} times]")
         return bool(ok)
 
     def table(self, name: str, columns: list[str], rows: list[list[Any]]) -> None:

@@ -199,7 +199,7 @@ def takeover_of_a_swallowed_retry(ctx: ScenarioContext) -> None:
                    " AND owner_attempt > %s)", run_id, zombie, run_id, held["attempt"])[0][0]
     ctx.expect("the paused owner, resumed while its successor ran, wrote nothing after the takeover",
                late == 0, f"{late} writes by session {zombie} after the successor's claim", "R-EXEC-7")
-    ctx.expect("one checkpoint per step", _steps_once(ctx, run_id) == list(range(1, STEPS + 1)),
+    ctx.expect("each step checkpointed once, read from run_checkpoints at the end", _steps_once(ctx, run_id) == list(range(1, STEPS + 1)),
                str(_steps_once(ctx, run_id)), "R-EXEC-4")
 
 
@@ -359,7 +359,7 @@ def operator_resets_a_running_activity(ctx: ScenarioContext) -> None:
     ctx.expect("the run completed after the reset (not stuck)", run["state"] == "completed",
                f"{run['state']} {ctx.figures['completed_after_reset_s']} s after the reset", "R-EXEC-13")
     steps = _steps_once(ctx, run_id)
-    ctx.expect("one checkpoint per step", steps == list(range(1, STEPS + 1)), str(steps), "R-EXEC-4")
+    ctx.expect("each step checkpointed once, read from run_checkpoints at the end", steps == list(range(1, STEPS + 1)), str(steps), "R-EXEC-4")
     lower = ctx.sql("SELECT count(*) FROM run_transitions WHERE run_id = %s AND owner_attempt < %s"
                     " AND at > to_timestamp(%s)", run_id, owner_attempt, reset_at)[0][0]
     ctx.expect(f"no attempt below the owner's {owner_attempt} wrote after the reset", lower == 0,

@@ -44,3 +44,16 @@ def test_a_check_named_in_words_and_numbers_is_recorded(name: str) -> None:
     ctx = _context()
     assert ctx.expect(name, True, "run 709f3731: completed")
     assert [c.name for c in ctx.checks] == [name]
+
+
+@pytest.mark.req("R-Q-6")
+def test_a_check_asserted_again_is_one_check() -> None:
+    """An ``expect`` in a retry loop appeared once per round: the report counted it twice in
+    one run and not at all in a run whose first round succeeded (a reviewer's finding)."""
+    ctx = _context()
+    assert ctx.expect("while in flight: 409", True, "409 first", "R-CREATE-2")
+    assert not ctx.expect("while in flight: 409", False, "500 second", "R-CREATE-2")
+    assert ctx.expect("while in flight: 409", True, "409 third", "R-CREATE-2", judged=2)
+    (check,) = ctx.checks
+    assert (check.ok, check.judged, check.requirements) == (False, 4, ("R-CREATE-2",))
+    assert check.detail == "500 second [asserted 3 times]"
