@@ -8,6 +8,8 @@
   sent slowly past that is judged by a fresh lookup), and answers 403 for the wrong kind
   of key; should the lookup itself fail (the database unreachable), the request goes on
   to the route, which answers its own way. Both read the first ``Authorization`` header;
+- a write whose body declares a ``Content-Encoding`` (gzip, br, …) is answered 415
+  ``content_encoding_unsupported``: bodies are read as sent;
 - a body larger than ``max_body_bytes`` (declared by ``Content-Length``, or counted while
   it streams in, chunked included) is answered 413 ``body_too_large`` without being kept
   whole: at most ``max_body_bytes`` are buffered;
@@ -57,6 +59,13 @@ class RequestLimits:
         if scope["path"].startswith("/v1/") and not await _known(scope, headers):
             await _answer(send, 401, "unauthenticated", "a valid API key is required",
                           headers=UNAUTHENTICATED_HEADERS)
+            return
+        encoding = headers.get(b"content-encoding", b"identity").strip().lower()
+        if encoding not in (b"", b"identity"):
+            # The API reads bodies as sent; a compressed one would be parsed as JSON and
+            # refused as malformed: say what is wrong instead.
+            await _answer(send, 415, "content_encoding_unsupported",
+                          "request bodies are read as sent: no Content-Encoding (gzip, br, ...)")
             return
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:

@@ -259,6 +259,16 @@ def test_bodies_are_bounded_and_anonymous_writes_are_not_parsed(app: FastAPI) ->
                 assert (huge.status_code, huge.json()["code"]) == (401, "unauthenticated"), value
             small = await client.post(RUNS, json={"prompt": "hi", "durable_temporal": True}, headers=auth)
             assert (small.status_code, small.json()["code"]) == (400, "idempotency_key_required")
+            # A compressed body is refused as such (a tester's gzip header was ignored).
+            import gzip
+
+            for encoding in ("gzip", "br", " GZIP "):
+                zipped = await client.post(RUNS, content=gzip.compress(b'{"prompt": "hi"}'),
+                                           headers={**auth, "Content-Encoding": encoding})
+                assert (zipped.status_code, zipped.json()["code"]) == (415, "content_encoding_unsupported"), encoding
+            plain = await client.post(RUNS, json={"prompt": "hi", "durable_temporal": True},
+                                      headers={**auth, "Content-Encoding": "identity"})
+            assert (plain.status_code, plain.json()["code"]) == (400, "idempotency_key_required")
 
     asyncio.run(calls())
 
