@@ -108,6 +108,10 @@ def temporal_runtime() -> Runtime:
 #: A query parameter in a logged URL: its separator, its raw name, its raw value.
 _QUERY_PARAM = re.compile(r"([?&;])([^=&;?\s\"]+)=([^&;\s\"]*)")
 
+#: A stream token wherever it stands (``qimpl.api.stream_tokens``: ``v1.<tenant>.<run id>.
+#: <expiry>.<signature>``): one sent under a misspelt name is refused, yet still good.
+_TOKEN_SHAPED = re.compile(r"v1\.[A-Za-z0-9_-]+\.[0-9a-fA-F-]{36}\.[0-9]+\.[A-Za-z0-9_-]+")
+
 #: The name of the query parameter that carries a stream token (R-EVENT-6).
 _STREAM_TOKEN_NAME = "stream_token"
 
@@ -124,12 +128,12 @@ def redact_stream_tokens(text: str) -> str:
             return m.group(0)
         return f"{sep}{name}=<redacted>"
 
-    return _QUERY_PARAM.sub(redact, text)
+    return _TOKEN_SHAPED.sub("<redacted>", _QUERY_PARAM.sub(redact, text))
 
 
 def _may_hold_a_token(text: str) -> bool:
     """Cheap pre-check: a URL with a query whose parameters may name a stream token."""
-    return "=" in text and (_STREAM_TOKEN_NAME in text or "%" in text or "+" in text)
+    return "=" in text and (_STREAM_TOKEN_NAME in text or "%" in text or "+" in text or "v1." in text)
 
 
 class StreamTokenFilter(logging.Filter):

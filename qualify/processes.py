@@ -166,13 +166,34 @@ class ManagedProcess:
         is not ready within READY_TIMEOUT_S."""
         if self.proc is None:
             raise HarnessError(f"{self.name} was never spawned")
-        if self.kind == "api":
-            wait_until(self._healthy, timeout_s=READY_TIMEOUT_S, what=self.name, proc=self.proc,
-                       interval_s=0.05, kind="process_start")
-        else:
-            wait_until(lambda: self._logged("worker.ready", self._offset), timeout_s=READY_TIMEOUT_S,
-                       what=self.name, proc=self.proc, interval_s=0.05, kind="process_start")
+        try:
+            if self.kind == "api":
+                wait_until(self._healthy, timeout_s=READY_TIMEOUT_S, what=self.name, proc=self.proc,
+                           interval_s=0.05, kind="process_start")
+            else:
+                wait_until(lambda: self._logged("worker.ready", self._offset), timeout_s=READY_TIMEOUT_S,
+                           what=self.name, proc=self.proc, interval_s=0.05, kind="process_start")
+        except HarnessError as exc:
+            said = self.last_words()
+            raise HarnessError(f"{exc}{f': {said}' if said else ''}") from None
         return self
+
+    def last_words(self) -> str:
+        """The ``msg`` of the last line this start of the process logged (its own one-line
+        reason when it refused to start, such as a bad setting), or ''."""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self._offset)
+                lines = [ln for ln in fh.read().decode(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return ""
+        if not lines:
+            return ""
+        try:
+            doc = json.loads(lines[-1])
+        except ValueError:
+            return lines[-1][:300]
+        return str(doc.get("msg", lines[-1]))[:300] if isinstance(doc, dict) else lines[-1][:300]
 
     def _healthy(self) -> bool:
         return http.get(f"{self.base_url}/healthz", timeout=1.0).status_code == 200

@@ -214,7 +214,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         else:
             shown = "**none**"
         lines.append(f"| {r['req']} | {shown} | {cited} |")
-    lines += ["", "## Scope of this sign-off", ""]
+    lines += ["", f"## Scope of this {'report' if partial else 'sign-off'}", ""]
     lines += [f"**{partial}**", ""] if partial else []
     lines += [f"{'A full run qualifies' if partial else 'Qualifies'}: {QUALIFIES}.", "",
               f"Does not qualify: {DOES_NOT_QUALIFY}."]

@@ -60,8 +60,11 @@ class RequestLimits:
             await _answer(send, 401, "unauthenticated", "a valid API key is required",
                           headers=UNAUTHENTICATED_HEADERS)
             return
-        encoding = headers.get(b"content-encoding", b"identity").strip().lower()
-        if encoding not in (b"", b"identity"):
+        # Every Content-Encoding header and every coding each lists (a second header, or
+        # ``identity, gzip``, encodes the body as surely as one).
+        codings = {c.strip().lower() for name, value in scope.get("headers") or []
+                   if name == b"content-encoding" for c in value.split(b",")}
+        if codings - {b"", b"identity"}:
             # The API reads bodies as sent; a compressed one would be parsed as JSON and
             # refused as malformed: say what is wrong instead.
             await _answer(send, 415, "content_encoding_unsupported",

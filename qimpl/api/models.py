@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -40,9 +41,9 @@ _NO_NUL = r"^[^\x00]*$"
 
 
 def _not_blank(text: str) -> str:
-    """A prompt of whitespace only is empty (R-CREATE-1: 422 ``prompt_empty``); the text
-    itself is kept as sent."""
-    if text.isspace():
+    """A prompt of whitespace only (zero-width and other invisible format characters
+    included) is empty (R-CREATE-1: 422 ``prompt_empty``); the text itself is kept as sent."""
+    if all(c.isspace() or unicodedata.category(c) == "Cf" for c in text):
         raise PydanticCustomError("string_blank", "the text is whitespace only")
     return text
 

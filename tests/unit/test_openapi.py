@@ -266,6 +266,11 @@ def test_bodies_are_bounded_and_anonymous_writes_are_not_parsed(app: FastAPI) ->
                 zipped = await client.post(RUNS, content=gzip.compress(b'{"prompt": "hi"}'),
                                            headers={**auth, "Content-Encoding": encoding})
                 assert (zipped.status_code, zipped.json()["code"]) == (415, "content_encoding_unsupported"), encoding
+            for codings in ([("Content-Encoding", "identity"), ("Content-Encoding", "gzip")],
+                            [("Content-Encoding", "identity, gzip")]):  # a second header, a list
+                zipped = await client.post(RUNS, content=gzip.compress(b'{"prompt": "hi"}'),
+                                           headers=[*auth.items(), *codings])
+                assert (zipped.status_code, zipped.json()["code"]) == (415, "content_encoding_unsupported"), codings
             plain = await client.post(RUNS, json={"prompt": "hi", "durable_temporal": True},
                                       headers={**auth, "Content-Encoding": "identity"})
             assert (plain.status_code, plain.json()["code"]) == (400, "idempotency_key_required")

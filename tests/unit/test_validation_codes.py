@@ -17,6 +17,8 @@ def _code(body: dict) -> str:  # type: ignore[type-arg]
     ({"prompt": ""}, "prompt_empty"),
     ({"prompt": "   "}, "prompt_empty"),  # whitespace only is empty (a tester's finding)
     ({"prompt": "\u00a0\n\t"}, "prompt_empty"),
+    ({"prompt": "\u200b"}, "prompt_empty"),  # a zero-width space is as empty
+    ({"prompt": " \u200b\ufeff "}, "prompt_empty"),
     ({"prompt": "a\x00"}, "prompt_invalid"),
     ({"prompt": "x" * 32001}, "prompt_too_long"),
     ({"prompt": 5}, "prompt_invalid"),

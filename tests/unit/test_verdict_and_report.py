@@ -191,7 +191,12 @@ def test_a_selections_report_says_it_is_not_a_sign_off(tmp_path: Path, full: boo
         assert ("A full run qualifies" in text) is not full
     md = (tmp_path / "report.md").read_text().splitlines()
     assert ("a selection (not a sign-off)" in md[0]) is not full
-    assert ("a selection, not a sign-off" in (tmp_path / "report.html").read_text()) is not full
+    html = (tmp_path / "report.html").read_text()
+    assert ("a selection, not a sign-off" in html) is not full
+    title = html.split("<title>", 1)[1].split("</title>", 1)[0]
+    assert ("selection" in title) is not full  # a second tester's finding: the title said PASS only
+    assert ("requirement gate FAIL" in html) is full  # a selection's gate is not applied: no FAIL beside PASS
+    assert "1 scenarios" not in html and ("Scope of this sign-off" in html) is full
 
 
 @pytest.mark.req("R-Q-8")
