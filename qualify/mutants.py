@@ -201,7 +201,7 @@ CATALOG: tuple[Mutant, ...] = (
                "    IF NEW.generation = OLD.generation AND OLD.owner_attempt IS NOT NULL\n",
                "    IF false AND NEW.generation = OLD.generation AND OLD.owner_attempt IS NOT NULL\n")),
         "superseded-attempt-delivered-late",
-        "the late attempt 1 reached its claim and the fence refused it; it ended without writing"),
+        "a late attempt reached its claim and the fence refused it; attempt 1 ended without writing"),
     Mutant(
         "worker-logs-the-grant", "grants never appear in logs (R-READ-3)",
         (Patch("qimpl/workflows/activities.py",
@@ -209,6 +209,12 @@ CATALOG: tuple[Mutant, ...] = (
                '            log.info("asking step %s with grant %s", step, grant)\n'
                "            result = await self._ask(owner, StepContext(\n"),),
         "happy-path", "no workspace grant in any process log"),
+    Mutant(
+        "database-503-not-logged", "every 503 database_unavailable is logged (issue 22, items 7 and 11)",
+        (Patch("qimpl/api/errors.py",
+               '        logging.getLogger("qimpl.api").warning(\n            "database unavailable: %s"',
+               '        logging.getLogger("qimpl.api").debug(\n            "database unavailable: %s"'),),
+        "api-partitioned-from-postgres-mid-create", "the API's log names the 503 database_unavailable it answered"),
     Mutant(
         "guard-expires-early", "transition guard: no expiry before the deadline (R-EXEC-12)",
         (_transition_guard(

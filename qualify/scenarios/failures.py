@@ -115,9 +115,10 @@ LOST_REPORT_RETRY_AFTER_S = 5.0
 @scenario(
     "failure-backoff-after-a-lost-report",
     title="SIGKILL the worker right after it counted a provider failure (a 429 with "
-          "Retry-After 5 s, the backoff 2 s), before it told Temporal when to retry: the "
-          "survivor's watcher takes the run over, and the next ask still waits out the "
-          "provider's Retry-After on the database's clock",
+          "Retry-After 5 s, the backoff 2 s), before it told Temporal when to retry: a "
+          "survivor takes the run over (its watcher or Temporal's heartbeat timeout, which race "
+          "at the harness's lease), and the next ask still waits out the provider's Retry-After "
+          "on the database's clock",
     requirements=("R-EXEC-6", "R-Q-4"),
     faults=(f"sigkill at {AFTER_COUNT}",),
     crash_points=(AFTER_COUNT,),

@@ -207,7 +207,9 @@ def stale_writers_refused(ctx: ScenarioContext) -> None:
     "owner-cut-off-from-temporal",
     title="Temporal's server is paused for 3 x the heartbeat timeout while the owner holds a run "
           "mid-step, its database session alive: no later attempt claims the run while that "
-          "session lives (the advisory lock is the only defence), and the run completes",
+          "session lives, and the run completes. Whether a later attempt tries the lock while it "
+          "lives is Temporal's timing (figure lock_contenders_seen; the check covers only when one "
+          "did); owner-partitioned-from-temporal contests it in every run",
     requirements=("R-EXEC-2", "R-EXEC-7", "R-Q-2"),
     faults=("SIGSTOP of the Temporal server", "SIGCONT of the Temporal server"),
     needs_platform=True,
@@ -245,20 +247,28 @@ def owner_cut_off_from_temporal(ctx: ScenarioContext) -> None:
     # The DB-clock time the first owner's session was last seen alive: no other attempt's
     # claim may be earlier (two owners at once).
     last_alive = 0.0
+    contenders: set[int] = set()  # other attempts' lease sessions seen beside the first's
     stop_by = time.monotonic() + 60
     while time.monotonic() < stop_by:
         pids, now = owner_pids()
         if pids & first:
             last_alive = now
+            contenders |= pids - first
         else:
             break
         time.sleep(0.05)
+    ctx.figures["lock_contenders_seen"] = len(contenders)
     done = ctx.wait_terminal(api, run, timeout_s=60)
     ctx.expect("the run completed", done["state"] == "completed", done["state"], "R-EXEC-2")
     token = f"{run}:1:{held['attempt']}"
     early = writes_by_others_until(ctx, run, token, last_alive)
+    # Judged by the later attempts seen trying the lock while the first session lived: in
+    # most runs Temporal fails the first attempt as it resumes and the next one comes after
+    # that session ended, so the lock is never contested (a reviewer's finding: the check
+    # passed with the lock ignored; owner-partitioned-from-temporal contests it always).
     ctx.expect("no other attempt wrote while the first owner's session lived", not early,
-               f"{len(early)} writes before {last_alive:.3f}: {early[:3]}", "R-EXEC-2", "R-EXEC-7")
+               f"{len(early)} writes before {last_alive:.3f}: {early[:3]}; {len(contenders)} other "
+               "attempt(s) seen trying the lock meanwhile", "R-EXEC-2", "R-EXEC-7", judged=len(contenders))
 
 
 @scenario(
