@@ -201,7 +201,7 @@ CATALOG: tuple[Mutant, ...] = (
                "    IF NEW.generation = OLD.generation AND OLD.owner_attempt IS NOT NULL\n",
                "    IF false AND NEW.generation = OLD.generation AND OLD.owner_attempt IS NOT NULL\n")),
         "superseded-attempt-delivered-late",
-        "a late attempt reached its claim and the fence refused it; attempt 1 ended without writing"),
+        "the late attempt 1 reached its claim and the fence refused it; it ended without writing"),
     Mutant(
         "worker-logs-the-grant", "grants never appear in logs (R-READ-3)",
         (Patch("qimpl/workflows/activities.py",
