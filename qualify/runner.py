@@ -14,7 +14,7 @@ import hashlib
 import random
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,30 +79,29 @@ class ScenarioResult:
 LOG_RED_FLAGS = ("Traceback (most recent call last)", "Fatal Python error")
 
 
-def clean_logs(logs_dir: Path) -> Check:
-    """No process log carries a stack trace or a fatal interpreter error."""
-    bad = []
-    logs = sorted(logs_dir.glob("*.log"))
-    for path in logs:
-        text = path.read_text(errors="replace")
-        bad += [f"{path.name}: {flag}" for flag in LOG_RED_FLAGS if flag in text]
+def read_logs(logs_dir: Path) -> dict[str, str]:
+    """Every process log of a scenario, by file name, read once for the log checks."""
+    return {path.name: path.read_text(errors="replace") for path in sorted(logs_dir.glob("*.log"))}
+
+
+def clean_logs(logs: Mapping[str, str]) -> Check:
+    """No process log (``read_logs``) carries a stack trace or a fatal interpreter error."""
+    bad = [f"{name}: {flag}" for name, text in logs.items() for flag in LOG_RED_FLAGS if flag in text]
     return Check("no stack trace or fatal error in any process log", not bad,
                  "; ".join(bad) or f"{len(logs)} logs", ("R-EXEC-6",), judged=len(logs))
 
 
-def no_grant_in_logs(logs_dir: Path, grants: Sequence[str]) -> Check:
-    """No process log carries any workspace grant token of the scenario's database
-    (R-READ-3): the worker reads its run's grant at every attempt, so every scenario that
-    runs one is a chance to leak it. Judged over the logs when the database holds a grant
-    (``judged`` 0, covering nothing, when it holds none). The tokens themselves are not
-    written into the detail: a leak is named by log and grant count."""
-    logs = sorted(logs_dir.glob("*.log"))
+def no_grant_in_logs(logs: Mapping[str, str], grants: Sequence[str]) -> Check:
+    """No process log (``read_logs``) carries any workspace grant token of the scenario's
+    database (R-READ-3): the worker reads its run's grant at every attempt, so every
+    scenario that runs one is a chance to leak it. Judged over the logs when the database
+    holds a grant (``judged`` 0, covering nothing, when it holds none). The tokens
+    themselves are not written into the detail: a leak is named by log and grant count."""
     bad = []
-    for path in logs:
-        text = path.read_text(errors="replace")
+    for name, text in logs.items():
         found = sum(1 for g in grants if g and g in text)
         if found:
-            bad.append(f"{path.name}: {found} grant(s)")
+            bad.append(f"{name}: {found} grant(s)")
     return Check("no workspace grant in any process log", not bad,
                  "; ".join(bad) or f"{len(logs)} logs, {len(grants)} grants", ("R-READ-3",),
                  judged=len(logs) if grants else 0)
@@ -249,9 +248,10 @@ def _run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_di
     # is a ``fail`` (which outranks ``crashed``), whatever stopped the scenario.
     with spent("checks"):
         checks = pre_checks + ctx.checks + (run_checks(events, GENERIC_CHECKERS) if collected else [])
-        checks.append(clean_logs(out_dir / "logs"))
+        logs = read_logs(out_dir / "logs")
+        checks.append(clean_logs(logs))
         if collected:
-            checks.append(no_grant_in_logs(out_dir / "logs", grants))
+            checks.append(no_grant_in_logs(logs, grants))
         checks.append(all_reaped([*processes.all.values(), sink]))
     struck = sorted({e["point"] for e in events if e["type"] == "crash_point"})
     if scenario.crash_points:

@@ -85,13 +85,12 @@ RETRY_AFTER_HEADER = {"Retry-After": {
     "schema": {"type": "integer", "minimum": 1}}}
 
 
-def errors(*, database: bool = True, **by_status: str) -> dict[int | str, dict[str, Any]]:
+def errors(**by_status: str) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` listing every error code a route can return, by status:
-    ``errors(s404="run_not_found")``. ``database``: the route reads the database (every
-    route that takes an API key does), so its 503 also lists ``DATABASE_ERRORS``. A 409,
-    429 or 503 documents ``Retry-After``."""
-    if database:
-        by_status["s503"] = ", ".join(filter(None, (by_status.get("s503"), DATABASE_ERRORS)))
+    ``errors(s404="run_not_found")``. Every route that uses it takes an API key, whose
+    lookup reads the database, so its 503 also lists ``DATABASE_ERRORS``. A 409, 429 or
+    503 documents ``Retry-After``."""
+    by_status["s503"] = ", ".join(filter(None, (by_status.get("s503"), DATABASE_ERRORS)))
     out: dict[int | str, dict[str, Any]] = {}
     for k, v in by_status.items():
         status = int(k.removeprefix("s"))
