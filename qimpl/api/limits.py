@@ -10,6 +10,12 @@
   to the route, which answers its own way. Both read the first ``Authorization`` header;
 - a write whose body declares a ``Content-Encoding`` (gzip, br, …) is answered 415
   ``content_encoding_unsupported``: bodies are read as sent;
+- a write whose non-empty body declares a ``Content-Type`` other than JSON
+  (``application/json`` or ``application/*+json``) is answered 415
+  ``content_type_unsupported``: a ``text/plain`` or form body was answered 422
+  ``malformed_body``, which did not say what to change (a browser's ``fetch`` with a string
+  body and no header sends ``text/plain``; ``curl -d`` sends a form), and a body without
+  one, which FastAPI leaves unparsed, was the same 422;
 - a body larger than ``max_body_bytes`` (declared by ``Content-Length``, or counted while
   it streams in, chunked included) is answered 413 ``body_too_large`` without being kept
   whole: at most ``max_body_bytes`` are buffered;
@@ -87,6 +93,11 @@ class RequestLimits:
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
+        media = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        if size and not _is_json(media):
+            await _answer(send, 415, "content_type_unsupported",
+                          "request bodies are JSON: send Content-Type: application/json")
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -97,6 +108,13 @@ class RequestLimits:
             return dict(await receive())
 
         await self.app(scope, replay, send)
+
+
+def _is_json(media: bytes) -> bool:
+    """Whether a Content-Type's media type (lowercase, no parameters) names JSON, as
+    FastAPI parses a body: ``application/json`` or ``application/<anything>+json``."""
+    kind, _, sub = media.partition(b"/")
+    return kind == b"application" and (sub == b"json" or sub.endswith(b"+json"))
 
 
 def _sent_twice(headers: list[tuple[bytes, bytes]]) -> str | None:

@@ -279,6 +279,54 @@ def test_bodies_are_bounded_and_anonymous_writes_are_not_parsed(app: FastAPI) ->
 
 
 @pytest.mark.req("R-CREATE-1")
+def test_a_body_that_is_not_declared_json_is_415(app: FastAPI) -> None:
+    """A JSON body sent as ``text/plain`` (a browser's ``fetch`` with a string body) or as a
+    form (``curl -d`` without a header) was 422 ``malformed_body``; it is 415
+    ``content_type_unsupported``, which says what to change; so is a body without a
+    Content-Type (FastAPI leaves it unparsed). JSON's own types, with parameters, are read
+    as JSON; an empty body is judged by its route."""
+    body = b'{"prompt": "hi", "durable_temporal": true}'
+
+    async def calls() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://api") as client:
+            key = {"Authorization": f"Bearer {KEY}"}
+            for kind in ("text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                         "multipart/form-data; boundary=x", "application/jsonx", "text/json", None):
+                headers = {**key, **({"Content-Type": kind} if kind else {})}
+                r = await client.post(RUNS, content=body, headers=headers)
+                assert (r.status_code, r.json()["code"]) == (415, "content_type_unsupported"), kind
+            for kind in ("application/json", "Application/JSON; charset=utf-8", "application/merge-patch+json"):
+                r = await client.post(RUNS, content=body, headers={**key, "Content-Type": kind})
+                assert (r.status_code, r.json()["code"]) == (400, "idempotency_key_required"), kind
+            empty = await client.post(RUNS, content=b"", headers={**key, "Content-Type": "text/plain",
+                                                                  "Idempotency-Key": "k-empty"})
+            assert (empty.status_code, empty.json()["code"]) == (422, "malformed_body")
+
+    asyncio.run(calls())
+
+
+@pytest.mark.req("R-CREATE-1")
+def test_a_body_that_cannot_be_parsed_has_the_validation_shape(app: FastAPI) -> None:
+    """Not UTF-8 or not JSON, a body is 422 ``malformed_body`` with ``errors`` listing the
+    problem (``loc``, ``code``, ``msg``), as every other validation error; the first
+    shape had no ``errors``."""
+
+    async def calls() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://api") as client:
+            headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json",
+                       "Idempotency-Key": "k-malformed"}
+            for body in (b"\xff\xfe{", b"{not json"):
+                r = await client.post(RUNS, content=body, headers=headers)
+                assert (r.status_code, r.json()["code"]) == (422, "malformed_body"), body
+                (item,) = r.json()["errors"]
+                assert item["code"] == "malformed_body" and item["loc"][0] == "body" and item["msg"], body
+
+    asyncio.run(calls())
+
+
+@pytest.mark.req("R-CREATE-1")
 def test_a_value_the_database_cannot_store_is_422_not_500() -> None:
     """A NUL or an unpaired surrogate deep inside a JSON value reaches PostgreSQL, which
     refuses it: 422 ``value_unstorable``, never a 500."""

@@ -99,7 +99,7 @@ async def submit_tool_result(
             if errors:
                 raise ApiError(422, "tool_result_invalid", "the result does not match the tool's schema",
                                errors=[{"loc": ["body", "result", *e["field"].split(".")],
-                                        "code": e["code"]} for e in errors])
+                                        "code": e["code"], "msg": _schema_msg(e["code"])} for e in errors])
         outcome, _ = await journal_db.settle(
             conn, str(run_id), call_id, status="succeeded", result=body.result,
             settled_by=f"client:{principal.principal_id}", kinds=_CLIENT_KINDS)
@@ -107,6 +107,14 @@ async def submit_tool_result(
             raise _conflict(outcome)
         left = [r["call_id"] for r in await journal_db.unsettled(conn, str(run_id))]
     return ToolResultAnswer(call_id=call_id, status="succeeded", pending=left)
+
+
+def _schema_msg(keyword: str) -> str:
+    """A line for one failed keyword of a tool's result schema, as a validation error's
+    ``msg``; it names the keyword only, never the value sent."""
+    return {"required": "a required property is missing",
+            "additionalProperties": "a property the schema does not allow"}.get(
+        keyword, f"fails the result schema's '{keyword}' keyword")
 
 
 async def _operator_tenant(request: Request, run_id: uuid.UUID, principal: Principal) -> str:
