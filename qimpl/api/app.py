@@ -33,6 +33,7 @@ from psycopg_pool import PoolTimeout
 from qimpl.api.cors import CodedCORSMiddleware
 from qimpl.api.deps import Services
 from qimpl.api.errors import install_error_handlers
+from qimpl.api.head import HeadAsGet
 from qimpl.api.limits import RequestLimits
 from qimpl.api.routers import controls, events, legacy, listing, operations, runs, tools
 from qimpl.db.roles import refuse_unsafe_role
@@ -103,6 +104,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.mount(operations.DOCS_ASSETS, StaticFiles(directory=swagger_ui_bundle.swagger_ui_path),
               name="docs-assets")
     install_error_handlers(app)
+    app.add_middleware(HeadAsGet)  # innermost: the limits and the access log see the HEAD
     app.add_middleware(RequestLimits, max_body_bytes=settings.max_body_bytes)
     if settings.cors_origins:
         # Outermost: a browser's preflight is answered before the limits read anything.

@@ -69,7 +69,8 @@ def _methods_of(request: Request) -> list[str]:
             p == a or (p.startswith("{") and p.endswith("}") and a) for p, a in zip(parts, asked, strict=True))
 
     paths = request.app.openapi().get("paths", {})
-    return sorted({m.upper() for t, ops in paths.items() if fits(t) for m in ops})
+    methods = {m.upper() for t, ops in paths.items() if fits(t) for m in ops}
+    return sorted(methods | ({"HEAD"} if "GET" in methods else set()))  # qimpl.api.head
 
 
 def install_error_handlers(app: FastAPI) -> None:
