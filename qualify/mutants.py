@@ -130,6 +130,17 @@ CATALOG: tuple[Mutant, ...] = (
         (Patch("qimpl/db/runs.py", 'if pending.get("action_version") != action_version:', "if False:"),),
         "approval-flow", "an unknown action_version is 409 action_version_mismatch and runs nothing"),
     Mutant(
+        "denial-runs-the-tool", "a denied call is journaled denied, never run (R-APPROVAL-1)",
+        (Patch("qimpl/tool_journal/steps.py", '                if not decision.get("approved"):',
+               "                if False:"),),
+        "approval-races", "denied: the call the model asked for anyway is journaled denied and never runs"),
+    Mutant(
+        "approval-decided-without-the-row-lock", "one decision per approval: the run's row lock (R-APPROVAL-1)",
+        (Patch("qimpl/db/runs.py", 'SELECT * FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))',
+               'SELECT * FROM runs WHERE run_id = %s", (run_id,))'),),
+        "approval-races",
+        "the held decision wins; every opposite decision that waited on its lock is 409 approval_conflict"),
+    Mutant(
         "stream-ignores-last-event-id", "stream replay (R-EVENT-2)",
         (Patch("qimpl/api/routers/events.py", "str(run_id), int(last_event_id or 0),", "str(run_id), 0,"),),
         "event-stream", "stream events complete, ordered and ending in the run's terminal state"),

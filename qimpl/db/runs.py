@@ -24,6 +24,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from qimpl.crashpoints import declare
 from qimpl.errors import DeadlinePassed
 from qimpl.lifecycle import TERMINAL, RunState
 from qimpl.state_delta import fold
@@ -393,6 +394,10 @@ async def resume_or_none(conn: AConn, run_id: str, **kwargs: Any) -> Row | None:
         return None
 
 
+DECISION_LOCKED = declare("api.approval.after_lock",
+                          "a decision holds the run's row lock, nothing read or decided yet")
+
+
 async def decide_approval(conn: AConn, run_id: str, *, approval_id: str, action_version: str,
                           approved: bool, tenant_id: str, principal_id: str) -> tuple[str, Row]:
     """Decide a pending approval (R-APPROVAL-1) in the caller's transaction. Returns
@@ -407,6 +412,9 @@ async def decide_approval(conn: AConn, run_id: str, *, approval_id: str, action_
         row = await cur.fetchone()
         if row is None:
             raise LookupError(run_id)
+        # The harness holds one decision here, the row locked, so that others wait on it
+        # (qualify's approval-races).
+        await DECISION_LOCKED.areach(run_id=run_id, approved=approved)
         await cur.execute("SELECT * FROM approval_decisions WHERE run_id = %s AND approval_id = %s",
                           (run_id, approval_id))
         earlier = await cur.fetchone()

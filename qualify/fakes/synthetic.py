@@ -26,7 +26,10 @@ fed, e.g. ``"synthetic answer [charge:succeeded]"``.
 provider asks for that call (``id="approved-<approval_id>"``, the runtime matches it to
 the approval and journals it) and, once its result is fed back, answers
 ``"<answer> (tool ran: send_email)"`` (``(tool <status>: ...)`` if it did not succeed).
-After a denial it re-plans and asks again, at most twice, then gives up.
+After a denial it re-plans and asks again, at most twice, then gives up; with
+``"stubborn": true`` in ``park`` it asks for the denied call anyway (``id="denied-<approval_id>"``,
+a model that ignores the denial: the runtime must journal it ``denied`` and never run it) and,
+fed that call's result, answers ``"<answer> (tool denied: send_email)"``.
 
 ``fail.error`` ``"timeout"`` raises ``TimeoutError`` (a provider's own HTTP read
 timeout, R-EXEC-12), ``"unreachable"`` ``ProviderFailed("provider_unreachable")`` (a
@@ -276,6 +279,14 @@ class SyntheticProvider(Provider):
             # The runtime counts the call it ran (usage ``tool_calls``), not the provider.
             return StepResult(state={"trail": trail}, usage=usage,
                               answer=f"{script.answer} (tool {outcome}: {tool})")
+        if script.park and script.park.get("stubborn"):
+            call = f"denied-{last.get('approval_id')}"
+            result = next((r for r in ctx.tool_results if r.get("id") == call), None)
+            if result is None:
+                return StepResult(state={"trail": trail}, usage=usage, tool_calls=(
+                    ToolCall(tool=str(last.get("tool")), arguments=dict(last.get("arguments") or {}), id=call),))
+            return StepResult(state={"trail": trail}, usage=usage,
+                              answer=f"{script.answer} (tool {result.get('status')}: {last.get('tool')})")
         denials = sum(1 for d in ctx.decisions if not d.get("approved"))
         if denials <= 2:
             return StepResult(state={"trail": trail}, usage=usage,

@@ -4,8 +4,10 @@ decisions, a re-plan that makes old versions stale, races, and cancel."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -96,44 +98,90 @@ def approval_flow(ctx: ScenarioContext) -> None:
                and effects[0]["arguments"] == second["arguments"], str(effects), "R-APPROVAL-1")
 
 
+DECISION_LOCKED = "api.approval.after_lock"
+
+
 @scenario(
     "approval-races",
-    title="Ten concurrent decisions on one approval, mixed approve and deny: one wins, the "
-          "same decision is idempotent, the other 409; one new generation; the tool runs at "
-          "most once; a decision after cancel is 409",
-    requirements=("R-APPROVAL-1", "R-CANCEL-1"),
+    title="Two races, one won by an approval and one by a denial: the first decision is held "
+          "with the run's row locked while nine opposite ones wait on the lock; the held one "
+          "wins, the nine are 409, one decision and one new generation are recorded; the "
+          "approved tool runs exactly once, a denied call the model asks for anyway is "
+          "journaled denied and never runs; a decision after cancel is 409 and writes nothing",
+    requirements=("R-APPROVAL-1", "R-CANCEL-1", "R-TOOL-5"),
 )
 def approval_races(ctx: ScenarioContext) -> None:
-    api = ctx.processes.api()
+    # The hold is not a nemesis fault (the API lives on); its evidence is a struck crash point.
+    api = ctx.processes.api(QIMPL_CRASH_POINTS=f"{DECISION_LOCKED}:hold?armed")
     ctx.processes.worker()
-    run_id = accepted(ctx, api, prompt=make_prompt(steps=3, park={"step": 1, "kind": "approval"}))
-    pending = _pending(ctx, api, run_id)
-    votes = [i % 2 == 0 for i in range(10)]
-    with ThreadPoolExecutor(max_workers=10) as pool:
-        answers = list(pool.map(lambda v: _decide(api, run_id, pending["approval_id"], v,
-                                                  pending["action_version"]), votes))
-    codes = Counter((v, r.status_code) for v, r in zip(votes, answers, strict=True))
-    ctx.history.record("client", op="decide x10", phase="ok", outcomes={str(k): n for k, n in codes.items()})
-    winners = {v for v, r in zip(votes, answers, strict=True) if r.status_code == 200}
-    ctx.expect("one decision wins: all of its votes 200, all the others 409",
-               len(winners) == 1 and all((r.status_code == 200) == (v in winners)
-                                         for v, r in zip(votes, answers, strict=True)),
-               str(dict(codes)), "R-APPROVAL-1")
-    generations = ctx.sql("SELECT count(*) FROM run_transitions WHERE run_id = %s"
-                          " AND old_state = 'awaiting_approval'", run_id)[0][0]
-    ctx.expect("exactly one transition out of awaiting_approval", generations == 1, str(generations),
-               "R-APPROVAL-1")
-    if winners == {True}:
-        ctx.wait_terminal(api, run_id)
-        ctx.expect("approved: the tool ran exactly once", len(_side_effects(ctx, run_id)) == 1,
-                   str(len(_side_effects(ctx, run_id))), "R-APPROVAL-1")
-    else:
-        ctx.wait_state(api, run_id, "awaiting_approval")  # re-planned, asking again
-        ctx.expect("denied: nothing ran", not _side_effects(ctx, run_id), "", "R-APPROVAL-1")
-        ctx.cancel_run(api, run_id)  # every run the scenario starts ends
+    waiters_seen = 0
+    for held_vote in (True, False):
+        side = "approval" if held_vote else "denial"
+        run_id = accepted(ctx, api, prompt=make_prompt(
+            steps=3, park={"step": 1, "kind": "approval", "stubborn": True}))
+        pending = _pending(ctx, api, run_id)
+        approval, version = pending["approval_id"], pending["action_version"]
+        ctx.arm_crash_point(DECISION_LOCKED, {"run_id": run_id})
+        with ThreadPoolExecutor(max_workers=10) as pool:
+            first = pool.submit(_decide, api, run_id, approval, held_vote, version)
+            evidence = ctx.wait_crash_point_for(DECISION_LOCKED, api, run_id=run_id)
+            rivals = [pool.submit(_decide, api, run_id, approval, not held_vote, version) for _ in range(9)]
+            waiting = _lock_waiters(ctx, run_id, want=9)
+            Path(evidence["release"]).touch()  # this arming's own release (qimpl.crashpoints)
+            held, lost = first.result(timeout=60), [f.result(timeout=60) for f in rivals]
+        waiters_seen += waiting
+        codes = Counter(r.json().get("code", r.status_code) if r.status_code != 200 else 200 for r in lost)
+        ctx.history.record("client", op="decide x10", phase="ok", run_id=run_id, held=held_vote,
+                           held_status=held.status_code, rivals={str(k): n for k, n in codes.items()},
+                           lock_waiters=waiting)
+        ctx.expect("the held decision wins; every opposite decision that waited on its lock is "
+                   "409 approval_conflict",
+                   held.status_code == 200 and codes == Counter({"approval_conflict": 9}),
+                   f"{side}: held {held.status_code}, rivals {dict(codes)}, {waiting} waited on the lock",
+                   "R-APPROVAL-1", judged=1 if waiting else 0)  # no rival seen waiting: no race
+        again = _decide(api, run_id, approval, held_vote, version)
+        ctx.expect("the winning decision sent again is 200: idempotent",
+                   again.status_code == 200, f"{side}: {again.status_code} {again.text[:120]}", "R-APPROVAL-1")
+        run = ctx.wait_terminal(api, run_id)
+        decisions = ctx.sql("SELECT approved FROM approval_decisions WHERE run_id = %s", run_id)
+        ctx.expect("one decision recorded, the held one, and one new generation",
+                   decisions == [(held_vote,)] and run["generation"] == 2,
+                   f"{side}: decisions {decisions}, g{run['generation']} {run['state']}", "R-APPROVAL-1")
+        effects = _side_effects(ctx, run_id)
+        journal = ctx.sql("SELECT status, approval_id FROM tool_invocations WHERE run_id = %s", run_id)
+        if held_vote:
+            ctx.expect("approved: the tool ran exactly once, under the approval",
+                       run["state"] == "completed" and len(effects) == 1 and effects[0]["approval_id"] == approval,
+                       f"{run['state']} {effects}", "R-APPROVAL-1", "R-TOOL-5")
+        else:
+            # The model asks for the denied call anyway: the runtime journals it denied, runs
+            # nothing, and feeds the denial back (the answer says so).
+            ctx.expect("denied: the call the model asked for anyway is journaled denied and never runs",
+                       run["state"] == "completed" and not effects and journal == [("denied", approval)]
+                       and "(tool denied: send_email)" in str((run["result_json"] or {}).get("answer")),
+                       f"{run['state']} effects {effects} journal {journal} {run['result_json']}",
+                       "R-APPROVAL-1", "R-TOOL-5")
+    ctx.figures["approval_lock_waiters_seen"] = waiters_seen
     parked = accepted(ctx, api, prompt=make_prompt(steps=3, park={"step": 1, "kind": "approval"}))
     late = _pending(ctx, api, parked)
     ctx.cancel_run(api, parked)
     after = _decide(api, parked, late["approval_id"], True, late["action_version"])
-    ctx.expect("a decision after cancel is 409 and runs nothing",
-               after.status_code == 409 and not _side_effects(ctx, parked), after.text[:120], "R-CANCEL-1")
+    written = ctx.sql("SELECT (SELECT count(*) FROM approval_decisions WHERE run_id = %s),"
+                      " (SELECT generation FROM runs WHERE run_id = %s)", parked, parked)[0]
+    ctx.expect("a decision after cancel is 409 run_terminal and writes nothing",
+               after.status_code == 409 and after.json().get("code") == "run_terminal" and written == (0, 1)
+               and not _side_effects(ctx, parked), f"{after.text[:120]} decisions, generation {written}",
+               "R-CANCEL-1")
+
+
+def _lock_waiters(ctx: ScenarioContext, run_id: str, *, want: int, timeout_s: float = 3.0) -> int:
+    """How many API sessions wait on a lock while the held decision keeps the run's row
+    (``pg_stat_activity``: ``wait_event_type = 'Lock'``, a decision's row lock), once
+    ``want`` do or ``timeout_s`` (s) passed. Each decision request holds one session."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        n = int(ctx.sql("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND query LIKE 'SELECT * FROM runs WHERE run_id = %%FOR UPDATE'")[0][0])
+        if n >= want or time.monotonic() > deadline:
+            return n
+        time.sleep(0.02)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import random
 import re
 import subprocess
@@ -28,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from qimpl.crashpoints import arm_path
 from qualify import http, interrupt
 from qualify.checkers import Check
 from qualify.errors import HarnessError, InvariantViolation
@@ -345,6 +347,27 @@ class ScenarioContext:
                 raise HarnessError(f"{proc.name} did not reach crash point {point} in {timeout_s} s")
             time.sleep(0.01)
         return found[-1]
+
+    def wait_crash_point_for(self, point: str, proc: ManagedProcess, *, timeout_s: float = 30.0,
+                             **context: str) -> dict[str, Any]:
+        """Wait until ``proc`` struck ``point`` at a reach whose context has ``context``'s
+        values (an armed point strikes once per arming); returns that evidence line."""
+        deadline = time.monotonic() + timeout_s
+        while not (found := [e for e in self.crash_evidence(point, proc.pid)
+                             if all(e.get("context", {}).get(k) == str(v) for k, v in context.items())]):
+            if time.monotonic() > deadline:
+                raise HarnessError(f"{proc.name} did not reach crash point {point} for {context} in {timeout_s} s")
+            time.sleep(0.01)
+        return found[-1]
+
+    def arm_crash_point(self, point: str, context: dict[str, Any]) -> None:
+        """Arm ``point`` (a ``?armed`` directive) for one reach whose context has these
+        values, atomically (``qimpl.crashpoints``); a ``hold`` so struck waits for the
+        ``release`` its evidence names."""
+        arm = arm_path(self.control, point)
+        tmp = arm.with_suffix(".tmp")
+        tmp.write_text(json.dumps(context))
+        os.replace(tmp, arm)
 
     def strike_worker(self, point: str, name: str, *, timeout_s: float = 30.0) -> dict[str, Any]:
         """Start worker ``name`` armed to SIGKILL itself at ``point``; wait for it to die

@@ -33,12 +33,10 @@ the fault's step), so its target is known and live (R-Q-10):
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-from qimpl.crashpoints import arm_path
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess, faketime_env
@@ -147,7 +145,7 @@ def _strike(ctx: ScenarioContext, fault: FaultPlan, run_id: str, workers: _Worke
         ctx.nemesis.restart(owner, owner_dsn=ctx.deployment.dsn,
                             then=lambda: ctx.release_barrier(f"f{fault.run}"), **where)
     elif fault.action == "pause-in-transaction":
-        _arm(ctx, CKPT_TXN, {"run_id": run_id, "step": fault.step})
+        ctx.arm_crash_point(CKPT_TXN, {"run_id": run_id, "step": fault.step})
         ctx.release_barrier(f"f{fault.run}")
         evidence = ctx.wait_crash_point(CKPT_TXN, owner, timeout_s=60)
         ctx.nemesis.paused_in_transaction(owner, evidence, ctx.deployment.dsn, **where)
@@ -167,21 +165,13 @@ def _strike(ctx: ScenarioContext, fault: FaultPlan, run_id: str, workers: _Worke
         workers.spawn()
 
 
-def _arm(ctx: ScenarioContext, point: str, context: dict[str, Any]) -> None:
-    """Arm ``point`` (a ``?armed`` directive) for ``context``, atomically."""
-    arm = arm_path(ctx.control, point)
-    tmp = arm.with_suffix(".tmp")
-    tmp.write_text(json.dumps(context))
-    os.replace(tmp, arm)
-
-
 def _strike_mid_sweep(ctx: ScenarioContext, fault: FaultPlan, prompt: str, workers: _Workers) -> str:
     """Orphan run ``fault.run`` (its API dies after the acceptance commit), hold the sweep
     that dispatches it between Temporal's start and the confirming commit, restart
     PostgreSQL or Temporal there, release. Returns the run id."""
     evidence = ctx.create_on_dying_api(AFTER_ACCEPT, name=f"api-doomed-{fault.run}", prompt=prompt)
     run_id = str(evidence["context"]["run_id"])
-    _arm(ctx, SWEEP_DISPATCH, {"run_id": run_id})
+    ctx.arm_crash_point(SWEEP_DISPATCH, {"run_id": run_id})
     deadline = time.monotonic() + 60
     while not (held := [e for e in ctx.crash_evidence(SWEEP_DISPATCH) if e["context"]["run_id"] == run_id]):
         if time.monotonic() > deadline:
