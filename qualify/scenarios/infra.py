@@ -61,7 +61,23 @@ def temporal_restart_mid_run(ctx: ScenarioContext) -> None:
     ctx.nemesis.restart_temporal(ctx.stack)
     ctx.release_barrier("tp")
     run = ctx.wait_terminal(api, run_id, timeout_s=90)
-    ctx.expect("run completed", run["state"] == "completed", run["state"], "R-EXEC-4")
+    ctx.expect("run completed with its answer", run["state"] == "completed"
+               and (run["result_json"] or {}).get("answer") == "tp", f"{run['state']} {run['result_json']}")
+    # The workflow the restart struck is the one that ran the run: it closed with the outcome.
+    result = ctx.workflow_result(workflow_id(run_id, 1))
+    ctx.expect("the struck workflow closed with the run's outcome", result.get("state") == "completed",
+               str(result), "R-EXEC-1")
+    # Whether an attempt outlived the restart is the server's timing: judge each later
+    # attempt (none: the check covers nothing) by where it began.
+    calls = provider_calls(ctx, run_id)
+    checkpoints = ctx.sql("SELECT step, attempt FROM run_checkpoints WHERE run_id = %s", run_id)
+    later = sorted({int(c["attempt"]) for c in calls if int(c["attempt"]) > 1})
+    began = {a: min(int(c["step"]) for c in calls if int(c["attempt"]) == a) for a in later}
+    saved = {a: max((s for s, by in checkpoints if by < a), default=0) for a in later}
+    ctx.expect("each later attempt began at the step after the last checkpoint before it",
+               all(began[a] == saved[a] + 1 for a in later),
+               f"attempts {later}: began at {began}, checkpointed before {saved}", "R-EXEC-4",
+               judged=len(later))
 
 
 @scenario(
