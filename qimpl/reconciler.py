@@ -65,6 +65,9 @@ log = logging.getLogger("qimpl.reconciler")
 
 SWEEP_LIMIT = 100
 
+BEFORE_SWEEP_DISPATCH = declare(
+    "reconciler.before_dispatch",
+    "a sweep read an orphaned run (without a lock) and is about to start its workflow")
 AFTER_SWEEP_DISPATCH = declare(
     "reconciler.after_dispatch",
     "a sweep started an orphaned run's workflow; its dispatch not yet confirmed in the database")
@@ -140,6 +143,7 @@ async def _confirm(conn: psycopg.AsyncConnection[Any], client: Client | None, se
             res.errors += 1
             continue
         run_id, generation = str(row["run_id"]), int(row["generation"])
+        await BEFORE_SWEEP_DISPATCH.areach(run_id=run_id, generation=generation)
         try:
             started = await dispatch(client, row, settings)
         except DispatchUnknown as exc:

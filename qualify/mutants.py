@@ -141,6 +141,15 @@ CATALOG: tuple[Mutant, ...] = (
         "approval-races",
         "the held decision wins; every opposite decision that waited on its lock is 409 approval_conflict"),
     Mutant(
+        "workflow-id-reuse-allowed", "duplicate workflow ids rejected (R-CREATE-5)",
+        (Patch("qimpl/dispatch.py", "id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,",
+               "id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,"),),
+        "late-sweep-after-the-run-finished", "the late start of the finished run's workflow id was refused: one execution"),
+    Mutant(
+        "reconciler-ignores-the-grace-period", "the reconciler leaves the API's own dispatch its grace (R-OPS-3)",
+        (Patch("qimpl/reconciler.py", "            (res.tenant, grace_s, limit),", "            (res.tenant, 0, limit),"),),
+        "reconciler-dispatches-orphan", "dispatched by the reconciler after the grace period, within two sweeps of it"),
+    Mutant(
         "stream-ignores-last-event-id", "stream replay (R-EVENT-2)",
         (Patch("qimpl/api/routers/events.py", "str(run_id), int(last_event_id or 0),", "str(run_id), 0,"),),
         "event-stream", "stream events complete, ordered and ending in the run's terminal state"),

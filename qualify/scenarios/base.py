@@ -491,6 +491,23 @@ class ScenarioContext:
         except TimeoutError:
             raise InvariantViolation(f"workflow {workflow_id} did not close within {timeout_s} s") from None
 
+    def workflow_executions(self, workflow_id: str) -> int:
+        """How many executions of ``workflow_id`` Temporal's visibility lists, open or
+        closed (R-CREATE-5: one per generation). Temporal unreachable is a HarnessError."""
+        import asyncio
+
+        from temporalio.client import Client
+
+        async def count() -> int:
+            client = await Client.connect(self.deployment.temporal_address,
+                                          namespace=self.deployment.namespace)
+            return len([wf async for wf in client.list_workflows(f"WorkflowId = '{workflow_id}'")])
+
+        try:
+            return asyncio.run(count())
+        except Exception as exc:
+            raise HarnessError(f"executions of {workflow_id} could not be listed: {exc}") from exc
+
     def workflow_outcome(self, workflow_id: str, *, timeout_s: float = 20.0) -> tuple[str, Any]:
         """``(status, result)`` of ``workflow_id`` once it closed: ``("completed", result)``,
         or its closed status in lower case (``"failed"``, ``"terminated"``…) with None; or

@@ -23,6 +23,7 @@ from qualify.scenarios.sweeps import (
     TENANT,
     poll_until,
     sweep_rows,
+    sweep_rows_between,
 )
 
 
@@ -44,18 +45,25 @@ def _accepted_then_api_dies(ctx: ScenarioContext) -> str:
     crash_points=(AFTER_ACCEPT,),
 )
 def reconciler_dispatches_orphan(ctx: ScenarioContext) -> None:
+    # The reconciler sweeps before the run exists, every half second: a sweep that ignored
+    # the grace period would dispatch the orphan well inside it.
+    ctx.processes.worker("worker-1", **ORPHAN_RECONCILE)
+    poll_until(ctx, "a first sweep", lambda: bool(sweep_rows(ctx)))
     run_id = _accepted_then_api_dies(ctx)
-    grace_at = ctx.db_now() + 1.0  # compared with the sweeps' times: the database's clock
-    ctx.processes.worker("worker-1", **RECONCILE)
     api = ctx.processes.api("api-2")
     run = ctx.wait_terminal(api, run_id, timeout_s=30)
     ctx.expect("run completed", run["state"] == "completed", run["state"], "R-OPS-3")
-    confirmed = ctx.sql("SELECT extract(epoch FROM dispatch_confirmed_at)::float8 FROM runs"
-                        " WHERE run_id = %s", run_id)[0][0]
-    sweeps = [s for s in sweep_rows(ctx) if grace_at <= s[5] <= (confirmed or 0) + 0.5]
-    ctx.expect("dispatched by the reconciler within two sweeps after the grace period",
-               confirmed is not None and 1 <= len(sweeps) <= 2 and sum(s[3] for s in sweeps) == 1,
-               f"{len(sweeps)} sweeps, dispatched {[s[3] for s in sweeps]}", "R-OPS-3")
+    # Every time on the database's clock: the grace runs from the acceptance commit.
+    requested, confirmed = ctx.sql(
+        "SELECT extract(epoch FROM coalesce(dispatch_requested_at, accepted_at))::float8,"
+        " extract(epoch FROM dispatch_confirmed_at)::float8 FROM runs WHERE run_id = %s", run_id)[0]
+    grace_at = requested + ORPHAN_GRACE_S
+    sweeps = [s for s in sweep_rows_between(ctx, grace_at) if s[5] <= (confirmed or 0) + 0.5]
+    ctx.expect("dispatched by the reconciler after the grace period, within two sweeps of it",
+               confirmed is not None and confirmed >= grace_at and 1 <= len(sweeps) <= 2
+               and sum(s[3] for s in sweeps) == 1,
+               f"confirmed {(confirmed or 0) - requested:.2f} s after acceptance (grace {ORPHAN_GRACE_S} s);"
+               f" {len(sweeps)} sweeps since, dispatched {[s[3] for s in sweeps]}", "R-OPS-3")
     result = ctx.workflow_result(workflow_id(run_id, 1))
     ctx.expect("exactly one workflow, generation 1", result.get("state") == "completed"
                and run["generation"] == 1,
@@ -63,6 +71,53 @@ def reconciler_dispatches_orphan(ctx: ScenarioContext) -> None:
 
 
 SWEEP_DISPATCH = "reconciler.after_dispatch"
+SWEEP_BEFORE_DISPATCH = "reconciler.before_dispatch"
+#: Grace 2 s, a sweep every half second: dispatched 2-2.5 s after acceptance, never sooner.
+ORPHAN_GRACE_S = 2.0
+ORPHAN_RECONCILE = {**RECONCILE, "QIMPL_RECONCILE_INTERVAL_S": "0.5",
+                    "QIMPL_RECONCILE_GRACE_S": str(ORPHAN_GRACE_S)}
+
+
+@scenario(
+    "late-sweep-after-the-run-finished",
+    title="A sweep reads an orphaned run (its API SIGKILLed after the acceptance commit) and is "
+          "held before it starts the run's workflow; meanwhile the client's empty resume "
+          "dispatches it and it completes; released, the sweep's start of the same workflow "
+          "id is refused as a duplicate: one execution, and the finished run is left as it was",
+    requirements=("R-CREATE-5", "R-OPS-3", "R-RESUME-2", "R-Q-4"),
+    faults=(f"sigkill at {AFTER_ACCEPT}",),
+    crash_points=(AFTER_ACCEPT, SWEEP_BEFORE_DISPATCH),
+)
+def late_sweep_after_the_run_finished(ctx: ScenarioContext) -> None:
+    run_id = _accepted_then_api_dies(ctx)
+    reconciler = ctx.processes.worker("worker-1", QIMPL_CRASH_POINTS=f"{SWEEP_BEFORE_DISPATCH}:hold",
+                                      **RECONCILE)
+    held = ctx.wait_crash_point(SWEEP_BEFORE_DISPATCH, reconciler, timeout_s=30)
+    ctx.expect("the sweep read the orphan and holds before starting its workflow",
+               held["context"]["run_id"] == run_id, str(held["context"]), "R-Q-4")
+    api = ctx.processes.api("api-2")
+    resume = http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", timeout=30,
+                        headers={"Authorization": f"Bearer {API_KEY}", "Idempotency-Key": "redispatch"})
+    ctx.history.record("client", op="resume", phase="ok" if resume.status_code == 202 else "fail",
+                       run_id=run_id, status=resume.status_code)
+    ctx.expect("the client's empty resume dispatches the accepted run: 202 queued",
+               resume.status_code == 202 and resume.json().get("state") == "queued",
+               f"{resume.status_code} {resume.text[:200]}", "R-RESUME-2")
+    run = ctx.wait_terminal(api, run_id, timeout_s=30)
+    first = ctx.workflow_result(workflow_id(run_id, 1))  # closed: a reuse policy would now allow a start
+    version = ctx.sql("SELECT row_version FROM runs WHERE run_id = %s", run_id)[0][0]
+    released_at = ctx.db_now()
+    ctx.release_crash_point(SWEEP_BEFORE_DISPATCH)
+    poll_until(ctx, "the held sweep finished", lambda: bool(
+        [s for s in sweep_rows_between(ctx, 0) if s[6] < released_at <= s[5]]))
+    executions = ctx.workflow_executions(workflow_id(run_id, 1))
+    after = ctx.sql("SELECT state, row_version, generation FROM runs WHERE run_id = %s", run_id)[0]
+    ctx.expect("the late start of the finished run's workflow id was refused: one execution",
+               executions == 1 and first.get("state") == "completed",
+               f"{executions} executions of generation 1; the first closed {first.get('state')}", "R-CREATE-5")
+    ctx.expect("the finished run was left as it was",
+               run["state"] == "completed" and after == ("completed", version, 1),
+               f"{run['state']} v{version}, after the sweep {after}", "R-OPS-3")
 
 
 @scenario(
