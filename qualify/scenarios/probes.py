@@ -274,8 +274,9 @@ def owner_cut_off_from_temporal(ctx: ScenarioContext) -> None:
 @scenario(
     "kill-at-random-moments",
     title="SIGKILL the owner of a 150-step run with fast steps at five seeded random moments "
-          "(not at named points), a fresh worker after each: a gap between two writes that "
-          "should be one transaction is eventually hit; every step is checkpointed once",
+          "(not at named points), a fresh worker after each: a probe for gaps no crash point "
+          "names (a split write is also refused outright by the guard, QG015); the run "
+          "completes with its answer and every step is checkpointed once",
     requirements=("R-EXEC-3", "R-EXEC-4", "R-STATE-1", "R-Q-2"),
     faults=("sigkill of the owner at a random moment",),
 )
