@@ -24,8 +24,8 @@ class Filters:
     ``principal_id``: that principal's runs only (a client's own); ``agent_id``: that
     agent's; ``accepted_before_s``: accepted at least this many seconds ago;
     ``deadline_within_s``: not terminal and due within this many seconds (overdue
-    included); ``awaiting_reconciliation``: parked on a tool call whose outcome is unknown
-    (True), or not (False)."""
+    included); ``awaiting_reconciliation``: parked on, or ended with, a tool call whose
+    outcome is unknown and unrecorded (True), or not (False)."""
 
     states: Sequence[str] = ()
     principal_id: str | None = None
@@ -35,12 +35,16 @@ class Filters:
     awaiting_reconciliation: bool | None = None
 
 
-#: A run parked on an unknown outcome: what a normal resume refuses with 409
-#: ``run_reconciliation_required`` (R-RESUME-3).
+#: A run with a tool call whose outcome is unknown that an operator must record (R-TOOL-3):
+#: parked on it (what a normal resume refuses with 409 ``run_reconciliation_required``,
+#: R-RESUME-3), or ended (cancelled, expired, failed) with it unrecorded: the side effect
+#: may have happened, and the client cannot settle it. A call out right now (a running
+#: run's intent) is not listed.
 _AWAITING_RECONCILIATION = (
-    "(r.state = 'awaiting_input'"
-    " AND r.result_json -> 'pending_input' ->> 'kind' = 'reconciliation_required'"
-    " AND EXISTS (SELECT 1 FROM tool_invocations t WHERE t.run_id = r.run_id AND t.status = 'intent'))")
+    "(EXISTS (SELECT 1 FROM tool_invocations t WHERE t.run_id = r.run_id AND t.status = 'intent')"
+    " AND (r.state IN ('completed', 'failed', 'expired', 'cancelled')"
+    "      OR (r.state = 'awaiting_input'"
+    "          AND r.result_json -> 'pending_input' ->> 'kind' = 'reconciliation_required')))")
 
 _COLUMNS = (
     "r.run_id::text AS run_id, r.tenant_id, r.principal_id, r.agent_id, r.state, r.row_version,"

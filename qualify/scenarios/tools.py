@@ -284,9 +284,16 @@ def cancel_during_tool_call(ctx: ScenarioContext) -> None:
                run["state"] == "cancelled" and len(journal) == 1 and journal[0]["sent"]
                and journal[0]["outcome"] == "unknown", f"{run['state']} {journal}", "R-Q34-3")
     call_id = journal[0]["call_id"] if journal else ""
+    # The client can no longer settle it: the operator's listing must still show it.
+    waiting = _awaiting_reconciliation(api)
+    ctx.expect("the cancelled run with an unknown outcome is listed as awaiting reconciliation",
+               waiting == [run_id], f"listed {waiting}", "R-READ-5", "R-TOOL-3")
     done = resolve(api, run_id, call_id, "succeeded", {"receipt": call_id})
     ctx.expect("an operator may record what happened after the cancel", done.status_code == 200,
                done.text[:160], "R-Q34-3")
+    left = _awaiting_reconciliation(api)
+    ctx.expect("once recorded, the cancelled run is no longer listed", run_id not in left,
+               f"listed {left}", "R-READ-5")
     ctx.expect("the sink executed the call once (nothing undone, nothing repeated)",
                len(sink_lines(ctx, "executions", run_id)) == 1, "", "R-Q34-3")
 

@@ -87,8 +87,9 @@ async def list_operator_runs(
     accepted_before_s: Annotated[float | None, Query(
         ge=0, le=10 * 365 * 86400, description="accepted at least this many seconds ago")] = None,
     awaiting_reconciliation: Annotated[bool | None, Query(
-        description="true: parked on a tool call whose outcome is unknown (an operator must record "
-                    "what happened, R-TOOL-3); false: every other run")] = None,
+        description="true: parked on a tool call whose outcome is unknown, or ended (cancelled, "
+                    "expired, failed) with one unrecorded (an operator must record what happened, "
+                    "R-TOOL-3); false: every other run")] = None,
     deadline_within_s: Annotated[float | None, Query(
         ge=0, le=10 * 365 * 86400, description="not ended and due within this many seconds "
                                                "(overdue runs included)")] = None,
