@@ -34,9 +34,13 @@ def upgrade(dsn: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(dsn), revision)
 
 
-def downgrade(dsn: str, revision: str) -> None:
-    """Downgrade ``dsn`` to ``revision`` (``base`` for an empty schema)."""
-    command.downgrade(alembic_config(dsn), revision)
+def downgrade(dsn: str, revision: str, *, discard_keys: bool = False) -> None:
+    """Downgrade ``dsn`` to ``revision`` (``base`` for an empty schema). A downgrade that
+    would drop API keys, workspace grants or the key audit while they hold rows is refused
+    (the database raises ``downgrade refused: …``) unless ``discard_keys``."""
+    cfg = alembic_config(dsn)
+    cfg.attributes["discard_keys"] = discard_keys
+    command.downgrade(cfg, revision)
 
 
 def failure_line(exc: BaseException) -> str:
@@ -68,22 +72,28 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--downgrade", metavar="REVISION",
                         help=f"downgrade to REVISION instead (e.g. {BASELINE}; refused while a"
                              " run it cannot hold is live, R-OPS-2)")
+    parser.add_argument("--discard-keys", action="store_true",
+                        help="let a downgrade drop the API keys, workspace grants and key audit it"
+                             " cannot keep (refused while they hold rows without it)")
     return parser
 
 
 def main(argv: list[str]) -> int:
-    """``python -m qimpl.db.migrate [--downgrade REVISION] [DSN]`` (default
+    """``python -m qimpl.db.migrate [--downgrade REVISION [--discard-keys]] [DSN]`` (default
     ``QIMPL_ADMIN_DATABASE_URL``, else ``QIMPL_DATABASE_URL``): upgrade to head and print
     ``migrated to <revision>``, or downgrade and print ``downgraded to <revision>``. Exit
     codes: 0 done, 2 the database refused or cannot be reached, or the role cannot see
     every tenant's rows (one line: ``failure_line``), 64 a usage error or no DSN."""
     from qimpl.settings import AdminSettings, load_or_exit
 
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.discard_keys and not args.downgrade:
+        parser.error("--discard-keys goes with --downgrade")
     dsn = args.dsn or load_or_exit(AdminSettings, "migrate").admin_database_url
     try:
         if args.downgrade:
-            downgrade(dsn, args.downgrade)
+            downgrade(dsn, args.downgrade, discard_keys=args.discard_keys)
         else:
             upgrade(dsn)
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback (it may hold the DSN)

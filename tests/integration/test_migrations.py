@@ -209,3 +209,32 @@ def test_head_is_the_newest_migration() -> None:
     from qimpl.db.migrate import alembic_config
 
     assert ScriptDirectory.from_config(alembic_config("postgresql://unused/db")).get_current_head() == HEAD
+
+
+@pytest.mark.req("R-OPS-2")
+def test_a_downgrade_that_drops_keys_is_refused_unless_the_operator_says_so(empty_db: str) -> None:
+    """An operator's finding: rolling back to the baseline deleted every API key, grant
+    and the key audit without a word. Refused while they hold rows (nothing undone),
+    unless ``--discard-keys``; below the key audit's revision alone, the audit too."""
+    from qimpl.db.migrate import main
+
+    upgrade(empty_db, HEAD)
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO api_keys (key_hash, tenant_id, principal_id) VALUES ('h', 't', 'p')")
+        conn.execute("INSERT INTO workspace_grants (tenant_id, principal_id, workspace_id, grant_token)"
+                     " VALUES ('t', 'p', 'w', 'g')")
+    with pytest.raises(Exception, match="downgrade refused: it drops the API key audit"):
+        downgrade(empty_db, "20261206_090000_claim_events")
+    assert main(["--downgrade", BASELINE, empty_db]) == 2  # the same refusal, one line, exit 2
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM api_keys").fetchone() == (1,)  # nothing undone
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == (HEAD,)
+    downgrade(empty_db, "20261206_090000_claim_events", discard_keys=True)  # the audit goes
+    with pytest.raises(Exception, match="downgrade refused: it drops 1 API keys and 1 workspace grants"):
+        downgrade(empty_db, BASELINE)
+    with pytest.raises(SystemExit) as usage:
+        main(["--discard-keys", empty_db])  # only with --downgrade
+    assert usage.value.code == 64
+    assert main(["--downgrade", BASELINE, "--discard-keys", empty_db]) == 0
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass('api_keys')").fetchone() == (None,)

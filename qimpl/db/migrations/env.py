@@ -39,6 +39,10 @@ def run_migrations_online() -> None:
             # Inside the migrations' transaction: a statement before it would begin one of
             # SQLAlchemy's own, and alembic would then leave the migrations uncommitted.
             _refuse_a_role_under_row_security(connection)
+            if context.config.attributes.get("discard_keys"):
+                # Read by the downgrades that drop API keys, grants or their audit: without
+                # it they refuse while those hold rows. For this transaction only.
+                connection.exec_driver_sql("SELECT set_config('qimpl.downgrade_discards_keys', 'on', true)")
             context.run_migrations()
     engine.dispose()
 

@@ -402,6 +402,13 @@ def downgrade() -> None:
                     (SELECT count(*) FROM runs WHERE lifecycle_version = 2
                      AND state NOT IN ('completed', 'failed', 'expired', 'cancelled'));
             END IF;
+            -- The keys and grants go with this revision: only when the operator said so
+            -- (``migrate --downgrade REV --discard-keys`` sets the setting).
+            IF coalesce(current_setting('qimpl.downgrade_discards_keys', true), '') <> 'on'
+               AND (EXISTS (SELECT 1 FROM api_keys) OR EXISTS (SELECT 1 FROM workspace_grants)) THEN
+                RAISE EXCEPTION 'downgrade refused: it drops % API keys and % workspace grants; pass --discard-keys to drop them',
+                    (SELECT count(*) FROM api_keys), (SELECT count(*) FROM workspace_grants);
+            END IF;
         END $$;
         """
     )

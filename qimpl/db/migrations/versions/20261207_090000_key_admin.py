@@ -196,5 +196,20 @@ def upgrade() -> None:
     op.execute(UP_SQL)
 
 
+#: A downgrade below this revision loses the key audit: refused while it holds rows, unless
+#: the operator said so (``migrate --downgrade REV --discard-keys`` sets the setting).
+REFUSE_LOSING_THE_AUDIT = """
+DO $$
+BEGIN
+    IF coalesce(current_setting('qimpl.downgrade_discards_keys', true), '') <> 'on'
+       AND EXISTS (SELECT 1 FROM public.api_key_audit) THEN
+        RAISE EXCEPTION 'downgrade refused: it drops the API key audit (% rows); pass --discard-keys to drop it',
+            (SELECT count(*) FROM public.api_key_audit);
+    END IF;
+END $$;
+"""
+
+
 def downgrade() -> None:
+    op.execute(REFUSE_LOSING_THE_AUDIT)
     op.execute(DOWN_SQL)
