@@ -6,8 +6,11 @@
   can make the API buffer or parse anything (R-AUTH-1). A client route reuses the answer
   for the same key if it is at most ``qimpl.api.deps.AUTHENTICATED_FOR_S`` old (a body
   sent slowly past that is judged by a fresh lookup), and answers 403 for the wrong kind
-  of key; should the lookup itself fail (the database unreachable), the request goes on
-  to the route, which answers its own way. Both read the first ``Authorization`` header;
+  of key. Should the lookup find the database unavailable (``psycopg.OperationalError``,
+  the pool's timeout included), the write is answered 503 ``database_unavailable`` with
+  ``Retry-After: 1`` at once, logged as the route's would be: it had waited for the pool a
+  second time in the route to give the same answer. Any other failure of the lookup lets
+  the route answer its own way. Both read the first ``Authorization`` header;
 - a write whose body declares a ``Content-Encoding`` (gzip, br, …) is answered 415
   ``content_encoding_unsupported``: bodies are read as sent;
 - a write whose non-empty body declares a ``Content-Type`` other than JSON
@@ -28,12 +31,17 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
+
+import psycopg
 
 from qimpl.api.errors import UNAUTHENTICATED_HEADERS
 
 __all__ = ["RequestLimits"]
+
+log = logging.getLogger("qimpl.api")
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -62,10 +70,22 @@ class RequestLimits:
         headers: dict[bytes, bytes] = {}
         for name, value in scope.get("headers") or []:
             headers.setdefault(name, value)
-        if scope["path"].startswith("/v1/") and not await _known(scope, headers):
-            await _answer(send, 401, "unauthenticated", "a valid API key is required",
-                          headers=UNAUTHENTICATED_HEADERS)
-            return
+        if scope["path"].startswith("/v1/"):
+            try:
+                known = await _known(scope, headers)
+            except psycopg.OperationalError as exc:
+                # The database is unreachable or the pool had no connection within its
+                # timeout: the route would wait for the pool a second time and then answer
+                # this same 503. Answer it now, as the route's handler would (and log it).
+                log.warning("database unavailable: %s", type(exc).__name__,
+                            extra={"event": "api.database_unavailable", "exc_type": type(exc).__name__})
+                await _answer(send, 503, "database_unavailable", "the database is unavailable; retry shortly",
+                              headers={"Retry-After": "1"}, retryable=True)
+                return
+            if not known:
+                await _answer(send, 401, "unauthenticated", "a valid API key is required",
+                              headers=UNAUTHENTICATED_HEADERS)
+                return
         # Every Content-Encoding header and every coding each lists (a second header, or
         # ``identity, gzip``, encodes the body as surely as one).
         codings = {c.strip().lower() for name, value in scope.get("headers") or []
@@ -145,14 +165,16 @@ async def _known(scope: Scope, headers: dict[bytes, bytes]) -> bool:
             scope[AUTHENTICATED] = (key, principal, time.monotonic())
             return True
         return await auth.authenticate_operator(key) is not None
-    except Exception:  # noqa: BLE001 - the route's own authentication answers the outage
+    except psycopg.OperationalError:
+        raise  # the database is unavailable: the caller answers 503 at once
+    except Exception:  # noqa: BLE001 - the route's own authentication answers anything else
         return True
 
 
 async def _answer(send: Any, status: int, code: str, message: str,
-                  headers: dict[str, str] | None = None) -> None:
+                  headers: dict[str, str] | None = None, **extra: Any) -> None:
     # As the routes' JSONResponse renders it: one error body, whichever layer answers.
-    body = json.dumps({"code": code, "message": message}, separators=(",", ":")).encode()
+    body = json.dumps({"code": code, "message": message, **extra}, separators=(",", ":")).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()),

@@ -45,3 +45,33 @@ def test_no_database_is_a_coded_503_within_the_pool_timeout(caplog: pytest.LogCa
     assert resp.headers.get("Retry-After") == "1"
     assert took < 3, f"answered after {took:.1f} s (pool timeout 0.5 s)"
     assert any(getattr(r, "event", "") == "api.database_unavailable" for r in caplog.records)
+
+
+@pytest.mark.req("R-READ-1")
+def test_a_write_waits_for_the_pool_once(caplog: pytest.LogCaptureFixture) -> None:
+    """An operator's finding: with the database gone a create took two pool timeouts to
+    answer 503 (the key's lookup before the route, then the route's own). The lookup's
+    outage is the answer: one pool timeout, the same coded 503, logged."""
+    settings = ApiSettings(database_url=DSN, auth="db", api_pool_timeout_s=1.0)
+    app = create_app(settings)
+    services = Services(settings)
+    app.state.services = services
+
+    async def call() -> tuple[httpx.Response, float]:
+        await services.pool.open(wait=False)
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
+                                         base_url="http://api") as client:
+                t0 = time.monotonic()
+                resp = await client.post("/v1/agents/a-1/runs", json={"prompt": "hi", "durable_temporal": True},
+                                         headers={"Authorization": f"Bearer {KEY}", "Idempotency-Key": "k"})
+                return resp, time.monotonic() - t0
+        finally:
+            await services.pool.close()
+
+    with caplog.at_level(logging.WARNING, logger="qimpl.api"):
+        resp, took = asyncio.run(call())
+    assert (resp.status_code, resp.json()["code"]) == (503, "database_unavailable"), resp.text
+    assert resp.headers.get("Retry-After") == "1" and resp.json()["retryable"] is True
+    assert took < 1.8, f"answered after {took:.1f} s: more than one pool timeout (1 s)"
+    assert any(getattr(r, "event", "") == "api.database_unavailable" for r in caplog.records)
