@@ -56,6 +56,8 @@ log = logging.getLogger("qimpl.takeover")
 ACTIVITY_TYPE = "run_agent_v2"
 #: Seconds a watcher that could not reach Temporal stays out of the election.
 _STAND_DOWN_S = 1.0
+#: While the database session stays lost, one log line per this many seconds.
+_LOST_LOG_EVERY_S = 10.0
 AFTER_MOVE = declare("takeover.after_move",
                      "the watcher moved an orphan's activity to its takeover queue, the dead attempt not yet failed")
 _STATES = {PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED: "scheduled",
@@ -93,6 +95,9 @@ class LeaseWatcher:
         #: The longest a failing call may take (a late by-id fail could meet a successor).
         self._rpc_timeout = timedelta(seconds=max(0.05, min(unclaimed_s, 1.0)))
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        #: Looks in a row that lost the database session, and when that was last logged.
+        self._lost = 0
+        self._lost_logged = 0.0
 
     async def _session(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
@@ -108,14 +113,25 @@ class LeaseWatcher:
         while not stop.is_set():
             try:
                 await self.look()
+                if self._lost:
+                    log.info("takeover watcher has its database session again after %d tries", self._lost,
+                             extra={"event": "takeover.session_restored", "tries": self._lost})
+                    self._lost = 0
             except RPCError as exc:
                 log.warning("takeover watcher cannot reach Temporal: %s", exc.status.name,
                             extra={"event": "takeover.temporal_unreachable"})
                 await self._stand_down()
                 pause = _STAND_DOWN_S
             except (psycopg.Error, OSError) as exc:
-                log.warning("takeover watcher lost its database session: %s", type(exc).__name__,
-                            extra={"event": "takeover.session_lost"})
+                self._lost += 1
+                now = time.monotonic()
+                if self._lost == 1 or now - self._lost_logged >= _LOST_LOG_EVERY_S:
+                    # One line when it is lost, then one per _LOST_LOG_EVERY_S while it stays
+                    # lost (an outage at a 0.1 s poll wrote ten a second).
+                    log.warning("takeover watcher lost its database session: %s (%d tries)",
+                                type(exc).__name__, self._lost,
+                                extra={"event": "takeover.session_lost", "tries": self._lost})
+                    self._lost_logged = now
                 await self._close()
             except Exception as exc:  # noqa: BLE001 - the watcher must outlive any one look
                 log.error("takeover watcher look failed: %s", type(exc).__name__,

@@ -188,7 +188,9 @@ async def reconcile_forever(client: Client, settings: WorkerSettings, stop: asyn
                                    grace_s=settings.reconcile_grace_s)
             except Exception as exc:  # noqa: BLE001 - the next sweep retries
                 metrics.RECONCILE_WARNINGS.labels(tenant, "sweep_failed").inc()
-                log.warning("sweep of tenant %s failed: %s", tenant, type(exc).__name__)
+                log.warning("sweep of tenant %s failed: %s", tenant, type(exc).__name__,
+                            extra={"event": "reconciler.sweep_failed", "tenant": tenant,
+                                   "exc_type": type(exc).__name__})
                 if conn is not None:
                     await conn.close()
                 conn = None
