@@ -232,8 +232,8 @@ CATALOG: tuple[Mutant, ...] = (
     Mutant(
         "database-503-not-logged", "every 503 database_unavailable is logged (issue 22, items 7 and 11)",
         (Patch("qimpl/api/errors.py",
-               '        logging.getLogger("qimpl.api").warning(\n            "database unavailable: %s"',
-               '        logging.getLogger("qimpl.api").debug(\n            "database unavailable: %s"'),),
+               '    logging.getLogger("qimpl.api").warning(\n        "database unavailable: %s"',
+               '    logging.getLogger("qimpl.api").debug(\n        "database unavailable: %s"'),),
         "api-partitioned-from-postgres-mid-create", "the API's log names the 503 database_unavailable it answered"),
     Mutant(
         "guard-expires-early", "transition guard: no expiry before the deadline (R-EXEC-12)",

@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from qimpl.api.validation import code_for
 
-__all__ = ["UNAUTHENTICATED_HEADERS", "ApiError", "install_error_handlers", "origin"]
+__all__ = ["UNAUTHENTICATED_HEADERS", "ApiError", "database_unavailable", "install_error_handlers", "origin"]
 
 
 class ApiError(Exception):
@@ -56,6 +56,20 @@ UNAUTHENTICATED_HEADERS = {"WWW-Authenticate": 'Bearer realm="qimpl"'}
 
 def _body(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"code": code, "message": message, **{k: v for k, v in extra.items() if v is not None}}
+
+
+def database_unavailable(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """The answer to a request the database could not serve (``exc``: a lost connection,
+    the pool's timeout), logged once as ``api.database_unavailable`` with its type: ``(503,
+    {"code": "database_unavailable", "message", "retryable": true}, {"Retry-After": "1"})``.
+    Coded, retryable, and logged, whichever layer answers (issue 22, items 7 and 11)."""
+    import logging
+
+    logging.getLogger("qimpl.api").warning(
+        "database unavailable: %s", type(exc).__name__,
+        extra={"event": "api.database_unavailable", "exc_type": type(exc).__name__})
+    return 503, _body("database_unavailable", "the database is unavailable; retry shortly",
+                      retryable=True), {"Retry-After": "1"}
 
 
 def _methods_of(request: Request) -> list[str]:
@@ -132,14 +146,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
         # The database connection was lost mid-request (a killed backend, a restart) or no
         # pooled connection came within QIMPL_API_POOL_TIMEOUT_S (PoolTimeout): the
-        # request's transaction did not commit. Coded, retryable, and logged (issue 22, items 7, 11).
-        import logging
-
-        logging.getLogger("qimpl.api").warning(
-            "database unavailable: %s", type(exc).__name__,
-            extra={"event": "api.database_unavailable", "exc_type": type(exc).__name__})
-        return JSONResponse(_body("database_unavailable", "the database is unavailable; retry shortly",
-                                  retryable=True), status_code=503, headers={"Retry-After": "1"})
+        # request's transaction did not commit.
+        status, body, headers = database_unavailable(exc)
+        return JSONResponse(body, status_code=status, headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

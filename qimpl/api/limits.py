@@ -31,17 +31,14 @@
 from __future__ import annotations
 
 import json
-import logging
 import time
 from typing import Any
 
 import psycopg
 
-from qimpl.api.errors import UNAUTHENTICATED_HEADERS
+from qimpl.api.errors import UNAUTHENTICATED_HEADERS, database_unavailable
 
 __all__ = ["RequestLimits"]
-
-log = logging.getLogger("qimpl.api")
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -76,11 +73,10 @@ class RequestLimits:
             except psycopg.OperationalError as exc:
                 # The database is unreachable or the pool had no connection within its
                 # timeout: the route would wait for the pool a second time and then answer
-                # this same 503. Answer it now, as the route's handler would (and log it).
-                log.warning("database unavailable: %s", type(exc).__name__,
-                            extra={"event": "api.database_unavailable", "exc_type": type(exc).__name__})
-                await _answer(send, 503, "database_unavailable", "the database is unavailable; retry shortly",
-                              headers={"Retry-After": "1"}, retryable=True)
+                # this same 503. Answer it now, as the route's handler does (and logged).
+                status, body, extra_headers = database_unavailable(exc)
+                await _answer(send, status, body.pop("code"), body.pop("message"),
+                              headers=extra_headers, **body)
                 return
             if not known:
                 await _answer(send, 401, "unauthenticated", "a valid API key is required",
