@@ -131,6 +131,10 @@ def _run(conn: psycopg.Connection[Any], args: Any) -> int:
             n = admin.revoke_workspace(conn, tenant_id=args.tenant, principal_id=args.principal,
                                        workspace_id=args.workspace)
             print(f"revoked {n}")
+            if n == 0:  # idempotent, but a typo must not look like a revocation
+                print(f"api_keys: warning: no live grant for tenant {args.tenant!r}, principal"
+                      f" {args.principal!r}, workspace {args.workspace!r} (already revoked, or never"
+                      " granted: names are case-sensitive)", file=sys.stderr)
     except admin.KeyNotFound as exc:
         print(f"api_keys: no key with key_id {exc}", file=sys.stderr)
         return 1

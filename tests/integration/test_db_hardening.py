@@ -158,3 +158,23 @@ def test_the_audit_trail_is_written_only_by_the_database(db: str, role: str) -> 
         recorded = conn.execute("SELECT new_state FROM run_transitions"
                                 " WHERE run_id = %s ORDER BY id", (run_id,)).fetchall()
     assert [r[0] for r in recorded] == ["running", "running"]  # the insert and the update only
+
+
+@pytest.mark.req("R-AUTH-2")
+def test_revoking_a_grant_that_is_not_live_warns(db: str, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """An operator's finding: ``api_keys revoke`` of a grant that does not exist printed
+    ``revoked 0`` and nothing else. Still exit 0 (a repeated revoke is idempotent), with a
+    warning naming what was asked."""
+    from qimpl.scripts.api_keys import main
+
+    monkeypatch.setenv("QIMPL_ADMIN_DATABASE_URL", db)
+    args = ["--tenant", "t-a", "--principal", "p", "--workspace", "w"]
+    assert main(["grant", *args, "--grant-token", "g"]) == 0
+    capsys.readouterr()
+    assert main(["revoke", *args]) == 0
+    first = capsys.readouterr()
+    assert "revoked 1" in first.out and "warning" not in first.err
+    assert main(["revoke", *args]) == 0
+    again = capsys.readouterr()
+    assert "revoked 0" in again.out and "no live grant for tenant 't-a'" in again.err
