@@ -58,7 +58,8 @@ async def settle(conn: AConn, run_id: str, call_id: str, *, status: str,
     caller may settle (a client: developer-hosted; an operator: instrumented and
     uninstrumented); ``after_end`` also allows an ended run (an operator recording what
     happened to a cancelled or expired run's call, R-Q34-3). Returns ``(Settlement.*, row)``; a settled row with the same status
-    and result again is ``REPEATED``."""
+    and result again is ``REPEATED`` (and the same ``note``, when one is given: a repeat
+    with another note is ``ALREADY_SETTLED``, never a silent keep of the first)."""
     async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         await cur.execute("SELECT state FROM runs WHERE run_id = %s FOR SHARE", (run_id,))
         run = await cur.fetchone()
@@ -72,7 +73,9 @@ async def settle(conn: AConn, run_id: str, call_id: str, *, status: str,
         if row["kind"] not in kinds:
             return Settlement.WRONG_KIND, row
         if row["status"] not in UNSETTLED:
-            same = row["status"] == status and row["result"] == (dict(result) if result is not None else None)
+            # A repeat that says something else (its note too) is not the same record.
+            same = (row["status"] == status and row["result"] == (dict(result) if result is not None else None)
+                    and (note is None or row["resolution_note"] == note))
             return (Settlement.REPEATED if same else Settlement.ALREADY_SETTLED), row
         ended = run["state"] in ("completed", "failed", "expired", "cancelled")
         if run["state"] != "awaiting_input" and not (after_end and ended):

@@ -58,8 +58,9 @@ def resume(ctx: ScenarioContext, api: ManagedProcess, run_id: str,
 
 
 def resolve(api: ManagedProcess, run_id: str, call_id: str, outcome: str,
-            result: dict[str, Any] | None = None, key: str = OPERATOR_KEY) -> httpx.Response:
-    body: dict[str, Any] = {"outcome": outcome, "note": "checked in the sink by call id"}
+            result: dict[str, Any] | None = None, key: str = OPERATOR_KEY,
+            note: str = "checked in the sink by call id") -> httpx.Response:
+    body: dict[str, Any] = {"outcome": outcome, "note": note}
     if result is not None:
         body["result"] = result
     return http.post(f"{api.base_url}/v1/operator/runs/{run_id}/tool-invocations/{call_id}/resolution",
@@ -129,6 +130,12 @@ def _reconcile_and_finish(ctx: ScenarioContext, api: ManagedProcess, run_id: str
     done = resolve(api, run_id, call_id, "succeeded", {"receipt": call_id})
     ctx.expect("the operator records succeeded with the receipt", done.status_code == 200
                and done.json().get("settled_by") == "operator:p-ops", done.text[:200], "R-TOOL-3")
+    same = resolve(api, run_id, call_id, "succeeded", {"receipt": call_id})
+    noted = resolve(api, run_id, call_id, "succeeded", {"receipt": call_id}, note="another account")
+    ctx.expect("the same record again is 200; one with another note is 409 tool_call_settled",
+               same.status_code == 200 and noted.status_code == 409
+               and noted.json().get("code") == "tool_call_settled", f"{same.status_code} {noted.text[:160]}",
+               "R-TOOL-3")
     left = _awaiting_reconciliation(api)
     ctx.expect("once reconciled it is no longer listed as awaiting reconciliation", run_id not in left,
                f"listed {left}", "R-READ-5")

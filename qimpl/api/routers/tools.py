@@ -42,7 +42,7 @@ log = logging.getLogger("qimpl.api")
 router = APIRouter()
 
 CallId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9-]+$")]
-_SETTLE_CONFLICTS = ("tool_call_not_found, tool_call_settled (a different result was already "
+_SETTLE_CONFLICTS = ("tool_call_not_found, tool_call_settled (another outcome, result or note was already "
                      "recorded), tool_call_kind_mismatch, run_not_parked")
 RESULT_ERRORS = errors(
     s401="unauthenticated", s403=CLIENT_ONLY, s404="run_not_found", s409=_SETTLE_CONFLICTS,
