@@ -168,6 +168,10 @@ def vanished_workflow(ctx: ScenarioContext) -> None:
     ctx.expect("D (running, its workflow lost by the store) failed workflow_vanished within 20 s",
                d["state"] == "failed" and d["error_code"] == "workflow_vanished",
                f"{d['state']} {d['error_code']}", "R-OPS-8")
+    lost_message = d["error_message"] or ""
+    ctx.expect("D's error message is the same fixed one and carries no trace text",
+               bool(lost_message) and lost_message == c["error_message"] and not _TRACE_TEXT.search(lost_message),
+               repr(lost_message)[:200], "R-OPS-8")
     for run_id in (closed_run, long_run, next_run, lost_run):  # every run the scenario starts ends
         if ctx.read_run(api, run_id)["state"] not in TERMINAL:
             ctx.cancel_run(api, run_id)

@@ -13,6 +13,7 @@ from typing import Any
 
 from qimpl.lifecycle import workflow_id
 from qualify import http
+from qualify.checkers import PROVIDER_CLOCK_SLACK_S
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
@@ -276,10 +277,16 @@ def lock_session_killed(ctx: ScenarioContext) -> None:
     ctx.expect("the worker survived (only its session was killed)", worker.alive, worker.name)
 
 
-def _cancellations(ctx: ScenarioContext, run_id: str, attempt: int) -> list[dict[str, Any]]:
+def _cancellations_of(ctx: ScenarioContext, run_id: str) -> list[dict[str, Any]]:
+    """The provider calls of ``run_id`` cancelled before they returned (``t``: the host's
+    true time, epoch s)."""
     path = ctx.control / "provider_cancellations.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
-    return [d for d in map(json.loads, lines) if d["run_id"] == run_id and d["attempt"] == attempt]
+    return [d for d in map(json.loads, lines) if d["run_id"] == run_id]
+
+
+def _cancellations(ctx: ScenarioContext, run_id: str, attempt: int) -> list[dict[str, Any]]:
+    return [d for d in _cancellations_of(ctx, run_id) if d["attempt"] == attempt]
 
 
 def _failure_events_and_terminal(ctx: ScenarioContext, api: ManagedProcess, run: dict[str, Any],
@@ -486,10 +493,25 @@ def expiry_mid_run(ctx: ScenarioContext) -> None:
                str(run["error_code"]), "R-EXEC-8")
     ckpts = ctx.sql("SELECT count(*) FROM run_checkpoints WHERE run_id = %s", run_id)[0][0]
     ctx.expect("some steps were checkpointed before the deadline", ckpts > 0, f"{ckpts} checkpoints")
-    # Expired by its own workflow, not by the reconciler: the deadline metric counts it.
+    # At the deadline, by the database's clock: its owner stops the step in flight and
+    # writes `expired` itself (its writer token), not the workflow after Temporal's timeout.
+    deadline, expired_at, writer = ctx.sql(
+        "SELECT extract(epoch FROM r.deadline_at)::float8, extract(epoch FROM t.at)::float8, t.writer_token"
+        " FROM runs r JOIN run_transitions t ON t.run_id = r.run_id AND t.new_state = 'expired'"
+        " WHERE r.run_id = %s", run_id)[0]
+    late = expired_at - deadline
+    ctx.expect("expired by its owner within 0.5 s of the deadline (the database's clock)",
+               0 <= late <= 0.5 and str(writer or "").startswith(f"{run_id}:"),
+               f"expired {late:.3f} s after the deadline by writer {writer!r}", "R-EXEC-8")
+    offset = ctx.db_clock_offset()
+    cut = [round(c["t"] + offset - deadline, 3) for c in _cancellations_of(ctx, run_id)]
+    ctx.expect("the step in flight at the deadline was cancelled within 0.5 s of it",
+               len(cut) == 1 and 0 <= cut[0] + PROVIDER_CLOCK_SLACK_S and cut[0] <= 0.5,
+               f"provider calls cancelled at deadline + {cut} s", "R-EXEC-8")
+    # The deadline metric counts every expired run, whoever wrote it.
     text = http.get(f"{api.base_url}/metrics", timeout=10,
                      headers={"Authorization": "Bearer ops-key"}).text  # an operator of t-dev
     found = re.search(r'^qimpl_deadline_expired_runs_total\{tenant="t-dev"\} ([0-9.e+]+)$', text, re.M)
-    ctx.expect("the deadline metric counts the run its own workflow expired",
+    ctx.expect("the deadline metric counts the expired run",
                found is not None and float(found.group(1)) == 1.0,
                found.group(0) if found else "no qimpl_deadline_expired_runs_total for t-dev", "R-OPS-6")
