@@ -150,6 +150,19 @@ CATALOG: tuple[Mutant, ...] = (
         (Patch("qimpl/reconciler.py", "            (res.tenant, grace_s, limit),", "            (res.tenant, 0, limit),"),),
         "reconciler-dispatches-orphan", "dispatched by the reconciler after the grace period, within two sweeps of it"),
     Mutant(
+        "cancel-without-the-row-lock", "a cancel serialises with the final commit: the run's row lock (R-CANCEL-1)",
+        (Patch("qimpl/db/runs.py", """                          " WHERE run_id = %s FOR UPDATE", (run_id,))
+        row = await cur.fetchone()
+        if row is None:
+            raise LookupError(run_id)
+        # The harness holds a cancel here""", """                          " WHERE run_id = %s", (run_id,))
+        row = await cur.fetchone()
+        if row is None:
+            raise LookupError(run_id)
+        # The harness holds a cancel here"""),),
+        "cancel-vs-completion",
+        "a cancel holding the row lock wins over the final commit that waited on it: answer true, cancelled, never completed"),
+    Mutant(
         "stream-ignores-last-event-id", "stream replay (R-EVENT-2)",
         (Patch("qimpl/api/routers/events.py", "str(run_id), int(last_event_id or 0),", "str(run_id), 0,"),),
         "event-stream", "stream events complete, ordered and ending in the run's terminal state"),

@@ -301,6 +301,9 @@ async def end_unowned(conn: AConn, run_id: str, *, generation: int, state: RunSt
         return await cur.fetchone()
 
 
+CANCEL_LOCKED = declare("api.cancel.after_lock", "a cancel holds the run's row lock, nothing written yet")
+
+
 async def cancel(conn: AConn, run_id: str) -> tuple[bool, Row]:
     """Persist cancellation first (R-CANCEL-1). Returns (cancelled, row): True when the run
     is now — or already was — ``cancelled``; False for ``completed``/``failed``/``expired``.
@@ -318,6 +321,9 @@ async def cancel(conn: AConn, run_id: str) -> tuple[bool, Row]:
         row = await cur.fetchone()
         if row is None:
             raise LookupError(run_id)
+        # The harness holds a cancel here, the row locked, while the owner's final commit
+        # waits on it (qualify's cancel-vs-completion).
+        await CANCEL_LOCKED.areach(run_id=run_id)
         overdue = bool(row.pop("overdue"))
         if row["state"] == RunState.CANCELLED:
             return True, row

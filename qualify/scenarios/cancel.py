@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from qualify import http
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
-from qualify.scenarios.base import ScenarioContext, scenario
+from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
 from qualify.scenarios.lifecycle import FINAL_AFTER, FINAL_BEFORE, accepted, provider_calls
 
 
@@ -30,17 +32,64 @@ def _cancel_with_hold(ctx: ScenarioContext, api: ManagedProcess, point: str, nam
     worker.stop()
 
 
+CANCEL_LOCKED = "api.cancel.after_lock"
+
+
+def _cancel_holding_the_row(ctx: ScenarioContext, api: ManagedProcess) -> None:
+    """The cancel takes the run's row lock and holds it while the owner, released from
+    ``FINAL_BEFORE``, tries its final commit: that commit waits on the lock (seen in
+    ``pg_stat_activity``), then finds the row cancelled and writes nothing. A second
+    cancel then answers true as well (R-CANCEL-1: "or already was")."""
+    # The first interleaving released FINAL_BEFORE: its release file would let this hold pass.
+    (ctx.control / f"crash.{FINAL_BEFORE}.release").unlink(missing_ok=True)
+    worker = ctx.processes.worker("worker-hold-locked", QIMPL_CRASH_POINTS=f"{FINAL_BEFORE}:hold")
+    held_api = ctx.processes.api("api-cancel-held", QIMPL_CRASH_POINTS=f"{CANCEL_LOCKED}:hold")
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=2, answer="raced"))
+    ctx.wait_crash_point(FINAL_BEFORE, worker)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        answer = pool.submit(http.post, f"{held_api.base_url}/v1/agents/agent-1/runs/{run_id}/cancel",
+                             headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
+        ctx.wait_crash_point(CANCEL_LOCKED, held_api)
+        ctx.release_crash_point(FINAL_BEFORE)
+        deadline, waited = time.monotonic() + 3, 0
+        while not waited and time.monotonic() < deadline:
+            waited = int(ctx.sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+                                 " AND wait_event_type = 'Lock'", f"qimpl-owner:{run_id}")[0][0])
+            time.sleep(0.01)
+        ctx.release_crash_point(CANCEL_LOCKED)
+        resp = answer.result(timeout=60)
+    first = resp.json() if resp.status_code == 200 else {"status": resp.status_code, "body": resp.text[:120]}
+    ctx.history.record("client", op="cancel", phase="ok" if resp.status_code == 200 else "fail",
+                       run_id=run_id, status=resp.status_code, cancelled=first.get("cancelled"))
+    run = ctx.wait_terminal(api, run_id)
+    completed = ctx.sql("SELECT count(*) FROM run_transitions WHERE run_id = %s AND new_state = 'completed'",
+                        run_id)[0][0]
+    ctx.expect("a cancel holding the row lock wins over the final commit that waited on it: "
+               "answer true, cancelled, never completed",
+               first.get("cancelled") is True and run["state"] == "cancelled" and completed == 0,
+               f"answer {first}, state {run['state']}, completed {completed} times, the owner's "
+               f"final commit {'waited on the lock' if waited else 'never seen waiting'}",
+               "R-CANCEL-1", "R-EXEC-7", judged=1 if waited else 0)
+    again = ctx.cancel_run(api, run_id)
+    ctx.expect("a second cancel of the cancelled run answers true", again["cancelled"] is True,
+               str(again), "R-CANCEL-1")
+    worker.stop()
+    held_api.stop()
+
+
 @scenario(
     "cancel-vs-completion",
-    title="Cancel against the final commit, both orders, then many random interleavings: "
-          "the answer and the row always agree; a cancelled run is never completed",
+    title="Cancel against the final commit, both orders and a cancel holding the row lock "
+          "the final commit waits on, then many random interleavings: the answer and the row "
+          "always agree; a cancelled run is never completed; a second cancel answers true",
     requirements=("R-CANCEL-1", "R-STATE-1", "R-EXEC-7", "R-Q-4"),
-    crash_points=(FINAL_BEFORE, FINAL_AFTER),
+    crash_points=(FINAL_BEFORE, FINAL_AFTER, CANCEL_LOCKED),
 )
 def cancel_vs_completion(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
     _cancel_with_hold(ctx, api, FINAL_BEFORE, "worker-hold-before")
     _cancel_with_hold(ctx, api, FINAL_AFTER, "worker-hold-after")
+    _cancel_holding_the_row(ctx, api)
     ctx.processes.worker("worker-free")
     disagreements = []
     outcomes: Counter[str] = Counter()
