@@ -447,7 +447,7 @@ CATALOG: tuple[Mutant, ...] = (
     Mutant(
         "deadline-metric-misses-expiries", "the deadline metric counts every expiry (R-OPS-6)",
         (Patch("qimpl/metrics.py", '        if state == "expired":\n            ended = n\n', ""),),
-        "expiry-mid-run", "the deadline metric counts the run its own workflow expired"),
+        "expiry-mid-run", "the deadline metric counts the expired run"),
     Mutant(
         "ended-runs-keep-their-requests", "a run that ends asks for nothing (R-READ-2)",
         (Patch("qimpl/db/migrations/versions/20261211_090000_clear_pending.py",

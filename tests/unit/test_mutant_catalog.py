@@ -82,3 +82,31 @@ def test_a_migration_patch_hits_the_definition_in_effect(mutant: Mutant) -> None
             name, again = defined
             later = [v.name for v in later_revisions if re.search(again, v.read_text())]
         assert not later, f"{mutant.name}: {name or 'the text'} patched in {path} is defined again in {later}"
+
+
+def _check_names() -> tuple[dict[str, set[str]], set[str]]:
+    """The checks each scenario made in the gate fixture's full run (those that cite a
+    requirement), and every string literal of the scenarios and checkers (a check name
+    written whole, adjacent literals joined as Python joins them)."""
+    import ast
+    import json
+
+    root = Path(__file__).resolve().parents[2]
+    doc = json.loads((root / "tests" / "data" / "gate_summary.json").read_text())
+    made = {sc["id"]: {c["name"] for c in sc["checks"]} for sc in doc["scenarios"]}
+    literals = {node.value for folder in ("qualify/scenarios", "qualify/checkers")
+                for path in (root / folder).glob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    return made, literals
+
+
+@pytest.mark.req("R-Q-9")
+def test_every_mutant_names_a_check_its_scenario_makes() -> None:
+    """A renamed check left its mutant naming the old one: the self-test then reported the
+    mutant MISSED although the renamed check caught it (deadline-metric-misses-expiries,
+    2026-12-06). Each mutant's check is one its scenario made in the fixture's run, or a
+    name written whole in the harness's code."""
+    made, literals = _check_names()
+    stale = [(m.name, m.check) for m in CATALOG
+             if m.check not in made.get(m.scenario, set()) and m.check not in literals]
+    assert not stale, stale
