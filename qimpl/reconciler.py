@@ -88,6 +88,7 @@ class SweepResult:
     vanished: int = 0
     pruned_keys: int = 0
     pruned_streams: int = 0
+    pruned_sweeps: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -297,6 +298,7 @@ async def sweep_tenant(
     )
     res.pruned_keys = await repo.prune_idempotency(conn, tenant,
                                                    retention_s=settings.idempotency_retention_s)
+    res.pruned_sweeps = await repo.prune_sweeps(conn, tenant, retention_s=settings.sweep_retention_s)
     await _tell_temporal(client, expired, settings.dispatch_timeout_s)
     if res.candidates or res.vanished or res.pruned_streams:
         log.info("swept tenant %s: %s", tenant, res.as_dict(),

@@ -48,6 +48,7 @@ __all__ = [
     "lookup_idempotency",
     "outcome",
     "prune_idempotency",
+    "prune_sweeps",
     "resume",
     "resume_or_none",
     "workspace_grant",
@@ -138,6 +139,19 @@ async def prune_idempotency(conn: AConn, tenant_id: str, *, retention_s: int, li
     cur = await conn.execute(
         "DELETE FROM idempotency_records WHERE ctid IN (SELECT ctid FROM idempotency_records"
         " WHERE tenant_id = %s AND created_at < clock_timestamp() - make_interval(secs => %s)"
+        " LIMIT %s)",
+        (tenant_id, retention_s, limit),
+    )
+    return cur.rowcount
+
+
+async def prune_sweeps(conn: AConn, tenant_id: str, *, retention_s: int, limit: int = 1000) -> int:
+    """Delete up to ``limit`` of the tenant's ``reconciler_sweeps`` rows that finished more
+    than ``retention_s`` seconds ago by the database's clock; returns how many (R-OPS-3:
+    one row per sweep would otherwise grow without end)."""
+    cur = await conn.execute(
+        "DELETE FROM reconciler_sweeps WHERE id IN (SELECT id FROM reconciler_sweeps"
+        " WHERE tenant_id = %s AND finished_at < clock_timestamp() - make_interval(secs => %s)"
         " LIMIT %s)",
         (tenant_id, retention_s, limit),
     )

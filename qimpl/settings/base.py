@@ -109,6 +109,10 @@ class Settings(BaseSettings):
         default=604800, ge=0,
         description="how long a run's event stream is kept after its terminal event, seconds; then the reconciler prunes it (at most 100 runs per tenant per sweep) and reading it answers 410 `event_stream_pruned` (R-EVENT-5)",
         json_schema_extra=_example("604800"))
+    sweep_retention_s: int = Field(
+        default=604800, gt=0,
+        description="how long the reconciler's own records of its sweeps (`reconciler_sweeps`) are kept, seconds; each sweep deletes at most 1,000 of its tenant's older ones (R-OPS-3)",
+        json_schema_extra=_example("604800"))
     reconcile_grace_s: float = Field(
         default=6.0, ge=0,
         description="a generation is dispatched by the reconciler only this long after it was handed to dispatch (creation, resume, approval); a live run's workflow is checked only this long after its dispatch was confirmed",

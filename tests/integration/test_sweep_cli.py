@@ -89,3 +89,24 @@ def test_sweep_says_when_temporal_is_unreachable(stack: Any) -> None:
                    "QIMPL_TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}", "QIMPL_DISPATCH_TIMEOUT_S": "2"},
                   "t1")
     assert done.returncode == 3 and "cannot reach Temporal" in done.stderr
+
+
+@pytest.mark.req("R-OPS-3")
+def test_a_sweep_prunes_its_tenants_old_sweep_records(stack: Any) -> None:
+    """An operator's finding: every sweep of every tenant leaves a ``reconciler_sweeps``
+    row and nothing deleted them. A sweep deletes its own tenant's rows older than
+    ``QIMPL_SWEEP_RETENTION_S`` (as the worker's restricted role), and only those."""
+    dsn = stack.create_database()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for tenant, age in (("t1", "8 days"), ("t1", "8 days"), ("t1", "8 days"), ("t1", "1 hour"),
+                            ("t2", "8 days")):
+            conn.execute("INSERT INTO reconciler_sweeps (reconciler, tenant_id, started_at, finished_at,"
+                         " candidates, expired, dispatched, errors) VALUES ('old', %s,"
+                         " now() - %s::interval, now() - %s::interval, 0, 0, 0, 0)", (tenant, age, age))
+    done = _sweep({"QIMPL_DATABASE_URL": with_user(dsn, WORKER_ROLE),
+                   "QIMPL_TEMPORAL_ADDRESS": stack.info.temporal_address}, "t1")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["pruned_sweeps"] == 3
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        left = conn.execute("SELECT tenant_id, count(*) FROM reconciler_sweeps GROUP BY 1 ORDER BY 1").fetchall()
+    assert left == [("t1", 2), ("t2", 1)]  # the recent one and this sweep's own; t2 untouched
