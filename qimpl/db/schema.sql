@@ -1084,6 +1084,8 @@ CREATE INDEX idempotency_records_age ON public.idempotency_records USING btree (
 
 CREATE INDEX provider_calls_run ON public.provider_calls USING btree (run_id);
 
+CREATE INDEX reconciler_sweeps_tenant_finished ON public.reconciler_sweeps USING btree (tenant_id, finished_at);
+
 CREATE INDEX run_transitions_run ON public.run_transitions USING btree (run_id, id);
 
 CREATE INDEX runs_deadline_open ON public.runs USING btree (deadline_at) WHERE ((state)::text <> ALL ((ARRAY['completed'::character varying, 'failed'::character varying, 'expired'::character varying, 'cancelled'::character varying])::text[]));
@@ -1262,7 +1264,7 @@ GRANT SELECT,INSERT,UPDATE ON TABLE public.provider_calls TO qimpl_app;
 
 GRANT USAGE ON SEQUENCE public.provider_calls_id_seq TO qimpl_app;
 
-GRANT SELECT,INSERT,UPDATE ON TABLE public.reconciler_sweeps TO qimpl_app;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.reconciler_sweeps TO qimpl_app;
 
 GRANT USAGE ON SEQUENCE public.reconciler_sweeps_id_seq TO qimpl_app;
 
