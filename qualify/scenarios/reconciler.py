@@ -25,6 +25,7 @@ from qualify.scenarios.sweeps import (
     sweep_rows,
     sweep_rows_between,
 )
+from qualify.scenarios.tools import resume as empty_resume
 
 
 def _accepted_then_api_dies(ctx: ScenarioContext) -> str:
@@ -96,10 +97,7 @@ def late_sweep_after_the_run_finished(ctx: ScenarioContext) -> None:
     ctx.expect("the sweep read the orphan and holds before starting its workflow",
                held["context"]["run_id"] == run_id, str(held["context"]), "R-Q-4")
     api = ctx.processes.api("api-2")
-    resume = http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", timeout=30,
-                        headers={"Authorization": f"Bearer {API_KEY}", "Idempotency-Key": "redispatch"})
-    ctx.history.record("client", op="resume", phase="ok" if resume.status_code == 202 else "fail",
-                       run_id=run_id, status=resume.status_code)
+    resume = empty_resume(ctx, api, run_id)
     ctx.expect("the client's empty resume dispatches the accepted run: 202 queued",
                resume.status_code == 202 and resume.json().get("state") == "queued",
                f"{resume.status_code} {resume.text[:200]}", "R-RESUME-2")
