@@ -74,9 +74,7 @@ class RequestLimits:
                 # The database is unreachable or the pool had no connection within its
                 # timeout: the route would wait for the pool a second time and then answer
                 # this same 503. Answer it now, as the route's handler does (and logged).
-                status, body, extra_headers = database_unavailable(exc)
-                await _answer(send, status, body.pop("code"), body.pop("message"),
-                              headers=extra_headers, **body)
+                await _send_json(send, *database_unavailable(exc))
                 return
             if not known:
                 await _answer(send, 401, "unauthenticated", "a valid API key is required",
@@ -168,11 +166,15 @@ async def _known(scope: Scope, headers: dict[bytes, bytes]) -> bool:
 
 
 async def _answer(send: Any, status: int, code: str, message: str,
-                  headers: dict[str, str] | None = None, **extra: Any) -> None:
+                  headers: dict[str, str] | None = None) -> None:
+    await _send_json(send, status, {"code": code, "message": message}, headers or {})
+
+
+async def _send_json(send: Any, status: int, doc: dict[str, Any], headers: dict[str, str]) -> None:
     # As the routes' JSONResponse renders it: one error body, whichever layer answers.
-    body = json.dumps({"code": code, "message": message, **extra}, separators=(",", ":")).encode()
+    body = json.dumps(doc, separators=(",", ":")).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()),
-                            *((k.lower().encode(), v.encode()) for k, v in (headers or {}).items())]})
+                            *((k.lower().encode(), v.encode()) for k, v in headers.items())]})
     await send({"type": "http.response.body", "body": body})

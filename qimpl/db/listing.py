@@ -35,6 +35,8 @@ class Filters:
     awaiting_reconciliation: bool | None = None
 
 
+_TERMINAL = "('completed', 'failed', 'expired', 'cancelled')"
+
 #: A run with a tool call whose outcome is unknown that an operator must record (R-TOOL-3):
 #: parked on it (what a normal resume refuses with 409 ``run_reconciliation_required``,
 #: R-RESUME-3), or ended (cancelled, expired, failed) with it unrecorded: the side effect
@@ -42,7 +44,7 @@ class Filters:
 #: run's intent) is not listed.
 _AWAITING_RECONCILIATION = (
     "(EXISTS (SELECT 1 FROM tool_invocations t WHERE t.run_id = r.run_id AND t.status = 'intent')"
-    " AND (r.state IN ('completed', 'failed', 'expired', 'cancelled')"
+    f" AND (r.state IN {_TERMINAL}"
     "      OR (r.state = 'awaiting_input'"
     "          AND r.result_json -> 'pending_input' ->> 'kind' = 'reconciliation_required')))")
 
@@ -54,8 +56,6 @@ _COLUMNS = (
     " extract(epoch FROM clock_timestamp() - r.accepted_at)::float8 AS age_s,"
     " extract(epoch FROM r.deadline_at - clock_timestamp())::float8 AS deadline_in_s,"
     f" {_AWAITING_RECONCILIATION} AS awaiting_reconciliation")
-
-_TERMINAL = "('completed', 'failed', 'expired', 'cancelled')"
 
 
 async def page_of_runs(conn: AConn, filters: Filters, *, limit: int, newest_first: bool,

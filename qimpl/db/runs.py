@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -134,28 +135,28 @@ async def complete_idempotency(conn: AConn, *, tenant_id: str, principal_id: str
     )
 
 
-async def prune_idempotency(conn: AConn, tenant_id: str, *, retention_s: int, limit: int = 1000) -> int:
-    """Delete up to ``limit`` of the tenant's idempotency records older than the retention."""
+async def _prune(conn: AConn, table: str, stamp: str, tenant_id: str, retention_s: int, limit: int) -> int:
+    """Delete up to ``limit`` of the tenant's ``table`` rows whose ``stamp`` is more than
+    ``retention_s`` seconds old by the database's clock; returns how many."""
     cur = await conn.execute(
-        "DELETE FROM idempotency_records WHERE ctid IN (SELECT ctid FROM idempotency_records"
-        " WHERE tenant_id = %s AND created_at < clock_timestamp() - make_interval(secs => %s)"
-        " LIMIT %s)",
+        sql.SQL("DELETE FROM {table} WHERE ctid IN (SELECT ctid FROM {table} WHERE tenant_id = %s"
+                " AND {stamp} < clock_timestamp() - make_interval(secs => %s) LIMIT %s)").format(
+            table=sql.Identifier(table), stamp=sql.Identifier(stamp)),
         (tenant_id, retention_s, limit),
     )
     return cur.rowcount
+
+
+async def prune_idempotency(conn: AConn, tenant_id: str, *, retention_s: int, limit: int = 1000) -> int:
+    """Delete up to ``limit`` of the tenant's idempotency records older than the retention."""
+    return await _prune(conn, "idempotency_records", "created_at", tenant_id, retention_s, limit)
 
 
 async def prune_sweeps(conn: AConn, tenant_id: str, *, retention_s: int, limit: int = 1000) -> int:
     """Delete up to ``limit`` of the tenant's ``reconciler_sweeps`` rows that finished more
     than ``retention_s`` seconds ago by the database's clock; returns how many (R-OPS-3:
     one row per sweep would otherwise grow without end)."""
-    cur = await conn.execute(
-        "DELETE FROM reconciler_sweeps WHERE id IN (SELECT id FROM reconciler_sweeps"
-        " WHERE tenant_id = %s AND finished_at < clock_timestamp() - make_interval(secs => %s)"
-        " LIMIT %s)",
-        (tenant_id, retention_s, limit),
-    )
-    return cur.rowcount
+    return await _prune(conn, "reconciler_sweeps", "finished_at", tenant_id, retention_s, limit)
 
 
 async def insert_run(

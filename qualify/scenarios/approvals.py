@@ -4,7 +4,6 @@ decisions, a re-plan that makes old versions stale, races, and cancel."""
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -126,7 +125,8 @@ def approval_races(ctx: ScenarioContext) -> None:
             first = pool.submit(_decide, api, run_id, approval, held_vote, version)
             evidence = ctx.wait_crash_point_for(DECISION_LOCKED, api, run_id=run_id)
             rivals = [pool.submit(_decide, api, run_id, approval, not held_vote, version) for _ in range(9)]
-            waiting = _lock_waiters(ctx, run_id, want=9)
+            # Each decision request holds one API session, waiting on the run's row.
+            waiting = ctx.lock_waiters(want=9, query_like="SELECT * FROM runs WHERE run_id = %FOR UPDATE")
             Path(evidence["release"]).touch()  # this arming's own release (qimpl.crashpoints)
             held, lost = first.result(timeout=60), [f.result(timeout=60) for f in rivals]
         waiters_seen += waiting
@@ -173,15 +173,3 @@ def approval_races(ctx: ScenarioContext) -> None:
                and not _side_effects(ctx, parked), f"{after.text[:120]} decisions, generation {written}",
                "R-CANCEL-1")
 
-
-def _lock_waiters(ctx: ScenarioContext, run_id: str, *, want: int, timeout_s: float = 3.0) -> int:
-    """How many API sessions wait on a lock while the held decision keeps the run's row
-    (``pg_stat_activity``: ``wait_event_type = 'Lock'``, a decision's row lock), once
-    ``want`` do or ``timeout_s`` (s) passed. Each decision request holds one session."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        n = int(ctx.sql("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                        " AND query LIKE 'SELECT * FROM runs WHERE run_id = %%FOR UPDATE'")[0][0])
-        if n >= want or time.monotonic() > deadline:
-            return n
-        time.sleep(0.02)

@@ -360,6 +360,22 @@ class ScenarioContext:
             time.sleep(0.01)
         return found[-1]
 
+    def lock_waiters(self, *, want: int, timeout_s: float = 3.0, application_name: str | None = None,
+                     query_like: str | None = None) -> int:
+        """How many sessions wait on a lock (``pg_stat_activity``: ``wait_event_type =
+        'Lock'``), of that ``application_name`` and running a query ``LIKE query_like`` when
+        given, once ``want`` do or ``timeout_s`` (s) passed: the evidence that a held lock
+        had contenders."""
+        query, args = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'", list[str]()
+        if application_name is not None:
+            query, args = query + " AND application_name = %s", [*args, application_name]
+        if query_like is not None:
+            query, args = query + " AND query LIKE %s", [*args, query_like]
+        deadline = time.monotonic() + timeout_s
+        while (n := int(self.sql(query, *args)[0][0])) < want and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return n
+
     def arm_crash_point(self, point: str, context: dict[str, Any]) -> None:
         """Arm ``point`` (a ``?armed`` directive) for one reach whose context has these
         values, atomically (``qimpl.crashpoints``); a ``hold`` so struck waits for the

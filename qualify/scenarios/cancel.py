@@ -51,11 +51,7 @@ def _cancel_holding_the_row(ctx: ScenarioContext, api: ManagedProcess) -> None:
                              headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
         ctx.wait_crash_point(CANCEL_LOCKED, held_api)
         ctx.release_crash_point(FINAL_BEFORE)
-        deadline, waited = time.monotonic() + 3, 0
-        while not waited and time.monotonic() < deadline:
-            waited = int(ctx.sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
-                                 " AND wait_event_type = 'Lock'", f"qimpl-owner:{run_id}")[0][0])
-            time.sleep(0.01)
+        waited = ctx.lock_waiters(want=1, application_name=f"qimpl-owner:{run_id}")
         ctx.release_crash_point(CANCEL_LOCKED)
         resp = answer.result(timeout=60)
     first = resp.json() if resp.status_code == 200 else {"status": resp.status_code, "body": resp.text[:120]}
