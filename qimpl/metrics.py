@@ -69,10 +69,12 @@ LEASE_SESSIONS_UNAVAILABLE = Counter(
     "qimpl_lease_sessions_unavailable_total",
     "Agent attempts that found no ready lease session within the lease (database refusing "
     "connections, or every session in use); retried, nothing written")
+#: The API's alone (``scrape``): kept out of the default registry, which the worker's
+#: metrics port serves, so the worker shows no empty family of it.
 WORKER_POLLERS = Gauge("qimpl_task_queue_pollers",
                        "Pollers on the task queue whose worker Temporal heard from within "
                        f"{LIVE_WINDOW_S:g} s (worker availability)",
-                       ["task_queue", "kind"])
+                       ["task_queue", "kind"], registry=None)
 
 
 def _unix_s(ts: Timestamp) -> float | None:

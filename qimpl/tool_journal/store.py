@@ -74,7 +74,9 @@ async def settle(conn: AConn, run_id: str, call_id: str, *, status: str,
             return Settlement.WRONG_KIND, row
         if row["status"] not in UNSETTLED:
             # A repeat that says something else (its note too) is not the same record.
-            same = (row["status"] == status and row["result"] == (dict(result) if result is not None else None)
+            # A result-less outcome stored as {} before 2026-12-06 is the same as None.
+            same = (row["status"] == status
+                    and (row["result"] or None) == (dict(result) or None if result is not None else None)
                     and (note is None or row["resolution_note"] == note))
             return (Settlement.REPEATED if same else Settlement.ALREADY_SETTLED), row
         ended = run["state"] in ("completed", "failed", "expired", "cancelled")

@@ -336,7 +336,12 @@ def tool_call_outcomes(ctx: ScenarioContext) -> None:
     if not shell:
         raise HarnessError("no unsettled shell action")
     done = resolve(api, run_id, shell[0], "compensated")
-    ctx.expect("the operator records compensated", done.status_code == 200, done.text[:160], "R-TOOL-3")
+    ctx.expect("the operator records compensated, with no result to feed the provider",
+               done.status_code == 200 and done.json().get("status") == "compensated"
+               and done.json().get("result") is None, done.text[:160], "R-TOOL-3")
+    again = resolve(api, run_id, shell[0], "compensated")
+    ctx.expect("the same resolution again is idempotent (200, the record unchanged)",
+               again.status_code == 200 and again.json() == done.json(), again.text[:160], "R-TOOL-3")
     go = resume(ctx, api, run_id)
     ctx.expect("then a resume is accepted", go.status_code == 202, go.text[:160], "R-TOOL-3")
     run = ctx.wait_terminal(api, run_id)

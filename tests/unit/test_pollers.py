@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, generate_latest
 from temporalio.api.enums.v1 import TaskQueueType, WorkerStatus
 from temporalio.api.taskqueue.v1 import PollerInfo
 from temporalio.api.worker.v1 import WorkerHeartbeat, WorkerInfo
@@ -30,6 +30,7 @@ from qimpl.metrics import (
     live_poller_counts,
     live_pollers,
     refresh_pollers,
+    scrape,
 )
 
 NOW = 1_800_000_000.0  # Unix seconds
@@ -160,7 +161,14 @@ def test_counts_by_kind_and_the_gauge() -> None:
     # refresh_pollers reads the real clock: a poller last seen 200 s ago is gone
     gone = PollerInfo(identity="gone", last_access_time=_ts(time.time() - 200))
     asyncio.run(refresh_pollers(FakeClient(FakeTemporal({wf: [gone], act: []}, [])), Cfg()))
+    scraped = scrape([], pollers=True).decode()
     for kind in ("workflow", "activity"):
-        sample = REGISTRY.get_sample_value("qimpl_task_queue_pollers",
-                                           {"task_queue": QUEUE, "kind": kind})
-        assert sample == 0, kind
+        assert f'qimpl_task_queue_pollers{{kind="{kind}",task_queue="{QUEUE}"}} 0.0' in scraped, kind
+    assert "qimpl_task_queue_pollers" not in scrape([], pollers=False).decode()
+
+
+def test_the_worker_s_metrics_port_has_no_empty_pollers_family() -> None:
+    """The gauge is the API's (its /metrics asks Temporal per scrape); the worker's port
+    serves the default registry, where a family with no samples would only mislead."""
+    assert REGISTRY.get_sample_value("qimpl_lease_sessions_unavailable_total") is not None
+    assert "qimpl_task_queue_pollers" not in generate_latest(REGISTRY).decode()

@@ -178,18 +178,19 @@ async def resolve_invocation(
     ``compensated``; audited with the operator's principal and ``note``. Allowed while
     the run is parked and after it ended (a cancelled run's call, R-Q34-3); the same
     resolution again is idempotent, another one 409. Nothing runs again: the provider
-    is fed this outcome when the client resumes the run."""
+    is fed this outcome when the client resumes the run. A call recorded ``not_executed``
+    or ``compensated`` has no result: ``result`` is null in the answer and in what the
+    provider is fed."""
     if body.outcome == "succeeded" and body.result is None:
         raise ApiError(422, "resolution_result_required", "a succeeded call needs its result")
     if body.outcome != "succeeded" and body.result is not None:
         raise ApiError(422, "resolution_result_unexpected",
                        f"a call recorded {body.outcome} has no result to feed the provider")
-    result = body.result if body.result is not None else {}
     tenant = await _operator_tenant(request, run_id, principal)
     async with services_of(request).tenant(tenant) as conn:
         await _operator_run(conn, run_id, tenant)
         outcome, settled = await journal_db.settle(
-            conn, str(run_id), call_id, status=body.outcome, result=result,
+            conn, str(run_id), call_id, status=body.outcome, result=body.result,
             settled_by=f"operator:{principal.principal_id}", note=body.note,
             kinds=_OPERATOR_KINDS, after_end=True)
     if outcome not in (Settlement.SETTLED, Settlement.REPEATED) or settled is None:
