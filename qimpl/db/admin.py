@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 
 __all__ = ["KeyNotFound", "assign_tenant", "create_api_key", "disable_api_key", "grant_workspace",
-           "harden_database", "key_audit", "key_hash", "key_id", "list_api_keys", "revoke_api_key",
-           "revoke_workspace", "rotate_api_key", "unassign_tenant"]
+           "harden_database", "key_audit", "key_hash", "key_id", "last_sweep_age_s", "list_api_keys",
+           "revoke_api_key", "revoke_workspace", "rotate_api_key", "unassign_tenant"]
 
 Conn = psycopg.Connection[Any]
 
@@ -226,6 +226,19 @@ def revoke_workspace(conn: Conn, *, tenant_id: str, principal_id: str, workspace
             " AND principal_id = %s AND workspace_id = %s AND revoked_at IS NULL",
             (tenant_id, principal_id, workspace_id))
         return cur.rowcount
+
+
+def last_sweep_age_s(conn: Conn, tenant_id: str) -> float | None:
+    """Seconds since a reconciler last finished a sweep of ``tenant_id``, by the
+    database's clock; None when none is on record (within ``QIMPL_SWEEP_RETENTION_S``).
+    A tenant no worker lists in ``DURABLE_AGENT_RECONCILE_TENANTS`` is never swept: its
+    orphaned dispatches stay ``accepted`` and its overdue runs never expire (R-OPS-3)."""
+    with conn.transaction():
+        _as_tenant(conn, tenant_id)
+        row = conn.execute(
+            "SELECT extract(epoch FROM clock_timestamp() - max(finished_at))::float8"
+            " FROM reconciler_sweeps WHERE tenant_id = %s", (tenant_id,)).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
 
 
 def harden_database(conn: Conn) -> None:

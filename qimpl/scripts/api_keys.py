@@ -94,6 +94,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+#: A tenant not swept for this long (seconds) gets a warning at key creation; a
+#: reconciler sweeps every ``QIMPL_RECONCILE_INTERVAL_S`` (5 s by default).
+UNSWEPT_WARNING_S = 300.0
+
+
+def _warn_unswept(conn: psycopg.Connection[Any], tenant: str) -> None:
+    """Warn (stderr) when no reconciler swept ``tenant`` lately: the key works, but the
+    tenant's orphaned dispatches and overdue runs wait for a worker that lists it."""
+    age = admin.last_sweep_age_s(conn, tenant)
+    if age is not None and age <= UNSWEPT_WARNING_S:
+        return
+    lately = "ever (on record)" if age is None else f"for {age:.0f} s"
+    print(f"api_keys: warning: no reconciler has swept tenant {tenant!r} {lately}: add it to"
+          " DURABLE_AGENT_RECONCILE_TENANTS of at least one worker, or its orphaned dispatches"
+          " stay accepted and its overdue runs never expire (docs/operations.md, \"Tenant list\")",
+          file=sys.stderr)
+
+
 def _run(conn: psycopg.Connection[Any], args: Any) -> int:
     try:
         if args.command == "create":
@@ -102,6 +120,7 @@ def _run(conn: psycopg.Connection[Any], args: Any) -> int:
                                  role=args.role, actor=args.actor)
             print(key)
             print(f"key_id {admin.key_id(key)}", file=sys.stderr)
+            _warn_unswept(conn, args.tenant)
         elif args.command == "list":
             rows = admin.list_api_keys(conn, tenant_id=args.tenant, principal_id=args.principal,
                                        include_disabled=args.all)

@@ -202,3 +202,30 @@ def test_a_key_is_listed_disabled_for_good_rotated_and_audited(
         conn.execute("DELETE FROM api_keys WHERE key_id = %s", (leaked_id,))  # as from psql
         gone = admin.key_audit(conn, key_id=leaked_id, limit=1)[0]
         assert gone["action"] == "deleted" and gone["actor"], gone
+
+
+@pytest.mark.req("R-OPS-3")
+def test_a_key_for_a_tenant_no_reconciler_sweeps_warns(
+        db: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A tenant listed in no worker's DURABLE_AGENT_RECONCILE_TENANTS is never swept; the
+    key still works, but creating it says so (stderr), and stops saying so once a
+    reconciler has swept the tenant lately."""
+    monkeypatch.setenv("QIMPL_ADMIN_DATABASE_URL", db)
+    assert api_keys.main(["create", "--tenant", "t-new", "--principal", "p-1"]) == 0
+    err = capsys.readouterr().err
+    assert "no reconciler has swept tenant 't-new' ever" in err and "DURABLE_AGENT_RECONCILE_TENANTS" in err
+    with psycopg.connect(db, autocommit=True) as conn, conn.transaction():
+        conn.execute("SELECT set_config('qimpl.tenant', 't-new', true)")
+        conn.execute("INSERT INTO reconciler_sweeps (reconciler, tenant_id, started_at, finished_at,"
+                     " candidates, expired, dispatched, errors)"
+                     " VALUES ('w-1', 't-new', now() - interval '10 minutes',"
+                     " now() - interval '10 minutes', 0, 0, 0, 0)")
+    assert api_keys.main(["create", "--tenant", "t-new", "--principal", "p-2"]) == 0
+    assert "no reconciler has swept tenant 't-new' for 6" in capsys.readouterr().err
+    with psycopg.connect(db, autocommit=True) as conn, conn.transaction():
+        conn.execute("SELECT set_config('qimpl.tenant', 't-new', true)")
+        conn.execute("INSERT INTO reconciler_sweeps (reconciler, tenant_id, started_at, candidates,"
+                     " expired, dispatched, errors) VALUES ('w-1', 't-new', now(), 0, 0, 0, 0)")
+    assert api_keys.main(["create", "--tenant", "t-new", "--principal", "p-3"]) == 0
+    err = capsys.readouterr().err
+    assert "key_id key_" in err and "warning" not in err
