@@ -277,9 +277,12 @@ class AgentActivities:
                 activity.heartbeat()
 
         async def keep() -> None:
+            # Not at once either: the lease was verified a moment ago, and the claim reads
+            # the run's state itself, so a run that ended before this attempt is answered
+            # by the claim (R-EXEC-5) rather than by a touch racing it.
             while True:
-                await lease.touch()  # LostOwnership when the session is gone
                 await asyncio.sleep(lease.touch_interval_s)
+                await lease.touch()  # LostOwnership when the session is gone
 
         try:
             async with asyncio.TaskGroup() as group:
