@@ -12,7 +12,8 @@ from psycopg.rows import dict_row
 
 from qualify.history import Event
 
-__all__ = ["database_events", "file_events", "journal_events", "workflow_events", "workspace_grants"]
+__all__ = ["CLOCK_READINGS", "database_clock", "database_events", "file_events", "journal_events",
+           "workflow_events", "workspace_grants"]
 
 
 #: Every column of ``tool_invocations``, times as epoch seconds on the database's clock
@@ -101,6 +102,10 @@ def database_events(dsn: str) -> list[Event]:
         journal = conn.execute("SELECT to_regclass('tool_invocations') IS NOT NULL AS present").fetchone()
         if journal and journal["present"]:  # absent before the tool journal's migration
             tool_xacts = ", intent_xact::text, outcome_xact::text" if xact else ""
+            if xact and commits and commits["on"]:
+                # When the intent committed: no call may reach the owning system before.
+                tool_xacts += (", extract(epoch FROM pg_xact_commit_timestamp(intent_xact::xid))::float8"
+                               " AS intent_commit_t")
             for row in conn.execute(_TOOL_INVOCATIONS.format(xacts=tool_xacts)):
                 out.append({"type": "tool_invocation", **row})
         record = conn.execute("SELECT to_regclass('provider_calls') IS NOT NULL AS present").fetchone()
@@ -111,12 +116,39 @@ def database_events(dsn: str) -> list[Event]:
         events = conn.execute("SELECT to_regclass('run_events') IS NOT NULL AS present").fetchone()
         if events and events["present"]:  # absent before the event journal's migration
             out.extend(journal_events(conn, xact=xact))
+        out.append(database_clock(conn))
         for row in conn.execute(
             "SELECT run_id::text, approval_id, approved, principal_id,"
             " extract(epoch FROM decided_at)::float8 AS t FROM approval_decisions ORDER BY decided_at"
         ):
             out.append({"type": "approval_decision", **row})
     return out
+
+
+#: Readings of the database's clock against this host's; the one with the shortest
+#: round trip is kept.
+CLOCK_READINGS = 5
+
+
+def database_clock(conn: psycopg.Connection[Any]) -> Event:
+    """A ``db_clock`` event: the database's clock minus this host's (``offset_s``, seconds)
+    and how far off that figure can be (``uncertainty_s``: half the shortest of
+    ``CLOCK_READINGS`` round trips). A checker that compares a database time with a time a
+    process of this host stamped (the side-effect sink's) subtracts the offset and allows
+    the uncertainty, instead of a fixed slack."""
+    best: tuple[float, float] | None = None
+    for _ in range(CLOCK_READINGS):
+        t0 = time.time()
+        row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS t").fetchone()
+        t1 = time.time()
+        if row is None:
+            continue
+        db_t = float(row["t"] if isinstance(row, dict) else row[0])
+        reading = (db_t - (t0 + t1) / 2, (t1 - t0) / 2)
+        if best is None or reading[1] < best[1]:
+            best = reading
+    offset, uncertainty = best if best is not None else (0.0, float("inf"))
+    return {"type": "db_clock", "t": time.time(), "offset_s": offset, "uncertainty_s": uncertainty}
 
 
 def journal_events(conn: psycopg.Connection[Any], *, xact: bool = False) -> list[Event]:

@@ -738,6 +738,28 @@ CATALOG: tuple[Mutant, ...] = (
         "stream-ends-before-its-terminal-event", "a stream ends with its terminal event (R-EVENT-3)",
         (Patch("qimpl/api/routers/events.py", "int(last_event_id) >= int(newest))", "int(last_event_id) >= int(newest) - 1)"),),
         "stream-every-last-event-id", "terminal - 1: only the terminal event, matching the run record"),
+    Mutant(
+        "journaled-result-not-fed", "a retry or resume feeds the journaled result (R-TOOL-2)",
+        (Patch("qimpl/tool_journal/rules.py", '"status": r["status"], "result": r["result"], "step"',
+               '"status": r["status"], "result": None, "step"'),),
+        "developer-hosted-tool", "each provider call was fed the journal's settled outcomes, result included"),
+    Mutant(
+        "intent-committed-after-the-call", "the intent is committed before the side effect (R-TOOL-1)",
+        (Patch("qimpl/tool_journal/steps.py",
+               "            await owner.journal(invocation, status=\"intent\", usage=usage)\n"
+               "            await AFTER_INTENT.areach(run_id=owner.run_id, step=step, attempt=owner.attempt)\n"
+               "            await owner.before_call()  # paused since the intent? then the lease may be gone\n"
+               "            outcome = await self._invoke(owner, spec, invocation, tenant_id=tenant_id)\n",
+               "            await owner.before_call()  # paused since the intent? then the lease may be gone\n"
+               "            outcome = await self._invoke(owner, spec, invocation, tenant_id=tenant_id)\n"
+               "            await owner.journal(invocation, status=\"intent\", usage=usage)\n"
+               "            await AFTER_INTENT.areach(run_id=owner.run_id, step=step, attempt=owner.attempt)\n"),),
+        "tool-call-outcomes", "no tool execution without a committed intent"),
+    Mutant(
+        "intent-digest-not-of-its-arguments", "the intent records its arguments' digest (R-TOOL-1)",
+        (Patch("qimpl/tool_journal/steps.py", '"digest": arguments_digest(call["tool"], call["arguments"])}',
+               '"digest": arguments_digest(call["tool"], {})}'),),
+        "tool-call-outcomes", "no tool execution without a committed intent"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).

@@ -47,6 +47,7 @@ from qualify.checkers.tools import (
     no_execution_without_intent,
     no_side_effect_repeated,
     no_unapproved_effect,
+    provider_fed_the_journal,
 )
 from qualify.checkers.usage import (
     RECORD_CLOCK_SLACK_S,
@@ -84,6 +85,7 @@ __all__ = [
     "one_terminal_state",
     "one_workflow_per_generation",
     "provider_calls_recorded",
+    "provider_fed_the_journal",
     "row_version_strictly_increasing",
     "run_checks",
     "slot_holders",
@@ -117,6 +119,7 @@ GENERIC_CHECKERS: tuple[Callable[[Sequence[Event]], Check], ...] = (
     no_side_effect_repeated,
     no_execution_without_intent,
     no_unapproved_effect,
+    provider_fed_the_journal,
     transition_audit_matches_run_record,
     deadline_from_acceptance,
     one_workflow_per_generation,

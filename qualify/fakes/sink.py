@@ -11,8 +11,9 @@ a subprocess of the harness (one per scenario) and called by the harness tools
 - ``POST /actions/{call_id}`` (uninstrumented actions) is not idempotent: every request
   executes.
 - Every request, first or repeated, is appended to ``D/requests.jsonl`` (with
-  ``"repeat"``) before anything else: the harness counts requests, since the sink's own
-  idempotency would hide a repeated call.
+  ``"repeat"`` and the ``"arguments"`` it carried) before anything else: the harness
+  counts requests, since the sink's own idempotency would hide a repeated call, and
+  compares what ran with what was journaled.
 
 The body is ``{"run_id", "tool", "arguments", "attempt", "pid"}``; fault controls ride in
 ``arguments``: ``{"sink_hold_s": 3}`` performs the effect, then holds the reply that long
@@ -93,7 +94,8 @@ class Sink:
             self.seen.add((kind, call_id))
             self._append("requests.jsonl", {
                 "call_id": call_id, "run_id": run_id, "tool": tool, "kind": kind,
-                "attempt": body.get("attempt"), "pid": body.get("pid"), "t": now, "repeat": repeat})
+                "attempt": body.get("attempt"), "pid": body.get("pid"), "t": now, "repeat": repeat,
+                "arguments": arguments})
             if kind == "instrumented" and call_id in self.replies:
                 return 200, {**self.replies[call_id], "executed": False}, 0.0
             if controls.get("sink_refuse"):

@@ -140,6 +140,53 @@ def test_catches_a_call_made_before_its_intent_was_committed() -> None:
     assert ck.no_execution_without_intent(close).ok is True
 
 
+@pytest.mark.req("R-TOOL-1")
+def test_a_call_made_before_its_intent_committed_is_caught_on_one_clock() -> None:
+    """With the intent's commit time and a reading of the database's clock, the commit is
+    compared with the request on the host's clock, allowing only the reading's
+    uncertainty: a millisecond is enough to tell, where the fixed slack hid 50 ms."""
+    clock = {"type": "db_clock", "t": 10.0, "offset_s": 2.0, "uncertainty_s": 0.0002}
+
+    def committed(at_db: float) -> list[dict[str, Any]]:
+        return [{**e, "intent_commit_t": at_db} if e.get("call_id") == "tc-a" and e["type"] == "tool_invocation"
+                else e for e in good()] + [clock]
+
+    # the request at 3.01 on the host's clock = 5.01 on the database's
+    assert ck.no_execution_without_intent(committed(5.0095)).ok is True
+    late = ck.no_execution_without_intent(committed(5.0115))
+    assert late.ok is False and "1.5 ms before its intent committed" in late.detail
+    # within the reading's uncertainty it is not a violation
+    assert ck.no_execution_without_intent(committed(5.0101)).ok is True
+    # without the reading, the insert time and the fixed slack decide, as before
+    assert ck.no_execution_without_intent(committed(5.0115)[:-1]).ok is True
+
+
+@pytest.mark.req("R-TOOL-1")
+def test_the_sink_runs_the_journaled_arguments_and_the_intent_digests_them() -> None:
+    import hashlib
+    import json
+
+    args = {"amount": 3}
+    digest = hashlib.sha256(json.dumps({"tool": "charge", "arguments": args}, sort_keys=True,
+                                       separators=(",", ":")).encode()).hexdigest()
+
+    def with_args(sent: dict[str, Any], journaled: dict[str, Any], dig: str) -> list[dict[str, Any]]:
+        out = []
+        for e in good():
+            if e.get("call_id") == "tc-a" and e["type"] == "tool_invocation":
+                e = {**e, "arguments": journaled, "arguments_digest": dig}
+            elif e.get("call_id") == "tc-a" and e["type"] == "sink_request":
+                e = {**e, "arguments": sent}
+            out.append(e)
+        return out
+
+    assert ck.no_execution_without_intent(with_args(args, args, digest)).ok is True
+    other = ck.no_execution_without_intent(with_args({"amount": 4}, args, digest))
+    assert other.ok is False and "the sink ran arguments {'amount': 4}" in other.detail
+    wrong = ck.no_execution_without_intent(with_args(args, args, "0" * 64))
+    assert wrong.ok is False and "digest is not its arguments'" in wrong.detail
+
+
 @pytest.mark.req("R-TOOL-5", "R-Q-5")
 def test_unapproved_finalising_effect_is_caught() -> None:
     from qualify.checkers import no_unapproved_effect
@@ -158,3 +205,24 @@ def test_unapproved_finalising_effect_is_caught() -> None:
     twice = no_unapproved_effect([journal, {**journal, "call_id": "c2"}, request,
                                   {**request, "call_id": "c2"}, decision])
     assert not twice.ok and "used by 2 calls" in twice.detail
+
+
+@pytest.mark.req("R-TOOL-2", "R-TOOL-3")
+def test_a_provider_fed_another_result_than_the_journal_s_is_caught() -> None:
+    from qualify.fakes.synthetic import result_digest
+
+    row = {**intent("tc-a", "charge", 3.0), "result": {"receipt": "tc-a"}}
+    fed = {"call_id": "tc-a", "status": "succeeded", "result_sha256": result_digest({"receipt": "tc-a"})}
+    step = {"type": "provider_call", "run_id": R, "step": 3, "attempt": 1, "generation": 1, "t": 5.0,
+            "fed": [fed]}
+    good_one = ck.provider_fed_the_journal([row, step])
+    assert good_one.ok is True and good_one.judged == 1
+    lost = ck.provider_fed_the_journal([row, {**step, "fed": [{**fed, "result_sha256": result_digest(None)}]}])
+    assert lost.ok is False and "another result than the journal's" in lost.detail
+    status = ck.provider_fed_the_journal([row, {**step, "fed": [{**fed, "status": "failed"}]}])
+    assert status.ok is False and "as failed, journaled succeeded" in status.detail
+    stranger = ck.provider_fed_the_journal([{**row, "run_id": "run-9"}, step])
+    assert stranger.ok is False and "not in the run's journal" in stranger.detail
+    unsettled = ck.provider_fed_the_journal([{**row, "status": "intent"}, {**step, "fed": [{**fed, "status": "intent"}]}])
+    assert unsettled.ok is False
+    assert ck.provider_fed_the_journal([row, {**step, "fed": []}]).judged == 0
