@@ -605,7 +605,7 @@ CATALOG: tuple[Mutant, ...] = (
     Mutant(
         "failure-code-not-recorded", "the run names its last counted failure's code (R-EXEC-6)",
         (Patch("qimpl/db/owner.py", "last_failure_code = %(failure_code)s", "last_failure_code = NULL"),),
-        "retry-exhaustion", "the run record names its last counted failure's safe code"),
+        "retry-exhaustion", "the run record names its last counted failure's safe code (not its first)"),
     Mutant(
         "terminal-event-without-the-record", "the terminal event equals the run record (R-EVENT-2)",
         (Patch("qimpl/api/events.py", "data.update({k: record[k] for k in RECORD_FIELDS if k in record})",
@@ -738,6 +738,18 @@ CATALOG: tuple[Mutant, ...] = (
         "stream-ends-before-its-terminal-event", "a stream ends with its terminal event (R-EVENT-3)",
         (Patch("qimpl/api/routers/events.py", "int(last_event_id) >= int(newest))", "int(last_event_id) >= int(newest) - 1)"),),
         "stream-every-last-event-id", "terminal - 1: only the terminal event, matching the run record"),
+    Mutant(
+        "client-settles-a-sent-call", "only an operator records a sent call's outcome (R-TOOL-3, R-OPS-7)",
+        (Patch("qimpl/api/routers/tools.py", "_CLIENT_KINDS = frozenset({str(ToolKind.DEVELOPER_HOSTED)})",
+               "_CLIENT_KINDS = frozenset({str(ToolKind.DEVELOPER_HOSTED), str(ToolKind.INSTRUMENTED)})"),),
+        "tool-reply-lost",
+        "a client posting a result for the sent call is 409 tool_call_kind_mismatch and settles nothing"),
+    Mutant(
+        "provider-timeout-recorded-as-the-deadline", "only the deadline expires a run (R-EXEC-12)",
+        (Patch("qimpl/workflows/activities.py", 'kind, retry_after = "provider_timeout", None',
+               'kind, retry_after = "deadline_exceeded", None'),),
+        "provider-timeout-is-not-the-deadline",
+        "recorded as provider_timeout (the provider's own timeout, not the deadline)"),
     Mutant(
         "journaled-result-not-fed", "a retry or resume feeds the journaled result (R-TOOL-2)",
         (Patch("qimpl/tool_journal/rules.py", '"status": r["status"], "result": r["result"], "step"',

@@ -7,7 +7,8 @@ The run's prompt is its script, a JSON object (a plain-text prompt means the def
 
     {"steps": 5, "answer": "42", "delay_ms": 0,
      "barrier": {"step": 3, "name": "b1"},       # hold at the start of step 3, once
-     "fail": "always" | {"steps": [2], "attempts": [1], "error": "timeout"},
+     "fail": "always" | {"steps": [2], "attempts": [1], "error": "timeout",
+              "error_at": {"3": "unreachable"}},  # another error at attempt 3
      "answer_bytes": 3000000,                    # an answer of that many bytes
      "usage": {"input_tokens": -1},              # merged into every step's usage
      "state": {"x": NaN},                        # merged into every step's state
@@ -128,9 +129,12 @@ class Script:
             return cls({})
         return cls(doc if isinstance(doc, dict) else {})
 
-    def error(self) -> Exception:
-        """The exception a scripted failure raises."""
-        kind = self.fail.get("error") if isinstance(self.fail, Mapping) else None
+    def error(self, attempt: int = 1) -> Exception:
+        """The exception a scripted failure raises at ``attempt`` (``fail.error_at``, by
+        attempt, overrides ``fail.error``)."""
+        kind = None
+        if isinstance(self.fail, Mapping):
+            kind = (self.fail.get("error_at") or {}).get(str(attempt), self.fail.get("error"))
         if kind == "timeout":
             return TimeoutError("synthetic provider read timeout")
         if kind == "unreachable":
@@ -242,7 +246,7 @@ class SyntheticProvider(Provider):
             self._record_cancellation(ctx)
             raise
         if script.fails(ctx.step, ctx.attempt, self.control):
-            raise script.error()
+            raise script.error(ctx.attempt)
         trail = [*ctx.state.get("trail", []), ctx.step]
         usage = {"provider_calls": 1, "input_tokens": 10, "output_tokens": 5, **script.usage}
         if ctx.step in script.tools:

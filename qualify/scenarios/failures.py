@@ -53,6 +53,14 @@ def unstorable_provider_output(ctx: ScenarioContext) -> None:
                    f"calls per step {dict(sorted(asked.items()))}", "R-EXEC-6", "R-EXEC-12")
         ctx.expect(f"{name}: {MAX_FAILURES} failures counted in the run",
                    _failures(ctx, run_id) == MAX_FAILURES, str(_failures(ctx, run_id)), "R-EXEC-6")
+        # The provider answered each time (its calls are recorded succeeded): the database
+        # refused what it answered, and the failure events and the run say so.
+        codes = [r[0] for r in ctx.sql("SELECT data->>'code' FROM run_events WHERE run_id = %s"
+                                       " AND kind = 'failure' ORDER BY seq", run_id)]
+        ctx.expect(f"{name}: each refusal recorded as unstored_result, never as a provider's fault",
+                   len(codes) == MAX_FAILURES and all(str(c).startswith("unstored_result:") for c in codes)
+                   and str(run.get("last_failure_code")).startswith("unstored_result:"),
+                   f"failure events {codes}, run {run.get('last_failure_code')}", "R-EXEC-6")
 
 
 @scenario(
@@ -72,6 +80,11 @@ def provider_timeout_is_not_the_deadline(ctx: ScenarioContext) -> None:
                f"{run['state']} / {run['error_code']}", "R-EXEC-12", "R-EXEC-8")
     ctx.expect("the timeout was one counted failure", _failures(ctx, run_id) == 1,
                str(_failures(ctx, run_id)), "R-EXEC-6", "R-EXEC-12")
+    codes = [tuple(r) for r in ctx.sql("SELECT step, attempt, outcome_code FROM provider_calls"
+                                       " WHERE run_id = %s AND status <> 'succeeded'", run_id)]
+    ctx.expect("recorded as provider_timeout (the provider's own timeout, not the deadline)",
+               codes == [(2, 1, "provider_timeout")] and run.get("last_failure_code") == "provider_timeout",
+               f"calls {codes}, run {run.get('last_failure_code')}", "R-EXEC-12", "R-EXEC-6")
     asked = Counter(c["step"] for c in provider_calls(ctx, run_id))
     ctx.expect("step 2 asked twice, steps 1 and 3 once", asked == Counter({1: 1, 2: 2, 3: 1}),
                f"calls per step {dict(sorted(asked.items()))}", "R-EXEC-4")

@@ -290,7 +290,7 @@ def _cancellations(ctx: ScenarioContext, run_id: str, attempt: int) -> list[dict
 
 
 def _failure_events_and_terminal(ctx: ScenarioContext, api: ManagedProcess, run: dict[str, Any],
-                                 stream_key: str, *, failures: int, cause: str) -> None:
+                                 stream_key: str, *, causes: list[str]) -> None:
     """The run's stream: one ``failure`` event per counted failure, each with its code; every
     event stamped with the database's time, in order; the terminal event equal to the run
     record as the read route answered it (R-EVENT-1, R-EVENT-2, R-EXEC-6)."""
@@ -299,7 +299,7 @@ def _failure_events_and_terminal(ctx: ScenarioContext, api: ManagedProcess, run:
     events = read_stream(ctx, api, run["run_id"], stream_key)
     datas = [json.loads(e["data"]) if isinstance(e.get("data"), str) else {} for e in events]
     codes = [d.get("code") for e, d in zip(events, datas, strict=True) if e.get("event") == "failure"]
-    ctx.expect(f"{failures} failure events, each naming the failure's code", codes == [cause] * failures,
+    ctx.expect(f"{len(causes)} failure events, each naming its failure's code, in order", codes == causes,
                str(codes), "R-EXEC-6", "R-EVENT-1", judged=len(events))
     stamps = [d.get("at") for d in datas]
     ctx.expect("every event carries the database's time of its write, in order",
@@ -323,16 +323,19 @@ def retry_exhaustion(ctx: ScenarioContext) -> None:
     attempts = 3
     api = ctx.processes.api(QIMPL_PROVIDER_MAX_FAILURES=str(attempts))
     ctx.processes.worker()
-    created = ctx.create_run(api, prompt=make_prompt(steps=2, fail="always"))
+    # Every attempt fails at step 1, the last one otherwise: the record must name the last.
+    created = ctx.create_run(api, prompt=make_prompt(
+        steps=2, fail={"steps": [1], "error_at": {str(attempts): "unreachable"}}))
     if created is None or created.status_code != 202:
         raise HarnessError(f"create failed: {created and created.status_code}")
     run_id, stream_key = created.json()["run_id"], created.json()["stream_key"]
     run = ctx.wait_terminal(api, run_id, timeout_s=60)
     ctx.expect("run failed", run["state"] == "failed", run["state"], "R-EXEC-6")
-    cause = "provider_error:SyntheticFailure"   # the synthetic provider's exception, by type only
-    ctx.expect("the run record names its last counted failure's safe code",
-               run.get("last_failure_code") == cause, str(run.get("last_failure_code")), "R-EXEC-6")
-    _failure_events_and_terminal(ctx, api, run, stream_key, failures=attempts, cause=cause)
+    first = "provider_error:SyntheticFailure"   # the synthetic provider's exception, by type only
+    causes = [first] * (attempts - 1) + ["provider_error:provider_unreachable"]
+    ctx.expect("the run record names its last counted failure's safe code (not its first)",
+               run.get("last_failure_code") == causes[-1], str(run.get("last_failure_code")), "R-EXEC-6")
+    _failure_events_and_terminal(ctx, api, run, stream_key, causes=causes)
     ctx.expect("safe error_code", run["error_code"] == "agent_attempts_exhausted",
                str(run["error_code"]), "R-EXEC-6")
     message = run["error_message"] or ""

@@ -65,8 +65,9 @@ def developer_hosted_tool(ctx: ScenarioContext) -> None:
                unknown.status_code == 409 and unknown.json().get("code") == "tool_call_not_found",
                unknown.text[:160], "R-TOOL-4")
     still = resume(ctx, api, run_id)
-    ctx.expect("resume with one call unsettled is still 409", still.status_code == 409, still.text[:160],
-               "R-TOOL-4")
+    ctx.expect("resume with one call unsettled is still 409 tool_results_pending",
+               still.status_code == 409 and still.json().get("code") == "tool_results_pending",
+               still.text[:160], "R-TOOL-4")
     ok1 = _submit(api, run_id, first, {"name": "Al", "tier": "free"})
     same = _submit(api, run_id, first, {"name": "Al", "tier": "free"})
     other = _submit(api, run_id, first, {"name": "Cy", "tier": "free"})

@@ -127,6 +127,15 @@ def _reconcile_and_finish(ctx: ScenarioContext, api: ManagedProcess, run_id: str
     ctx.expect("a client key cannot reconcile (403 operator_credential_required)",
                client.status_code == 403 and client.json().get("code") == "operator_credential_required",
                client.text[:160], "R-OPS-7")
+    # Nor through the route for developer-hosted results: a call the worker sent is the
+    # operator's to record, whatever the client claims (R-TOOL-3, R-TOOL-4).
+    posed = http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/tool-results/{call_id}",
+                      json={"result": {"receipt": call_id}}, headers=bearer(), timeout=30)
+    still = unsettled(api, run_id)
+    ctx.expect("a client posting a result for the sent call is 409 tool_call_kind_mismatch and settles nothing",
+               posed.status_code == 409 and posed.json().get("code") == "tool_call_kind_mismatch"
+               and [c["status"] for c in still.json().get("invocations", [])] == ["intent"],
+               f"{posed.text[:160]}; {still.text[:160]}", "R-TOOL-3", "R-TOOL-4")
     done = resolve(api, run_id, call_id, "succeeded", {"receipt": call_id})
     ctx.expect("the operator records succeeded with the receipt", done.status_code == 200
                and done.json().get("settled_by") == "operator:p-ops", done.text[:200], "R-TOOL-3")
@@ -230,9 +239,11 @@ def tool_reply_lost(ctx: ScenarioContext) -> None:
     ctx.expect("the guard refuses a new generation while a tool outcome is unknown (QG010)",
                answer == "QG010", answer, "R-RESUME-3", "R-TOOL-3")
     _reconcile_and_finish(ctx, api, run_id, answer_has="charge:succeeded")
-    execs = sink_lines(ctx, "executions", run_id)
+    execs, asked = sink_lines(ctx, "executions", run_id), sink_lines(ctx, "requests", run_id)
     ctx.figures["sink_executions"] = len(execs)
-    ctx.expect("the sink executed the call exactly once", len(execs) == 1, str(execs), "R-TOOL-2")
+    ctx.expect("the sink was asked once and executed the call once (the operator's record is "
+               "what the resume fed, nothing was sent again)", len(execs) == 1 and len(asked) == 1,
+               f"{len(asked)} requests, {len(execs)} executions", "R-TOOL-2")
 
 
 @scenario(
