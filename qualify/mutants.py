@@ -82,7 +82,7 @@ CATALOG: tuple[Mutant, ...] = (
         (Patch("qimpl/db/lease.py",
                'MANDATORY_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeout", "lock_timeout")',
                'MANDATORY_SETTINGS = ("idle_session_timeout", "lock_timeout")'),),
-        "owner-paused-inside-checkpoint-transaction", "a new attempt took over within 12 s"),
+        "owner-paused-inside-checkpoint-transaction", "a new attempt took over within the lease + 3.5 s (6.5 s)"),
     Mutant(
         "storage-refusal-not-counted", "counted failures (R-EXEC-6, R-EXEC-12)",
         (Patch("qimpl/workflows/activities.py",
@@ -327,21 +327,22 @@ CATALOG: tuple[Mutant, ...] = (
         (Patch("qimpl/watcher.py",
                "        self.tracker.token_failed(key, token)\n        try:\n",
                "        self.tracker.token_failed(key, token)\n        return\n        try:\n"),),
-        "takeover-after-sigkill", "the watcher ended the killed attempt by its task token"),
+        "takeover-after-sigkill", "the watcher ended the killed attempt by its task token, not as unclaimed"),
     Mutant(
         "no-takeover-watcher", "lease-driven takeover (R-EXEC-13): the watcher off by default",
         (Patch("qimpl/settings/worker.py",
                "    takeover_watch: bool = Field(\n        default=True,",
                "    takeover_watch: bool = Field(\n        default=False,"),),
         "takeover-after-sigkill",
-        "a survivor committed the next checkpoint within 10 s of the kill (heartbeat timeout 30 s)"),
+        "a survivor committed the next checkpoint within the lease + 2 s (3 s) of the kill (heartbeat timeout 30 s)"),
     Mutant(
         "watcher-ignores-unclaimed-attempts", "takeover of a retry a paused worker swallowed (R-EXEC-13)",
         (Patch("qimpl/takeover.py",
                "        return now - seen.pending_since >= bound\n",
                "        return False\n"),),
         "takeover-of-a-swallowed-retry",
-        "the watcher failed the swallowed retry (started, never run) within 10 s (heartbeat timeout 30 s)"),
+        "the watcher failed the swallowed retry (started, never run) within the lease + 3 s (4 s) of the SIGSTOP "
+        "(heartbeat timeout 30 s)"),
     Mutant(
         "watcher-never-moves-the-retry",
         "a paused owner's retry goes to the watcher's takeover queue, not to the paused poll (R-EXEC-13)",
@@ -349,8 +350,8 @@ CATALOG: tuple[Mutant, ...] = (
                "        if (self.task_queue is None or self.takeover_queue is None",
                "        if True or (self.task_queue is None or self.takeover_queue is None"),),
         "takeover-queue-beats-the-paused-poll",
-        "the next attempt claimed the run on the live worker's takeover queue within 10 s "
-        "(heartbeat timeout 30 s); none was handed to the paused worker's poll"),
+        "the next attempt claimed the run on the live worker's takeover queue within the lease + 2 s "
+        "(3 s; heartbeat timeout 30 s); none was handed to the paused worker's poll"),
     Mutant(
         "workflow-never-redispatches",
         "a never-started activity (ScheduleToStart timeout) is scheduled again, not the run failed (R-EXEC-13)",
@@ -520,7 +521,7 @@ CATALOG: tuple[Mutant, ...] = (
                "        if conn.info.transaction_status != pq.TransactionStatus.IDLE:\n            return\n",
                ""),),
         "owner-held-inside-checkpoint-transaction",
-        "a new attempt took over within the lease + 10 s (13 s) of the stall"),
+        "a new attempt took over within the lease + 1.5 s (4.5 s) of the stall"),
     Mutant(
         "lease-never-touched", "the lease keeper's touch keeps a live owner's lease (R-EXEC-11, R-EXEC-13)",
         (Patch("qimpl/db/lease.py",

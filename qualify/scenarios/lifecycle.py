@@ -246,7 +246,10 @@ def paused_owner_never_resumed(ctx: ScenarioContext) -> None:
 )
 def lock_session_killed(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
-    worker = ctx.processes.worker()
+    # The takeover watcher off: it would fail the attempt by its token as soon as the lock
+    # is free, and the refused heartbeat would cancel the call too, so a lease keeper that
+    # missed the lost session would pass. Here the keeper alone must stop the owner.
+    worker = ctx.processes.worker(QIMPL_TAKEOVER_WATCH="false")
     run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="relocked",
                                                    barrier={"step": 3, "name": "lock"}))
     held = ctx.wait_barrier("lock")
