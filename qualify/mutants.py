@@ -171,7 +171,7 @@ CATALOG: tuple[Mutant, ...] = (
         (Patch("qimpl/api/event_hub.py",
                "self.wake()  # catch up: events committed while nobody listened", "pass"),),
         "stream-survives-listener-loss",
-        "subscriber-1: every event exactly once, in order, ending with the terminal event"),
+        "subscriber-1: every event exactly once (none sent again), in order, ending with the terminal event"),
     Mutant(
         "event-written-before-the-step", "events appended at commit, in the change's transaction (R-EVENT-1)",
         (Patch("qimpl/db/migrations/versions/20261202_090000_event_journal.py",

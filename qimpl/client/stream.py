@@ -48,14 +48,17 @@ class StreamEvent:
 class FollowResult:
     """What following a run gave: the events in order, the terminal one (None when the
     stream never delivered it), the run record when it had to be read (no terminal event,
-    or a pruned stream), the base URLs connected to, and why it stopped (``terminal``,
-    ``done`` (204), ``pruned``, ``gave_up``)."""
+    or a pruned stream), the base URLs connected to, why it stopped (``terminal``,
+    ``done`` (204), ``pruned``, ``gave_up``), and the ids of events a server sent again
+    after they were delivered (``resent``: skipped, never handed on twice, but a server
+    that resends is broken, R-EVENT-2)."""
 
     events: list[StreamEvent] = field(default_factory=list)
     terminal: StreamEvent | None = None
     run: dict[str, Any] | None = None
     connections: list[str] = field(default_factory=list)
     ended: str = ""
+    resent: list[int] = field(default_factory=list)
 
 
 def parse_sse(lines: Iterable[str]) -> Iterator[StreamEvent]:
@@ -139,6 +142,7 @@ def follow_run(base_urls: Sequence[str], agent_id: str, run_id: str, *, stream_k
                         raise _refusal(resp)
                     for event in parse_sse(resp.iter_lines()):
                         if last is not None and event.id <= last:
+                            result.resent.append(event.id)
                             continue  # never twice, whatever a server sends
                         last = event.id
                         result.events.append(event)

@@ -9,6 +9,7 @@ from qimpl.lifecycle import workflow_id
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.scenarios.base import ScenarioContext, scenario
+from qualify.scenarios.receipts import receipt_against_the_run
 
 AFTER_ACCEPT = "api.after_acceptance_commit"
 AFTER_DISPATCH = "api.after_dispatch"
@@ -39,6 +40,14 @@ def _lost_response(ctx: ScenarioContext, point: str) -> None:
     run_id = retry.json()["run_id"]
     ctx.expect("the receipt names the run committed before the crash",
                run_id == evidence["context"].get("run_id"), run_id, "R-CREATE-4")
+    rows = ctx.sql("SELECT run_id::text, stream_key, extract(epoch FROM deadline_at)::float8"
+                   " FROM runs WHERE run_id = %s", run_id)
+    row = dict(zip(("run_id", "stream_key", "deadline_t"), rows[0], strict=True)) if rows else {}
+    differ = receipt_against_the_run(retry.json(), row) if row else {"run": ("missing", run_id)}
+    # R-CREATE-3: a 202 says queued once the dispatch is confirmed (the retry confirmed it).
+    ctx.expect("the replayed receipt is the run's own (stream key, deadline) and says queued",
+               not differ and retry.json().get("state") == "queued",
+               f"differs {differ}; state {retry.json().get('state')}", "R-CREATE-2", "R-CREATE-3")
     if point == AFTER_DISPATCH:
         # The branch this scenario is for: the retry's dispatch met Temporal's "already
         # started" and counted it as confirmation (evidence: the API's own log line).

@@ -56,6 +56,7 @@ def test_reconnects_to_another_api_with_last_event_id_and_delivers_each_event_on
         result = follow_run(["http://x", "http://y"], "a", RUN, stream_key="k", client=client,
                             backoff_s=(0.0, 0.0))
     assert [e.id for e in result.events] == [1, 2, 3, 4, 5]
+    assert result.resent == [1], "the repeat is skipped, and said"
     assert result.ended == "terminal" and result.terminal is not None
     assert result.terminal.data["state"] == "completed"
     assert seen == [("x", None), ("y", "2")]
