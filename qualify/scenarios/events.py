@@ -56,6 +56,9 @@ def _streamed_while_running(events: list[dict[str, Any]], *, steps: int,
             "; ".join(bad[:4]) or f"{sum(len(v) for v in deltas.values())} delta events", "R-EVENT-1")
 
 
+#: event-streams-pruned's event retention, seconds: longer than its reconcilers take to
+#: start after the last cancel, so that a prune ignoring it would be seen.
+PRUNE_RETENTION_S = 2.0
 #: The run record's fields a terminal event carries, compared with GET run (R-EVENT-3).
 TERMINAL_FIELDS = ("state", "row_version", "generation", "result_json", "error_code", "error_message",
                    "last_failure_code", "usage")
@@ -321,10 +324,10 @@ PRUNED_ANSWER_S = 5.0
 
 @scenario(
     "event-streams-pruned",
-    title="250 ended runs with a 1 s event retention and three reconcilers at once: every "
-          "expired stream pruned exactly once, at most 100 per tenant per sweep; a pruned "
-          "stream answers 410 event_stream_pruned, the run record stays; a live run's stream "
-          "is kept",
+    title=f"250 ended runs with a {PRUNE_RETENTION_S:g} s event retention and three reconcilers at once: "
+          "every expired stream pruned exactly once, never before its retention, at most 100 per "
+          "tenant per sweep; a pruned stream answers 410 event_stream_pruned, with or without "
+          "Last-Event-ID, the run record stays; a live run's stream is kept",
     requirements=("R-EVENT-5", "R-OPS-3", "R-Q-5"),
 )
 def event_streams_pruned(ctx: ScenarioContext) -> None:
@@ -342,7 +345,7 @@ def event_streams_pruned(ctx: ScenarioContext) -> None:
     live_id, live_key = live.json()["run_id"], live.json()["stream_key"]
     keys = dict(ctx.sql("SELECT run_id::text, stream_key FROM runs WHERE run_id = %s", run_ids[0]))
     idle_queue = {"QIMPL_TASK_QUEUE": f"{ctx.deployment.task_queue}-reconcile-only"}
-    env = {"QIMPL_EVENT_RETENTION_S": "1", **RECONCILE, **idle_queue}
+    env = {"QIMPL_EVENT_RETENTION_S": str(PRUNE_RETENTION_S), **RECONCILE, **idle_queue}
     reconcilers = [ctx.processes.spawn_worker(f"reconciler-{i + 1}", env=env) for i in range(3)]
     for proc in reconcilers:  # booted together: their first sweeps overlap
         proc.wait_ready()
@@ -368,6 +371,14 @@ def event_streams_pruned(ctx: ScenarioContext) -> None:
     left = ctx.sql("SELECT count(*) FROM run_events WHERE run_id = ANY(%s::uuid[])", run_ids)
     ctx.expect("exactly the 250 expired streams pruned, nothing of them left",
                twice[0][0] == 0 and left[0][0] == 0, f"others {twice[0][0]}, left {left[0][0]}", "R-EVENT-5")
+    # The reconcilers start within the retention of the last cancel: one that ignored the
+    # retention would prune at its first sweep. ``pruned_at`` is the pruning transaction's
+    # start, a moment before its statement judged the run old enough: a 0.1 s allowance.
+    early = ctx.sql("SELECT min(extract(epoch FROM p.pruned_at - coalesce(r.completed_at, r.accepted_at)))::float8"
+                    " FROM run_event_prunes p JOIN runs r USING (run_id)")[0][0]
+    ctx.expect(f"no stream pruned before its retention ({PRUNE_RETENTION_S:g} s after its run ended, "
+               "the database's clock)", early is not None and early >= PRUNE_RETENTION_S - 0.1,
+               f"the earliest prune {early} s after its run ended", "R-EVENT-5", judged=n)
     asked = time.monotonic()
     gone = read_stream(ctx, api, run_ids[0], keys[run_ids[0]])
     answered_s = time.monotonic() - asked
@@ -379,6 +390,13 @@ def event_streams_pruned(ctx: ScenarioContext) -> None:
     # At once, not after a wait (issue 22, item 10): the answer comes from the prune record.
     ctx.expect(f"the pruned stream's 410 came at once (bound {PRUNED_ANSWER_S:g} s)",
                answered_s <= PRUNED_ANSWER_S, f"after {answered_s:.2f} s", "R-EVENT-5")
+    resumed = read_stream(ctx, api, run_ids[1], dict(ctx.sql("SELECT run_id::text, stream_key FROM runs"
+                                                            " WHERE run_id = %s", run_ids[1]))[run_ids[1]],
+                          last_event_id="1")
+    said = json.loads(resumed[0].get("body") or "{}") if resumed and "status" in resumed[0] else {}
+    ctx.expect("a pruned stream asked with Last-Event-ID answers 410 event_stream_pruned too (not 204)",
+               bool(resumed) and resumed[0].get("status") == 410 and said.get("code") == "event_stream_pruned",
+               str(resumed)[:200], "R-EVENT-5")
     ctx.expect("the pruned run's record stays readable",
                ctx.read_run(api, run_ids[0])["state"] == "cancelled", "", "R-EVENT-5")
     kept = read_stream(ctx, api, live_id, live_key, stop_after=1)

@@ -119,6 +119,17 @@ def idempotency_per_field(ctx: ScenarioContext) -> None:
     receipts = {json.dumps({k: r.json().get(k) for k in RECEIPT_FIELDS}, sort_keys=True)
                 for r in answers if r.status_code == 202}
     ctx.expect("every 202 carries the one receipt", len(receipts) == 1, str(receipts), "R-RESUME-1")
+    # The same resume key with another body: refused like a create's, whatever the run's
+    # state now, and nothing written (the fingerprint covers the resume's body).
+    before = ctx.sql("SELECT row_version, generation FROM runs WHERE run_id = %s", run_id)[0]
+    reused = http.post(f"{url}/v1/agents/agent-1/runs/{run_id}/resume", json={"additional_prompt": "other"},
+                       headers={"Authorization": owner, "Idempotency-Key": "resume-once"}, timeout=30)
+    after = ctx.sql("SELECT row_version, generation FROM runs WHERE run_id = %s", run_id)[0]
+    ctx.expect("the resume key with another body: 422 idempotency_key_reused, nothing written",
+               reused.status_code == 422 and error_code(reused) == "idempotency_key_reused"
+               and after[1] == before[1],
+               f"{reused.status_code} {reused.text[:160]}; generation {before[1]} -> {after[1]}",
+               "R-CREATE-2", "R-RESUME-1")
     run = ctx.wait_terminal(api, run_id)
     ctx.expect("one new generation", run["generation"] == 2, f"g{run['generation']} {run['state']}", "R-RESUME-1")
     left = runs_not_ended(ctx)
