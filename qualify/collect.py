@@ -13,7 +13,7 @@ from psycopg.rows import dict_row
 from qualify.history import Event
 
 __all__ = ["CLOCK_READINGS", "database_clock", "database_events", "file_events", "journal_events",
-           "workflow_events", "workspace_grants"]
+           "stream_keys", "workflow_events", "workspace_grants"]
 
 
 #: Every column of ``tool_invocations``, times as epoch seconds on the database's clock
@@ -49,6 +49,13 @@ def workspace_grants(dsn: str) -> list[str]:
     what no process may ever log (R-READ-3)."""
     with psycopg.connect(dsn) as conn:
         return [str(r[0]) for r in conn.execute("SELECT DISTINCT grant_token FROM workspace_grants")]
+
+
+def stream_keys(dsn: str) -> list[str]:
+    """Every run's stream key in the scenario's database: what no process may ever log
+    (R-AUTH-3: a stream key reads its run's events)."""
+    with psycopg.connect(dsn) as conn:
+        return [str(r[0]) for r in conn.execute("SELECT stream_key FROM runs WHERE stream_key IS NOT NULL")]
 
 
 def database_events(dsn: str) -> list[Event]:

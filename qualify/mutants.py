@@ -465,7 +465,8 @@ CATALOG: tuple[Mutant, ...] = (
         (Patch("qimpl/api/routers/events.py",
                "    if svc.events.streams_of(str(run_id)) >= svc.settings.event_streams_per_run:\n",
                "    if False:\n"),),
-        "streams-per-run-bounded", "a third stream of the run is 429 too_many_streams, with Retry-After"),
+        "streams-per-run-bounded",
+        "a third stream of the run is 429 too_many_streams with Retry-After, by key, after an event or by token"),
     Mutant(
         "watcher-forgets-the-lost-worker",
         "a retry swallowed by the lost owner's own worker is judged on the short bound (R-EXEC-13)",
@@ -655,15 +656,18 @@ CATALOG: tuple[Mutant, ...] = (
         "stream-token-never-expires", "a stream token stops working at its expiry (R-EVENT-6)",
         (Patch("qimpl/api/routers/events.py", "    if parsed.expires <= found[1]:", "    if False:"),),
         "browser-stream-token",
-        "another run's, a forged and an expired token, and none, are refused with their codes"),
+        "another run's, a forged, an expired and a re-dated token, and none, are refused with their codes"),
     Mutant(
         "cors-allows-any-origin", "cross-origin access for the allow-listed origins only (R-EVENT-6)",
         (Patch("qimpl/api/app.py", "allow_origins=list(settings.cors_origins)", 'allow_origins=["*"]'),),
-        "browser-stream-token", "CORS: the allowed origin's preflight and request are granted; another origin is not"),
+        "browser-stream-token",
+        "CORS: the allowed origin's preflight and request are granted; another origin, or one that only "
+        "begins like it, is not"),
     Mutant(
         "stream-token-logged", "stream tokens stay out of the access log (R-EVENT-6)",
         (Patch("qimpl/logs.py", "    handler.addFilter(StreamTokenFilter())\n", ""),),
-        "browser-stream-token", "the access log shows each token request redacted, never a token"),
+        "browser-stream-token",
+        "the access log shows each token request redacted; no log holds a token or most of one"),
     Mutant(
         "client-listing-shows-the-tenants-runs", "a client lists its own runs only (R-READ-5, R-AUTH-1)",
         (Patch("qimpl/api/routers/listing.py",

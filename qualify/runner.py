@@ -21,7 +21,13 @@ from typing import Any
 
 from qualify import interrupt
 from qualify.checkers import GENERIC_CHECKERS, Check, accepted_runs, run_checks
-from qualify.collect import database_events, file_events, workflow_events, workspace_grants
+from qualify.collect import (
+    database_events,
+    file_events,
+    stream_keys,
+    workflow_events,
+    workspace_grants,
+)
 from qualify.errors import HarnessError, InvariantViolation
 from qualify.faults import Nemesis
 from qualify.forkserver import ForkServer
@@ -105,6 +111,20 @@ def no_grant_in_logs(logs: Mapping[str, str], grants: Sequence[str]) -> Check:
     return Check("no workspace grant in any process log", not bad,
                  "; ".join(bad) or f"{len(logs)} logs, {len(grants)} grants", ("R-READ-3",),
                  judged=len(logs) if grants else 0)
+
+
+def no_stream_key_in_logs(logs: Mapping[str, str], keys: Sequence[str]) -> Check:
+    """No process log (``read_logs``) carries any run's stream key (R-AUTH-3): a key in a
+    log reads that run's events. Judged over the logs when the database holds a run; the
+    keys are not written into the detail."""
+    bad = []
+    for name, text in logs.items():
+        found = sum(1 for k in keys if k and k in text)
+        if found:
+            bad.append(f"{name}: {found} stream key(s)")
+    return Check("no stream key in any process log", not bad,
+                 "; ".join(bad) or f"{len(logs)} logs, {len(keys)} stream keys", ("R-AUTH-3",),
+                 judged=len(logs) if keys else 0)
 
 
 def all_reaped(procs: Sequence[Any]) -> Check:
@@ -235,6 +255,7 @@ def _run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_di
     with spent("collect"):
         try:
             grants: list[str] = workspace_grants(dsn)
+            keys: list[str] = stream_keys(dsn)
             collected = (database_events(dsn) + file_events(control)
                          + workflow_events(deployment.temporal_address, deployment.namespace,
                                            deployment.task_queue, since=started_at - 1.0))
@@ -252,6 +273,7 @@ def _run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_di
         checks.append(clean_logs(logs))
         if collected:
             checks.append(no_grant_in_logs(logs, grants))
+            checks.append(no_stream_key_in_logs(logs, keys))
         checks.append(all_reaped([*processes.all.values(), sink]))
     struck = sorted({e["point"] for e in events if e["type"] == "crash_point"})
     if scenario.crash_points:
