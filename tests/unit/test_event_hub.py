@@ -264,3 +264,37 @@ def test_a_client_gone_during_a_read_leaves_the_read_to_finish_and_its_connectio
         return journal.returned
 
     assert asyncio.run(scenario()) == ["whole", "whole"]  # the cursor, then the connection
+
+
+class _PagedJournal(_Journal):
+    """A ``_Journal`` that answers at most the page size the read asks for."""
+
+    async def execute(self, _sql: str, params: tuple[str, int, int]) -> None:
+        await super().execute(_sql, params)
+        self.limit = params[2]
+
+    async def fetchall(self) -> list[dict[str, object]]:
+        return (await super().fetchall())[: self.limit]
+
+
+@pytest.mark.req("R-EVENT-2", "R-EVENT-3")
+def test_a_journal_longer_than_a_page_streams_every_event_once_without_waiting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pages of 3 over 10 events: each event once, in order, and each full page followed
+    by the next read at once (no wake comes: the fallback is 600 s)."""
+    from qimpl.api import events
+
+    monkeypatch.setattr(events, "PAGE", 3)
+    rows: list[dict[str, object]] = [{"seq": i, "kind": "checkpoint", "data": {"state": "running"}}
+                                     for i in range(1, 10)]
+    rows.append({"seq": 10, "kind": "terminal", "data": {"state": "completed"}})
+    journal = _PagedJournal(rows)
+
+    async def scenario() -> list[str]:
+        async def read() -> list[str]:
+            return [e["id"] async for e in events.stream_events(journal, EventHub("postgresql://unused"), RUN, 2,
+                                                                 fallback_s=600)]
+        return await asyncio.wait_for(read(), timeout=10)
+
+    assert asyncio.run(scenario()) == [str(i) for i in range(3, 11)]
+    assert journal.reads == 3, "after 2: pages 3-5, 6-8, 9-10"
