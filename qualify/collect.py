@@ -96,6 +96,8 @@ def database_events(dsn: str) -> list[Event]:
             out.append({"type": "transition", **row})
         for row in conn.execute(
             "SELECT run_id::text, tenant_id, state, generation, row_version, error_code, lifecycle_version,"
+            " CASE WHEN length(prompt) <= 20000 THEN prompt END AS prompt,"
+            " md5(result_json->>'answer') AS answer_md5, length(result_json->>'answer') AS answer_chars,"
             " extract(epoch FROM accepted_at)::float8 AS t,"
             " extract(epoch FROM deadline_at)::float8 AS deadline_t FROM runs"
         ):

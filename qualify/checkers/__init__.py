@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from qualify.checkers._base import TERMINAL, Check, accepted_runs
+from qualify.checkers.answers import completed_with_the_scripted_answer
 from qualify.checkers.events import (
     event_journal_matches_run_record,
     event_prunes_bounded,
@@ -69,6 +70,7 @@ __all__ = [
     "Check",
     "accepted_runs",
     "checkpoints_one_per_step",
+    "completed_with_the_scripted_answer",
     "deadline_from_acceptance",
     "deadline_respected",
     "event_journal_matches_run_record",
@@ -120,6 +122,7 @@ GENERIC_CHECKERS: tuple[Callable[[Sequence[Event]], Check], ...] = (
     no_execution_without_intent,
     no_unapproved_effect,
     provider_fed_the_journal,
+    completed_with_the_scripted_answer,
     transition_audit_matches_run_record,
     deadline_from_acceptance,
     one_workflow_per_generation,

@@ -130,11 +130,14 @@ def _woken(ctx: ScenarioContext, followers: list[Follower], n: int, run_id: str)
                         if i in f.arrived and float(t) > f.started + 0.05)
         medians[f.name] = round(delays[len(delays) // 2], 3) if delays else None
     ctx.figures["stream_wake_median_s"] = max((m for m in medians.values() if m is not None), default=-1.0)
+    # A follower that connected after all of them were written (a slow start) judges no
+    # delay: its events came with its first read.
+    timed = [m for m in medians.values() if m is not None]
     return ctx.expect(f"the followers were woken for each of the first {n} events as they were written "
                       f"(NOTIFY, median delay at most {WOKEN_MEDIAN_S:g} s; no fallback read)",
-                      all(got) and all(m is not None and m <= WOKEN_MEDIAN_S for m in medians.values()),
-                      f"{[len(f.result.events) for f in followers]} events; median delays {medians}",
-                      "R-EVENT-2", judged=len(followers))
+                      all(got) and all(m <= WOKEN_MEDIAN_S for m in timed),
+                      f"{[len(f.result.events) for f in followers]} events; median delays {medians}"
+                      " (None: connected after they were written)", "R-EVENT-2", judged=len(timed))
 
 
 def _event_journal(ctx: ScenarioContext, run_id: str) -> list[int]:

@@ -492,7 +492,10 @@ def terminal_redelivery(ctx: ScenarioContext) -> None:
 def expiry_mid_run(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
     ctx.processes.worker()
-    run_id = accepted(ctx, api, prompt=make_prompt(steps=50, delay_ms=200), deadline_seconds=2)
+    # Steps of 3 s, the deadline 4 s after acceptance: it falls about a second into step 2,
+    # never between a step and its checkpoint (with steps of 0.2 s it could, under load,
+    # and then no call was in flight to cancel).
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=50, delay_ms=3000), deadline_seconds=4)
     run = ctx.wait_terminal(api, run_id, timeout_s=30)
     ctx.expect("run expired", run["state"] == "expired", run["state"], "R-EXEC-8")
     ctx.expect("error_code deadline_exceeded", run["error_code"] == "deadline_exceeded",

@@ -226,3 +226,25 @@ def test_a_provider_fed_another_result_than_the_journal_s_is_caught() -> None:
     unsettled = ck.provider_fed_the_journal([{**row, "status": "intent"}, {**step, "fed": [{**fed, "status": "intent"}]}])
     assert unsettled.ok is False
     assert ck.provider_fed_the_journal([row, {**step, "fed": []}]).judged == 0
+
+
+@pytest.mark.req("R-EXEC-4", "R-READ-2")
+def test_a_completed_run_with_another_answer_than_its_script_s_is_caught() -> None:
+    import hashlib
+    import json
+
+    from qualify.checkers.answers import completed_with_the_scripted_answer
+
+    def md5(text: str) -> str:
+        return hashlib.md5(text.encode()).hexdigest()  # noqa: S324 - PostgreSQL's md5()
+
+    prompt = json.dumps({"steps": 3, "answer": "done", "tools": {"1": [{"tool": "charge"}]}})
+    run = {"type": "run", "run_id": R, "state": "completed", "prompt": prompt, "t": 1.0,
+           "answer_md5": md5("done [charge:succeeded]"), "answer_chars": 23}
+    call = {"type": "provider_call", "run_id": R, "step": 3, "attempt": 2, "generation": 1, "t": 2.0}
+    row = intent("tc-a", "charge", 1.5)
+    assert completed_with_the_scripted_answer([run, call, row]).ok is True
+    wrong = completed_with_the_scripted_answer([{**run, "answer_md5": md5("wrong")}, call, row])
+    assert wrong.ok is False and "'done [charge:succeeded]'" in wrong.detail
+    # another provider's run (no synthetic record of it) is not judged
+    assert completed_with_the_scripted_answer([{**run, "answer_md5": md5("wrong")}, row]).judged == 0

@@ -1,0 +1,83 @@
+"""The answer a completed run holds is the one its script asked for (R-EXEC-4, R-READ-2):
+a run completed by a later attempt, from restored checkpoints, must not end with another
+answer than the synthetic provider's script gives (pure)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+
+from qualify.checkers._base import Check, _of, _summary
+from qualify.history import Event
+
+__all__ = ["completed_with_the_scripted_answer", "scripted_answers"]
+
+#: Journal statuses the provider is fed (restated from the tool journal's rules).
+_SETTLED = frozenset({"succeeded", "failed", "rejected", "denied", "not_executed", "compensated"})
+
+
+def _md5(text: str) -> str:
+    return hashlib.md5(text.encode()).hexdigest()
+
+
+def scripted_answers(prompt: str, journal: Sequence[Event]) -> list[str] | None:
+    """The answers the synthetic provider gives a completed run of ``prompt`` whose tool
+    journal is ``journal``; None when ``prompt`` is not a script this check can judge.
+    Without a park for an approval there is one: the script's answer, then the tool
+    results it was fed (`` [tool:status ...]``, in the order asked). After an approval
+    the provider says how the tool went, or gives up when denied."""
+    from qualify.fakes.synthetic import Script
+
+    try:
+        doc = json.loads(prompt)
+        script = Script(doc) if isinstance(doc, dict) else None
+    except ValueError:
+        return None
+    if script is None:
+        return None
+    if script.park and script.park.get("kind") == "approval":
+        return None  # judged by prefix in the checker
+    settled = sorted((e for e in journal if e.get("status") in _SETTLED),
+                     key=lambda e: (int(e.get("step") or 0), int(e.get("position") or 0)))
+    digest = (" [" + " ".join(f"{e.get('tool')}:{e.get('status')}" for e in settled) + "]") if settled else ""
+    return [script.answer + digest]
+
+
+def completed_with_the_scripted_answer(history: Sequence[Event]) -> Check:
+    """Every completed run the synthetic provider answered (it recorded a call of it) holds
+    exactly the answer its script gives, compared by PostgreSQL's md5 of the stored answer;
+    a run parked for an approval, by the script's answer as a prefix (or the provider's
+    giving up after denials). Vacuous without such runs (another provider's scenario)."""
+    name = "every completed run holds the answer its script gives"
+    asked = {str(e["run_id"]) for e in _of(history, "provider_call")}
+    journal: dict[str, list[Event]] = {}
+    for e in _of(history, "tool_invocation"):
+        journal.setdefault(str(e["run_id"]), []).append(e)
+    bad, judged = [], 0
+    for run in _of(history, "run"):
+        run_id = str(run["run_id"])
+        if run.get("state") != "completed" or run_id not in asked or not run.get("prompt"):
+            continue
+        want = scripted_answers(str(run["prompt"]), journal.get(run_id, []))
+        if want is None:
+            try:
+                from qualify.fakes.synthetic import Script
+
+                prefix = Script(json.loads(str(run["prompt"]))).answer
+            except (ValueError, TypeError, AttributeError):
+                continue
+            judged += 1
+            # A prefix cannot be checked against a digest: the answer's length says enough
+            # of a truncation; "denied: nothing ran" is the provider giving up.
+            if int(run.get("answer_chars") or 0) < len(prefix) and run.get("answer_md5") != _md5(
+                    "denied: nothing ran"):
+                bad.append(f"{run_id}: an answer of {run.get('answer_chars')} characters, shorter than"
+                           f" the script's {prefix[:40]!r}")
+            continue
+        judged += 1
+        if run.get("answer_md5") not in {_md5(w) for w in want}:
+            bad.append(f"{run_id}: the stored answer ({run.get('answer_chars')} characters) is not"
+                       f" {want[0][:60]!r}{'...' if len(want[0]) > 60 else ''}")
+    return Check(name, not bad, _summary(bad) or f"{judged} completed runs", ("R-EXEC-4", "R-READ-2"),
+                 judged=judged)
