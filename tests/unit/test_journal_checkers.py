@@ -236,7 +236,7 @@ def test_a_completed_run_with_another_answer_than_its_script_s_is_caught() -> No
     from qualify.checkers.answers import completed_with_the_scripted_answer
 
     def md5(text: str) -> str:
-        return hashlib.md5(text.encode()).hexdigest()  # noqa: S324 - PostgreSQL's md5()
+        return hashlib.md5(text.encode()).hexdigest()
 
     prompt = json.dumps({"steps": 3, "answer": "done", "tools": {"1": [{"tool": "charge"}]}})
     run = {"type": "run", "run_id": R, "state": "completed", "prompt": prompt, "t": 1.0,
