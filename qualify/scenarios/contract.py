@@ -248,13 +248,21 @@ def tenant_isolation(ctx: ScenarioContext) -> None:
     base = f"/v1/agents/agent-1/runs/{run_id}"
     routes = [("GET", base, {}), ("POST", f"{base}/cancel", {}),
               ("POST", f"{base}/resume", {"json": {"additional_prompt": "x"}}),
-              ("POST", f"{base}/pause", {}), ("POST", f"{base}/checkpoints/1/rollback", {})]
+              ("POST", f"{base}/pause", {}), ("POST", f"{base}/checkpoints/1/rollback", {}),
+              ("POST", f"{base}/tool-approval/ap-1", {"json": {"approved": True, "action_version": "ab12"}}),
+              ("POST", f"{base}/tool-results/tc-00000000-0000-0000-0000-000000000000", {"json": {"result": {}}}),
+              ("POST", f"{base}/stream-token", {"json": {"ttl_s": 60}})]
+    # The answer for a run that does not exist: another principal's or tenant's run must be
+    # answered exactly so, saying nothing of whose it is or what state it is in.
+    nowhere = "/v1/agents/agent-1/runs/00000000-0000-4000-8000-000000000000"
     for key in ("other-key", "peer-key"):
         for method, path, kw in routes:
             resp = call(method, path, key, **kw)
-            ctx.expect(f"{key}: {method} {path.removeprefix(base) or '/'} is 404 run_not_found",
-                       resp.status_code == 404 and resp.json().get("code") == "run_not_found",
-                       f"{resp.status_code} {resp.text[:100]}", "R-AUTH-1")
+            absent = call(method, nowhere + path.removeprefix(base), key, **kw)
+            ctx.expect(f"{key}: {method} {path.removeprefix(base) or '/'} is 404 run_not_found, as for no run",
+                       resp.status_code == 404 and resp.json().get("code") == "run_not_found"
+                       and resp.json() == absent.json(),
+                       f"{resp.status_code} {resp.text[:100]}; for no run: {absent.text[:100]}", "R-AUTH-1")
     denied = call("POST", "/v1/agents/agent-1/runs", "dev-key",
                   json={"prompt": "x", "durable_temporal": True, "workspace_id": "secret"})
     ctx.expect("a workspace without a grant is 403 workspace_access_denied",

@@ -28,24 +28,28 @@ def _tenants_named(text: str) -> set[str]:
 
 @scenario(
     "metrics-need-an-operator",
-    title="/metrics with runs in two tenants: anonymous 401 and a client key 403, neither naming "
-          "a tenant; each tenant's operator key sees its own tenant's runs and never the other "
-          "tenant's name",
+    title="/metrics with runs in two tenants (one and two): anonymous 401 and a client key 403, "
+          "neither naming a tenant; each tenant's operator key sees its own tenant's runs, counted, "
+          "and never the other tenant's name",
     requirements=("R-OPS-7", "R-OPS-6", "R-AUTH-4"),
 )
 def metrics_need_an_operator(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
     created: list[tuple[str, str]] = []
+    # Each tenant its own number of runs (1, 2, ...): a scrape that counted another
+    # tenant's runs under its own label would show the other's number.
+    runs_of = {tenant: i + 1 for i, (_, tenant, _) in enumerate(TENANTS)}
     for client_key, tenant, _ in TENANTS:
-        resp = http.post(f"{api.base_url}/v1/agents/agent-1/runs", timeout=15,
-                          json={"prompt": make_prompt(steps=1), "durable_temporal": True},
-                          headers={"Authorization": f"Bearer {client_key}",
-                                   "Idempotency-Key": f"metrics-{tenant}"})
-        # No worker: the run stays queued (or accepted), enough to be counted.
-        ctx.expect(f"a run of {tenant} is accepted", resp.status_code in (202, 503),
-                   f"{resp.status_code} {resp.text[:120]}")
-        doc = resp.json()
-        created.append((client_key, doc.get("run_id") or doc["receipt"]["run_id"]))
+        for n in range(runs_of[tenant]):
+            resp = http.post(f"{api.base_url}/v1/agents/agent-1/runs", timeout=15,
+                              json={"prompt": make_prompt(steps=1), "durable_temporal": True},
+                              headers={"Authorization": f"Bearer {client_key}",
+                                       "Idempotency-Key": f"metrics-{tenant}-{n}"})
+            # No worker: the run stays queued (or accepted), enough to be counted.
+            ctx.expect(f"a run of {tenant} is accepted", resp.status_code in (202, 503),
+                       f"{resp.status_code} {resp.text[:120]}")
+            doc = resp.json()
+            created.append((client_key, doc.get("run_id") or doc["receipt"]["run_id"]))
     anonymous = _metrics(api, None)
     ctx.expect("anonymous /metrics is 401 unauthenticated",
                anonymous.status_code == 401 and anonymous.json().get("code") == "unauthenticated",
@@ -65,9 +69,9 @@ def metrics_need_an_operator(ctx: ScenarioContext) -> None:
         scrape = _metrics(api, operator_key)
         named = _tenants_named(scrape.text)
         counted = re.findall(rf'qimpl_runs{{state="[a-z_]+",tenant="{tenant}"}} ([0-9.e+]+)', scrape.text)
-        ctx.expect(f"{tenant}'s operator: 200 with its one run counted",
-                   scrape.status_code == 200 and sum(float(n) for n in counted) == 1.0,
-                   f"{scrape.status_code} {counted}", "R-OPS-6", "R-OPS-7")
+        ctx.expect(f"{tenant}'s operator: 200 with its own runs counted, and only them",
+                   scrape.status_code == 200 and sum(float(n) for n in counted) == runs_of[tenant],
+                   f"{scrape.status_code} {counted}; {runs_of[tenant]} created", "R-OPS-6", "R-OPS-7")
         ctx.expect(f"{tenant}'s operator sees only its own tenant's labels",
                    named == {tenant}, f"tenants named: {sorted(named)}", "R-OPS-7", "R-AUTH-4")
     ctx.figures["tenants_in_anonymous_scrape"] = len(_tenants_named(anonymous.text))
