@@ -202,10 +202,24 @@ def parked_runs_expire(ctx: ScenarioContext) -> None:
                set((parked["result_json"] or {}).get("pending_approval", {}))
                >= {"approval_id", "action_version", "tool", "arguments"},
                json.dumps(parked["result_json"]), "R-READ-2")
+    interval = float(RECONCILE["QIMPL_RECONCILE_INTERVAL_S"])
     for run_id in (waiting, approving):
         run = ctx.wait_terminal(api, run_id, timeout_s=20)
-        ctx.expect(f"{'input' if run_id == waiting else 'approval'} run expired",
-                   run["state"] == "expired", run["state"], "R-EXEC-8")
+        late = ctx.sql("SELECT extract(epoch FROM t.at - r.deadline_at)::float8 FROM runs r JOIN run_transitions t"
+                       " USING (run_id) WHERE r.run_id = %s AND t.new_state = 'expired'", run_id)
+        took = late[0][0] if late else None
+        # Within a sweep: the next one after the deadline, on the database's clock (a sweep
+        # waits the interval after the previous one ended; 1.5 s for the sweep itself on a
+        # loaded machine).
+        ctx.expect(f"{'input' if run_id == waiting else 'approval'} run expired within a sweep of its "
+                   "deadline (the interval + 1.5 s)",
+                   run["state"] == "expired" and took is not None and 0 <= took <= interval + 1.5,
+                   f"{run['state']} {took} s after the deadline (sweep every {interval:g} s)", "R-EXEC-8")
+    gone = http.post(f"{api.base_url}/v1/agents/agent-1/runs/{waiting}/cancel",
+                     headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
+    ctx.expect("a cancel of the expired run answers cancelled: false and leaves it expired",
+               gone.status_code == 200 and gone.json().get("cancelled") is False
+               and ctx.read_run(api, waiting)["state"] == "expired", gone.text[:120], "R-CANCEL-1")
     resp = http.post(f"{api.base_url}/v1/agents/agent-1/runs/{waiting}/resume",
                       headers={"Authorization": f"Bearer {API_KEY}", "Idempotency-Key": "late"},
                       json={"additional_prompt": "too late"}, timeout=10)
@@ -254,6 +268,11 @@ def three_reconcilers(ctx: ScenarioContext) -> None:
                f"max {max(s[1] for s in sweeps)}", "R-OPS-3")
     ctx.expect("sweeps account for every expiry", sum(s[2] for s in sweeps) == n,
                f"{sum(s[2] for s in sweeps)} expired by sweeps")
+    # Exactly once by the reconcilers' own locking (FOR UPDATE SKIP LOCKED), not by the
+    # guard refusing the second writer: a refused expiry is a sweep's error.
+    ctx.expect("no sweep met an error (no expiry refused: the reconcilers never contended for a run)",
+               sum(s[4] for s in sweeps) == 0, f"errors {[s[4] for s in sweeps if s[4]]}", "R-OPS-3",
+               judged=len(sweeps))
     ctx.figures["reconcilers_that_expired"] = len({s[0] for s in sweeps if s[2]})
 
 
