@@ -67,6 +67,10 @@ GUARD_CASES = (
     ("a generation that jumps", "generation = generation + 40, row_version = row_version + 1", "QG004"),
     ("a changed prompt", "prompt = 'rewritten', row_version = row_version + 1", "QG004"),
     ("a changed stream key", "stream_key = 'guessable', row_version = row_version + 1", "QG004"),
+    ("a changed workspace", "workspace_id = 'elsewhere', row_version = row_version + 1", "QG004"),
+    ("a changed acceptance time", "accepted_at = accepted_at - interval '1 hour', row_version = row_version + 1",
+     "QG004"),
+    ("running -> queued", "state = 'queued', row_version = row_version + 1", "QG002"),
 )
 #: (case, the INSERT's state, row_version, generation, owner_attempt): a run inserted
 #: other than new, by an application role in its own tenant (QG014).
@@ -143,7 +147,9 @@ def stale_writers_refused(ctx: ScenarioContext) -> None:
         for what, answer in seen.items():
             want = "error 42501" if what.startswith("insert") else "0 rows"
             there = 1
-            if what.startswith("read "):  # the rows exist: hidden, not absent
+            if what == "read workspace_grants":  # the tenant's grants exist: hidden, not absent
+                there = int(ctx.sql("SELECT count(*) FROM workspace_grants WHERE tenant_id = 't-dev'")[0][0])
+            elif what.startswith("read "):  # the rows exist: hidden, not absent
                 there = int(ctx.sql(f"SELECT count(*) FROM {what.removeprefix('read ')}"
                                     " WHERE run_id = %s", run_id)[0][0])
             ctx.expect(f"row-level security: {role} of t-other, {what}: {want}",

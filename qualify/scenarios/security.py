@@ -12,6 +12,7 @@ from qualify import http
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
 from qualify.scenarios.base import ScenarioContext, scenario
+from qualify.scenarios.receipts import receipt_diff
 
 #: (client key, its tenant, an operator key of that tenant), as provisioned by the stack.
 TENANTS = (("dev-key", "t-dev", "ops-key"), ("other-key", "t-other", "ops-other-key"))
@@ -112,21 +113,23 @@ def replay_after_revoke(ctx: ScenarioContext) -> None:
                "unknown" if again is None else f"{again.status_code} {again.text[:120]}",
                "R-CREATE-2")
     if again is not None and again.status_code == 202:
-        ctx.expect("the replay is the original receipt (run, stream key, deadline)",
-                   {k: again.json()[k] for k in ("run_id", "stream_key", "deadline_at")}
-                   == {k: first.json()[k] for k in ("run_id", "stream_key", "deadline_at")},
-                   "", "R-CREATE-2")
+        ctx.expect("the replay is the original receipt, whole",
+                   not receipt_diff(first.json(), again.json()), str(receipt_diff(first.json(), again.json())),
+                   "R-CREATE-2")
     fresh = ctx.create_run(api, prompt=prompt, key=f"{key}-new")
     ctx.expect("a new key after the revoke: 403 workspace_access_denied (new work is authorised)",
                fresh is not None and fresh.status_code == 403
                and fresh.json().get("code") == "workspace_access_denied",
                "unknown" if fresh is None else f"{fresh.status_code} {fresh.text[:120]}", "R-AUTH-2")
+    before = ctx.sql("SELECT state, generation, row_version FROM runs WHERE run_id = %s", run_id)[0]
     resumed = http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume", timeout=15,
                          json={"additional_prompt": "go on"},
                          headers={"Authorization": "Bearer dev-key", "Idempotency-Key": f"{key}-r"})
-    ctx.expect("a resume after the revoke: 403 workspace_access_revoked",
-               resumed.status_code == 403 and resumed.json().get("code") == "workspace_access_revoked",
-               f"{resumed.status_code} {resumed.text[:120]}", "R-AUTH-2")
+    after = ctx.sql("SELECT state, generation, row_version FROM runs WHERE run_id = %s", run_id)[0]
+    ctx.expect("a resume after the revoke: 403 workspace_access_revoked, and the run untouched",
+               resumed.status_code == 403 and resumed.json().get("code") == "workspace_access_revoked"
+               and tuple(after) == tuple(before),
+               f"{resumed.status_code} {resumed.text[:120]}; run {tuple(before)} -> {tuple(after)}", "R-AUTH-2")
     runs = ctx.sql("SELECT count(*) FROM runs")[0][0]
     ctx.expect("exactly one run", runs == 1, f"{runs} runs", "R-CREATE-2")
     ctx.cancel_run(api, run_id)

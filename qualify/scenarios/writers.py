@@ -160,9 +160,12 @@ def rls_probes(dsn: str, run_id: str, victim: str, intruder: str) -> dict[str, s
     with _session(dsn, intruder) as conn:
         # Tables that hold rows of this run (the tool journal has none here).
         for table in ("runs", "run_checkpoints", "run_transitions", "idempotency_records",
-                      "provider_calls"):
+                      "provider_calls", "run_events"):
             row = conn.execute(f"SELECT count(*) FROM {table} WHERE run_id = %s", (run_id,)).fetchone()
             out[f"read {table}"] = f"{row[0] if row else '?'} rows"
+        # The victim's workspace grants (no run id: by tenant).
+        row = conn.execute("SELECT count(*) FROM workspace_grants WHERE tenant_id = %s", (victim,)).fetchone()
+        out["read workspace_grants"] = f"{row[0] if row else '?'} rows"
         try:
             cur = conn.execute("UPDATE runs SET row_version = row_version + 1 WHERE run_id = %s",
                                (run_id,))
