@@ -102,9 +102,16 @@ def database_events(dsn: str) -> list[Event]:
             " extract(epoch FROM deadline_at)::float8 AS deadline_t FROM runs"
         ):
             out.append({"type": "run", **row})
+        deltas = conn.execute(
+            "SELECT count(*) > 0 AS present FROM information_schema.columns"
+            " WHERE table_name = 'run_checkpoints' AND column_name = 'state_delta'").fetchone()
+        # Each checkpoint's state as stored (whole, or its delta; absent before that
+        # migration; a whole state over 20,000 bytes is left out): a checker folds them.
+        states = (" CASE WHEN pg_column_size(state_json) <= 20000 THEN state_json END AS state_json,"
+                  " state_delta," if deltas and deltas["present"] else "")
         for row in conn.execute(
             "SELECT run_id::text, step, generation, attempt, row_version,"
-            f"{' xact_id::text,' if xact else ''}"
+            f"{' xact_id::text,' if xact else ''}{states}"
             " extract(epoch FROM created_at)::float8 AS t FROM run_checkpoints ORDER BY row_version"
         ):
             out.append({"type": "checkpoint", **row})

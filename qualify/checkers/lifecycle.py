@@ -141,13 +141,61 @@ def state_restored_at_every_step(history: Sequence[Event]) -> Check:
     name = "each step was handed the state the previous step checkpointed"
     bad = []
     calls = [c for c in _of(history, "provider_call") if "trail_seen" in c]
+    folded = _folded_states(history)
+    whole = 0
     for call in calls:
         step = int(call["step"])
         if call["trail_seen"] != list(range(1, step)):
             bad.append(f"{call['run_id']}: step {step} (attempt {call.get('attempt')}) was handed "
                        f"trail {call['trail_seen']}")
-    return Check(name, not bad, _summary(bad) or f"{len(calls)} provider calls", ("R-EXEC-4",),
-                 judged=len(calls))
+            continue
+        want = folded.get((str(call["run_id"]), step - 1))
+        if step > 1 and want is not None and call.get("state_sha256") is not None:
+            whole += 1
+            if call["state_sha256"] != _state_sha256(want):
+                bad.append(f"{call['run_id']}: step {step} (attempt {call.get('attempt')}) was handed "
+                           f"another state than step {step - 1} checkpointed (keys {sorted(want)})")
+    return Check(name, not bad, _summary(bad) or f"{len(calls)} provider calls, {whole} whole states compared",
+                 ("R-EXEC-4",), judged=len(calls))
+
+
+def _state_sha256(state: object) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(state, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _folded_states(history: Sequence[Event]) -> dict[tuple[str, int], dict[str, object]]:
+    """``(run, step) -> state`` as the run's checkpoints store it, folded here from the
+    stored form's definition (qimpl.state_delta's docstring: a whole ``state_json``, or a
+    ``state_delta`` of ``set``, ``unset`` and ``append`` on the previous step's state),
+    not by the implementation's function. A step whose chain has a gap or a whole state
+    left out of the history (over 20,000 bytes) is not folded."""
+    out: dict[tuple[str, int], dict[str, object]] = {}
+    by_run: dict[str, list[Event]] = defaultdict(list)
+    for e in _of(history, "checkpoint"):
+        if "state_delta" in e or "state_json" in e:
+            by_run[str(e["run_id"])].append(e)
+    for run, rows in by_run.items():
+        state: dict[str, object] | None = None
+        last = 0
+        for row in sorted(rows, key=lambda r: int(r["step"])):
+            step = int(row["step"])
+            if row.get("state_json") is not None:
+                state = dict(row["state_json"])
+            elif row.get("state_delta") is not None and state is not None and step == last + 1:
+                delta = row["state_delta"]
+                state = {k: v for k, v in state.items() if k not in set(delta.get("unset", ()))}
+                state.update(delta.get("set", {}))
+                for key, tail in (delta.get("append") or {}).items():
+                    state[key] = state[key] + tail  # type: ignore[operator]
+            else:
+                state = None
+            last = step
+            if state is not None:
+                out[(run, step)] = state
+    return out
 
 
 #: Provider calls are stamped by the worker a few microseconds after it checked the

@@ -14,7 +14,8 @@ The run's prompt is its script, a JSON object (a plain-text prompt means the def
      "state": {"x": NaN},                        # merged into every step's state
      "park": {"step": 2, "kind": "approval"},    # park at step 2 of generation 1
      "tools": {"2": [{"tool": "charge", "arguments": {"amount": 5}}]},
-     "deltas": 4}                                # stream 4 output pieces per step
+     "deltas": 4,                                # stream 4 output pieces per step
+     "churn": true}                              # the state also sets and drops keys
 
 ``tools`` maps a step (< ``steps``) to the tool calls that step asks for (R-TOOL-1): at that
 step, in every generation and attempt (a pure function of the step), the step returns
@@ -78,7 +79,7 @@ class Script:
     """A parsed script; unknown keys are refused so a typo cannot make a vacuous test."""
 
     KEYS = frozenset({"steps", "answer", "barrier", "fail", "delay_ms", "park", "answer_bytes",
-                      "usage", "state", "tools", "deltas"})
+                      "usage", "state", "tools", "deltas", "churn"})
 
     def __init__(self, doc: Mapping[str, Any]) -> None:
         unknown = set(doc) - self.KEYS
@@ -96,6 +97,9 @@ class Script:
         #: Stream this many output pieces per step (``s<step>a<attempt>.<i> ``) through
         #: ``ctx.emit`` before the step returns (R-EVENT-1), each after ``delay_ms / deltas``.
         self.deltas = int(doc.get("deltas", 0))
+        #: Every step also replaces a counter (``n``) and adds or drops a key (``odd``, on odd
+        #: steps only): a delta chain with ``set`` and ``unset``, not only ``append``.
+        self.churn = bool(doc.get("churn", False))
         self.barrier: Mapping[str, Any] | None = doc.get("barrier")
         self.fail: Any = doc.get("fail")
         #: ``{"step": n, "kind": "input" | "approval"}``: park the run at step n of
@@ -173,6 +177,13 @@ def grant_digest(grant: str | None) -> str | None:
     return hashlib.sha256(grant.encode()).hexdigest() if grant is not None else None
 
 
+def state_digest(state: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of a state's canonical JSON: what the provider records of the state it
+    was handed, for the harness to compare with the checkpoints folded (R-EXEC-4)."""
+    doc = json.dumps(state, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(doc.encode()).hexdigest()
+
+
 def result_digest(result: Any) -> str:
     """SHA-256 (hex) of a tool result's canonical JSON (``null`` for none): what the
     provider records of each result it was fed, for the harness to compare with the
@@ -204,6 +215,7 @@ class SyntheticProvider(Provider):
                                    for r in ctx.tool_results],
                            "workspace_id": ctx.workspace_id, "grant_sha256": grant_digest(ctx.grant_token),
                            "trail_seen": ctx.state.get("trail", []),
+                           "state_sha256": state_digest(ctx.state),
                            "pid": os.getpid(), "t": true_time()})
         with open(self.control / "provider_calls.jsonl", "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
@@ -249,6 +261,10 @@ class SyntheticProvider(Provider):
             raise script.error(ctx.attempt)
         trail = [*ctx.state.get("trail", []), ctx.step]
         usage = {"provider_calls": 1, "input_tokens": 10, "output_tokens": 5, **script.usage}
+        if script.churn:
+            churned = {"trail": trail, "n": ctx.step, **({"odd": ctx.step} if ctx.step % 2 else {})}
+            return StepResult(state=churned, usage=usage,
+                              answer=script.answer if ctx.step >= script.steps else None)
         if ctx.step in script.tools:
             return StepResult(state={"trail": trail, **script.state}, usage=usage,
                               tool_calls=script.tools[ctx.step])

@@ -131,12 +131,32 @@ def checkpoint_deltas(ctx: ScenarioContext) -> None:
     if resp is None or resp.status_code != 202:
         raise HarnessError(f"create failed: {resp and resp.status_code}")
     run_id = resp.json()["run_id"]
+    # A second run whose state also replaces a counter and adds or drops a key every step:
+    # its deltas set and unset, and the fold after the kill must undo neither (the generic
+    # check compares each step's state, whole, with the checkpoints folded).
+    churned = ctx.create_run(api, prompt=make_prompt(
+        steps=DELTA_STEPS, answer="churned", churn=True, barrier={"step": k + 1, "name": "strike-churn"}))
+    if churned is None or churned.status_code != 202:
+        raise HarnessError(f"create failed: {churned and churned.status_code}")
+    churn_id = churned.json()["run_id"]
     held = ctx.wait_barrier("strike")
+    ctx.wait_barrier("strike-churn")
     ctx.nemesis.sigkill(worker, barrier="strike", step=held["step"], attempt=held["attempt"],
                         run_id=run_id)
     ctx.processes.worker("worker-2")
     run = ctx.wait_terminal(api, run_id, timeout_s=60)
     ctx.expect("run completed after the kill", run["state"] == "completed", run["state"], "R-EXEC-4")
+    churn = ctx.wait_terminal(api, churn_id, timeout_s=60)
+    ops = {op for (delta,) in ctx.sql("SELECT state_delta FROM run_checkpoints WHERE run_id = %s"
+                                      " AND state_delta IS NOT NULL", churn_id) for op in delta}
+    from qualify.scenarios.lifecycle import provider_calls
+
+    restored = [c for c in provider_calls(ctx, churn_id) if c["attempt"] > 1]
+    ctx.expect("the churning run completed after the kill, its deltas setting and unsetting keys, "
+               "and a later attempt handed the folded state",
+               churn["state"] == "completed" and {"set", "unset", "append"} <= ops and bool(restored),
+               f"{churn['state']}; delta ops {sorted(ops)}; {len(restored)} calls after the kill", "R-EXEC-3",
+               "R-EXEC-4")
     rows = ctx.sql("SELECT step, state_json IS NOT NULL, pg_column_size(COALESCE(state_json, state_delta)),"
                    " state_delta FROM run_checkpoints WHERE run_id = %s ORDER BY step", run_id)
     whole = [step for step, is_whole, _, _ in rows if is_whole]

@@ -441,3 +441,18 @@ def test_a_workflow_started_with_another_deadline_or_generation_is_caught() -> N
     assert stale.ok is False
     unread = {"type": "workflow", "workflow_id": f"agent-run-{run}-g1", "t": 1.0}
     assert ck.workflow_input_matches_its_run([*history, unread]).judged == 0
+
+
+@pytest.mark.req("R-EXEC-4")
+def test_a_step_handed_another_state_than_the_folded_checkpoints_is_caught() -> None:
+    from qualify.fakes.synthetic import state_digest
+
+    rows = [{**cp(1, 4, 4), "state_json": {"trail": [1], "n": 1, "odd": 1}, "state_delta": None},
+            {**cp(2, 5, 5), "state_json": None,
+             "state_delta": {"set": {"n": 2}, "unset": ["odd"], "append": {"trail": [2]}}}]
+    right = {"trail": [1, 2], "n": 2}
+    step3 = {**call(3, 6.0, attempt=2), "trail_seen": [1, 2], "state_sha256": state_digest(right)}
+    assert ck.state_restored_at_every_step([*rows, step3]).ok is True
+    kept = {"trail": [1, 2], "n": 1, "odd": 1}  # a fold that ignored set and unset
+    bad = ck.state_restored_at_every_step([*rows, {**step3, "state_sha256": state_digest(kept)}])
+    assert bad.ok is False and "another state than step 2 checkpointed" in bad.detail
