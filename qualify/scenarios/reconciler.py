@@ -149,6 +149,23 @@ def postgres_restarted_mid_sweep(ctx: ScenarioContext) -> None:
                "R-CREATE-5")
 
 
+def _cancel_requested(ctx: ScenarioContext, wf_id: str) -> bool:
+    """Whether ``wf_id``'s history holds a cancel request (Temporal's own record)."""
+    import asyncio
+
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.client import Client
+
+    async def look() -> bool:
+        client = await Client.connect(ctx.deployment.temporal_address, namespace=ctx.deployment.namespace)
+        async for event in client.get_workflow_handle(wf_id).fetch_history_events():
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED:
+                return True
+        return False
+
+    return asyncio.run(look())
+
+
 @scenario(
     "expiry-without-worker",
     title="No worker at all, deadline 2 s: the one-shot sweep expires the run; a worker "
@@ -174,6 +191,12 @@ def expiry_without_worker(ctx: ScenarioContext) -> None:
     run = ctx.read_run(api, run_id)
     ctx.expect("run expired by the sweep", run["state"] == "expired"
                and run["error_code"] == "deadline_exceeded", run["state"], "R-EXEC-8")
+    # Before any worker runs: the sweep itself asked Temporal to cancel the run's workflow
+    # (its history says so), so the worker started next closes it without running it.
+    asked = _cancel_requested(ctx, workflow_id(run_id, 1))
+    ctx.expect("the sweep asked Temporal to cancel the expired run's workflow (before any worker ran)",
+               asked, "a cancel request in the workflow's history" if asked else "no cancel request",
+               "R-OPS-3", "R-OPS-4")
     ctx.processes.worker()
     status, _ = ctx.workflow_outcome(workflow_id(run_id, 1))
     ctx.expect("its workflow is closed", status != "running", f"workflow {status}")
