@@ -7,6 +7,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 
@@ -246,7 +247,7 @@ def tenant_isolation(ctx: ScenarioContext) -> None:
     ctx.history.record("client", op="create", phase="ok", run_id=run_id)
     ctx.wait_state(api, run_id, "awaiting_input")
     base = f"/v1/agents/agent-1/runs/{run_id}"
-    routes = [("GET", base, {}), ("POST", f"{base}/cancel", {}),
+    routes: list[tuple[str, str, dict[str, Any]]] = [("GET", base, {}), ("POST", f"{base}/cancel", {}),
               ("POST", f"{base}/resume", {"json": {"additional_prompt": "x"}}),
               ("POST", f"{base}/pause", {}), ("POST", f"{base}/checkpoints/1/rollback", {}),
               ("POST", f"{base}/tool-approval/ap-1", {"json": {"approved": True, "action_version": "ab12"}}),
