@@ -207,8 +207,9 @@ def expiry_without_worker(ctx: ScenarioContext) -> None:
 @scenario(
     "parked-runs-expire",
     title="Runs parked in awaiting_input and awaiting_approval past their deadline expire "
-          "within a sweep; a resume afterwards answers 409",
-    requirements=("R-EXEC-8", "R-OPS-3", "R-READ-2", "R-RESUME-2"),
+          "within a sweep, on the database's clock; a resume afterwards answers 409, a cancel "
+          "cancelled: false",
+    requirements=("R-EXEC-8", "R-OPS-3", "R-READ-2", "R-RESUME-2", "R-CANCEL-1"),
 )
 def parked_runs_expire(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
