@@ -97,17 +97,23 @@ def clean_logs(logs: Mapping[str, str]) -> Check:
                  "; ".join(bad) or f"{len(logs)} logs", ("R-EXEC-6",), judged=len(logs))
 
 
+def _secrets_in_logs(logs: Mapping[str, str], secrets: Sequence[str], what: str) -> list[str]:
+    """``"<log>: <n> <what>"`` for each log holding any of ``secrets`` (never the secret)."""
+    bad = []
+    for name, text in logs.items():
+        found = sum(1 for secret in secrets if secret and secret in text)
+        if found:
+            bad.append(f"{name}: {found} {what}")
+    return bad
+
+
 def no_grant_in_logs(logs: Mapping[str, str], grants: Sequence[str]) -> Check:
     """No process log (``read_logs``) carries any workspace grant token of the scenario's
     database (R-READ-3): the worker reads its run's grant at every attempt, so every
     scenario that runs one is a chance to leak it. Judged over the logs when the database
     holds a grant (``judged`` 0, covering nothing, when it holds none). The tokens
     themselves are not written into the detail: a leak is named by log and grant count."""
-    bad = []
-    for name, text in logs.items():
-        found = sum(1 for g in grants if g and g in text)
-        if found:
-            bad.append(f"{name}: {found} grant(s)")
+    bad = _secrets_in_logs(logs, grants, "grant(s)")
     return Check("no workspace grant in any process log", not bad,
                  "; ".join(bad) or f"{len(logs)} logs, {len(grants)} grants", ("R-READ-3",),
                  judged=len(logs) if grants else 0)
@@ -117,11 +123,7 @@ def no_stream_key_in_logs(logs: Mapping[str, str], keys: Sequence[str]) -> Check
     """No process log (``read_logs``) carries any run's stream key (R-AUTH-3): a key in a
     log reads that run's events. Judged over the logs when the database holds a run; the
     keys are not written into the detail."""
-    bad = []
-    for name, text in logs.items():
-        found = sum(1 for k in keys if k and k in text)
-        if found:
-            bad.append(f"{name}: {found} stream key(s)")
+    bad = _secrets_in_logs(logs, keys, "stream key(s)")
     return Check("no stream key in any process log", not bad,
                  "; ".join(bad) or f"{len(logs)} logs, {len(keys)} stream keys", ("R-AUTH-3",),
                  judged=len(logs) if keys else 0)
