@@ -102,7 +102,12 @@ UNSWEPT_WARNING_S = 300.0
 def _warn_unswept(conn: psycopg.Connection[Any], tenant: str) -> None:
     """Warn (stderr) when no reconciler swept ``tenant`` lately: the key works, but the
     tenant's orphaned dispatches and overdue runs wait for a worker that lists it."""
-    age = admin.last_sweep_age_s(conn, tenant)
+    try:
+        age = admin.last_sweep_age_s(conn, tenant)
+    except psycopg.Error as exc:  # advisory only: the key is created and printed already
+        print(f"api_keys: could not check the tenant's reconciler sweeps ({type(exc).__name__})",
+              file=sys.stderr)
+        return
     if age is not None and age <= UNSWEPT_WARNING_S:
         return
     lately = "ever (on record)" if age is None else f"for {age:.0f} s"

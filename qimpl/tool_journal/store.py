@@ -50,6 +50,10 @@ class Settlement:
     WRONG_KIND = "tool_call_kind_mismatch"
 
 
+#: Outcomes an operator records without a result (R-TOOL-3).
+_RESULTLESS = frozenset({"not_executed", "compensated"})
+
+
 async def settle(conn: AConn, run_id: str, call_id: str, *, status: str,
                  result: Mapping[str, Any] | None, settled_by: str, note: str | None = None,
                  kinds: frozenset[str], after_end: bool = False) -> tuple[str, Row | None]:
@@ -74,9 +78,12 @@ async def settle(conn: AConn, run_id: str, call_id: str, *, status: str,
             return Settlement.WRONG_KIND, row
         if row["status"] not in UNSETTLED:
             # A repeat that says something else (its note too) is not the same record.
-            # A result-less outcome stored as {} before 2026-12-06 is the same as None.
+            # An operator's result-less outcome (not_executed, compensated) stored as {} by a
+            # version before this one is the same record as one without a result.
+            wanted = dict(result) if result is not None else None
             same = (row["status"] == status
-                    and (row["result"] or None) == (dict(result) or None if result is not None else None)
+                    and (row["result"] == wanted
+                         or (status in _RESULTLESS and wanted is None and row["result"] == {}))
                     and (note is None or row["resolution_note"] == note))
             return (Settlement.REPEATED if same else Settlement.ALREADY_SETTLED), row
         ended = run["state"] in ("completed", "failed", "expired", "cancelled")

@@ -158,7 +158,7 @@ def _step_cancellations(ctx: ScenarioContext, run_id: str) -> list[dict[str, Any
     title="Cancel during one 30-second provider step with AGENT_CONCURRENCY_LIMIT=1 and a run "
           "waiting for the slot: the step is stopped within a second of the cancel commit "
           "(cancellation delivered to the activity, not noticed at the next fenced write), the "
-          "lock session is gone, the waiting run starts within 1.5 s, and no "
+          "lock session is gone, the waiting run starts within 2 s, and no "
           "provider call, checkpoint or event follows the cancel commit but the terminal event",
     requirements=("R-Q34-1", "R-CANCEL-1", "R-EXEC-7", "R-EXEC-9", "R-EVENT-1"),
 )
@@ -196,9 +196,10 @@ def cancel_stops_a_long_step(ctx: ScenarioContext) -> None:
     started = ctx.sql("SELECT extract(epoch FROM min(at))::float8 FROM run_transitions"
                       " WHERE run_id = %s AND new_state = 'running'", waiting)[0][0]
     # The waiting run's next retry comes within its backoff (at most 1 s, qimpl's retry
-    # policy) of the slot freeing; measured 0.006-0.2 s. A slot held on after the cancel
-    # by a second or more fails this (the heartbeat timeout + 2 s bound it had did not).
-    bound = 1.5
+    # policy) of the slot freeing, then its dispatch and claim; measured 0.006-0.22 s. A
+    # slot held on after the cancel by two seconds fails this (the heartbeat timeout + 2 s
+    # bound it had did not).
+    bound = 2.0
     slot_after = round(float(started) - cancel_t, 3) if started is not None else None
     ctx.figures["next_run_started_after_cancel_s"] = slot_after if slot_after is not None else -1.0
     ctx.expect(f"the tenant slot was released: the waiting run started within {bound:g} s of the "

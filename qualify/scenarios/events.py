@@ -72,8 +72,6 @@ class Follower:
         self.name, self.result, self.error = name, FollowResult(), ""
         #: Event id -> when it arrived (this host's clock, epoch s).
         self.arrived: dict[int, float] = {}
-        #: When the follower first asked for the stream (this host's clock, epoch s).
-        self.started = time.time()
         urls = {a.base_url: a.name for a in apis}
 
         def on_event(event: StreamEvent, base: str) -> None:
@@ -124,10 +122,11 @@ def _woken(ctx: ScenarioContext, followers: list[Follower], n: int, run_id: str)
                            " AND seq <= %s", run_id, n))
     medians = {}
     for f in followers:
-        # Only the events written once the follower was connected (a moment after it asked):
-        # the earlier ones come with its first read, whatever wakes it.
+        # Only the events written after the follower's first event arrived (its stream was
+        # open by then): earlier ones come with its first read, whatever wakes it.
+        opened = min(f.arrived.values(), default=float("inf"))
         delays = sorted(f.arrived[i] - float(t) for i, t in written.items()
-                        if i in f.arrived and float(t) > f.started + 0.05)
+                        if i in f.arrived and float(t) > opened)
         medians[f.name] = round(delays[len(delays) // 2], 3) if delays else None
     ctx.figures["stream_wake_median_s"] = max((m for m in medians.values() if m is not None), default=-1.0)
     # A follower that connected after all of them were written (a slow start) judges no

@@ -180,7 +180,7 @@ async def resolve_invocation(
     resolution again is idempotent, another one 409. Nothing runs again: the provider
     is fed this outcome when the client resumes the run. A call recorded ``not_executed``
     or ``compensated`` has no result: ``result`` is null in the answer and in what the
-    provider is fed."""
+    provider is fed (one recorded so by a version before 2026-12-06 keeps its ``{}``)."""
     if body.outcome == "succeeded" and body.result is None:
         raise ApiError(422, "resolution_result_required", "a succeeded call needs its result")
     if body.outcome != "succeeded" and body.result is not None:
