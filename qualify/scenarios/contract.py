@@ -75,7 +75,7 @@ def same_key_twenty_requests(ctx: ScenarioContext) -> None:
     ctx.expect("exactly one run committed", runs == 1, f"{runs} runs", "R-CREATE-2")
     (run_id,) = run_ids
     ctx.wait_terminal(apis[0], run_id)
-    original = next((r.json() for r in answers
+    original: dict[str, Any] = next((r.json() for r in answers
                      if r.status_code == 202 and r.headers.get("idempotent-replayed") != "true"), {})
     replays = [r.json() for r in answers if r.status_code == 202 and r.headers.get("idempotent-replayed") == "true"]
     replay = post(0)
