@@ -8,10 +8,13 @@ from dataclasses import dataclass, field
 
 from qualify.history import Event
 
-__all__ = ["TERMINAL", "Check", "accepted_runs"]
+__all__ = ["SETTLED", "TERMINAL", "Check", "accepted_runs"]
 
 
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+#: Tool-journal statuses of a settled call, the ones a provider is fed
+#: (``qimpl.tool_journal.rules.SETTLED``, restated: the checkers judge the implementation).
+SETTLED = frozenset({"succeeded", "failed", "rejected", "denied", "not_executed", "compensated"})
 
 
 @dataclass(frozen=True)

@@ -7,41 +7,43 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from qualify.checkers._base import Check, _of, _summary
+from qualify.checkers._base import SETTLED, Check, _of, _summary
 from qualify.history import Event
 
-__all__ = ["completed_with_the_scripted_answer", "scripted_answers"]
+if TYPE_CHECKING:
+    from qualify.fakes.synthetic import Script
 
-#: Journal statuses the provider is fed (restated from the tool journal's rules).
-_SETTLED = frozenset({"succeeded", "failed", "rejected", "denied", "not_executed", "compensated"})
+__all__ = ["completed_with_the_scripted_answer", "scripted_answer"]
 
 
 def _md5(text: str) -> str:
     return hashlib.md5(text.encode()).hexdigest()
 
 
-def scripted_answers(prompt: str, journal: Sequence[Event]) -> list[str] | None:
-    """The answers the synthetic provider gives a completed run of ``prompt`` whose tool
-    journal is ``journal``; None when ``prompt`` is not a script this check can judge.
-    Without a park for an approval there is one: the script's answer, then the tool
-    results it was fed (`` [tool:status ...]``, in the order asked). After an approval
-    the provider says how the tool went, or gives up when denied."""
+def _script(prompt: str) -> Script | None:
+    """The synthetic script ``prompt`` carries; None for a prompt that is not one."""
     from qualify.fakes.synthetic import Script
 
     try:
         doc = json.loads(prompt)
-        script = Script(doc) if isinstance(doc, dict) else None
+        return Script(doc) if isinstance(doc, dict) else None
     except ValueError:
         return None
-    if script is None:
-        return None
+
+
+def scripted_answer(script: Script, journal: Sequence[Event]) -> str | None:
+    """The answer the synthetic provider gives a completed run of ``script`` whose tool
+    journal is ``journal``: the script's answer, then the tool results it was fed
+    (`` [tool:status ...]``, in the order asked). None after a park for an approval, where
+    the provider says how the tool went or gives up when denied (judged by prefix)."""
     if script.park and script.park.get("kind") == "approval":
-        return None  # judged by prefix in the checker
-    settled = sorted((e for e in journal if e.get("status") in _SETTLED),
+        return None
+    settled = sorted((e for e in journal if e.get("status") in SETTLED),
                      key=lambda e: (int(e.get("step") or 0), int(e.get("position") or 0)))
     digest = (" [" + " ".join(f"{e.get('tool')}:{e.get('status')}" for e in settled) + "]") if settled else ""
-    return [script.answer + digest]
+    return script.answer + digest
 
 
 def completed_with_the_scripted_answer(history: Sequence[Event]) -> Check:
@@ -59,25 +61,20 @@ def completed_with_the_scripted_answer(history: Sequence[Event]) -> Check:
         run_id = str(run["run_id"])
         if run.get("state") != "completed" or run_id not in asked or not run.get("prompt"):
             continue
-        want = scripted_answers(str(run["prompt"]), journal.get(run_id, []))
-        if want is None:
-            try:
-                from qualify.fakes.synthetic import Script
-
-                prefix = Script(json.loads(str(run["prompt"]))).answer
-            except (ValueError, TypeError, AttributeError):
-                continue
-            judged += 1
-            # A prefix cannot be checked against a digest: the answer's length says enough
-            # of a truncation; "denied: nothing ran" is the provider giving up.
-            if int(run.get("answer_chars") or 0) < len(prefix) and run.get("answer_md5") != _md5(
-                    "denied: nothing ran"):
-                bad.append(f"{run_id}: an answer of {run.get('answer_chars')} characters, shorter than"
-                           f" the script's {prefix[:40]!r}")
+        script = _script(str(run["prompt"]))
+        if script is None:
             continue
         judged += 1
-        if run.get("answer_md5") not in {_md5(w) for w in want}:
+        want = scripted_answer(script, journal.get(run_id, []))
+        if want is None:
+            # A prefix cannot be checked against a digest: the answer's length says enough
+            # of a truncation; "denied: nothing ran" is the provider giving up.
+            if int(run.get("answer_chars") or 0) < len(script.answer) and run.get("answer_md5") != _md5(
+                    "denied: nothing ran"):
+                bad.append(f"{run_id}: an answer of {run.get('answer_chars')} characters, shorter than"
+                           f" the script's {script.answer[:40]!r}")
+        elif run.get("answer_md5") != _md5(want):
             bad.append(f"{run_id}: the stored answer ({run.get('answer_chars')} characters) is not"
-                       f" {want[0][:60]!r}{'...' if len(want[0]) > 60 else ''}")
+                       f" {want[:60]!r}{'...' if len(want) > 60 else ''}")
     return Check(name, not bad, _summary(bad) or f"{judged} completed runs", ("R-EXEC-4", "R-READ-2"),
                  judged=judged)

@@ -8,6 +8,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 
 from qualify.checkers._base import TERMINAL, Check, _by_run, _of, _summary, accepted_runs
+from qualify.digests import canonical_sha256
 from qualify.history import Event
 
 __all__ = [
@@ -152,18 +153,11 @@ def state_restored_at_every_step(history: Sequence[Event]) -> Check:
         want = folded.get((str(call["run_id"]), step - 1))
         if step > 1 and want is not None and call.get("state_sha256") is not None:
             whole += 1
-            if call["state_sha256"] != _state_sha256(want):
+            if call["state_sha256"] != canonical_sha256(want):
                 bad.append(f"{call['run_id']}: step {step} (attempt {call.get('attempt')}) was handed "
                            f"another state than step {step - 1} checkpointed (keys {sorted(want)})")
     return Check(name, not bad, _summary(bad) or f"{len(calls)} provider calls, {whole} whole states compared",
                  ("R-EXEC-4",), judged=len(calls))
-
-
-def _state_sha256(state: object) -> str:
-    import hashlib
-    import json
-
-    return hashlib.sha256(json.dumps(state, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _folded_states(history: Sequence[Event]) -> dict[tuple[str, int], dict[str, object]]:

@@ -3,12 +3,11 @@ intent, none unapproved, the journal against the run record."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
-from qualify.checkers._base import Check, _of, _summary
+from qualify.checkers._base import SETTLED, Check, _of, _summary
+from qualify.digests import canonical_sha256
 from qualify.history import Event
 
 __all__ = [
@@ -55,8 +54,7 @@ SINK_CLOCK_SLACK_S = 0.05
 def _digest(tool: str, arguments: object) -> str:
     """R-TOOL-1's arguments digest, computed here from its definition (SHA-256 of the
     canonical JSON of the tool and its arguments), not by the implementation's function."""
-    doc = json.dumps({"tool": tool, "arguments": arguments}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(doc.encode()).hexdigest()
+    return canonical_sha256({"tool": tool, "arguments": arguments})
 
 
 def _before_intent(request_t: float, row: Event, clock: Event | None) -> float | None:
@@ -113,15 +111,6 @@ def no_execution_without_intent(history: Sequence[Event]) -> Check:
                  ("R-TOOL-1", "R-Q-5"), judged=len(calls))
 
 
-#: Journal statuses a provider may be fed (``qimpl.tool_journal.rules.SETTLED``, restated).
-_SETTLED = frozenset({"succeeded", "failed", "rejected", "denied", "not_executed", "compensated"})
-
-
-def _result_sha256(result: object) -> str:
-    doc = json.dumps(result, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(doc.encode()).hexdigest()
-
-
 def provider_fed_the_journal(history: Sequence[Event]) -> Check:
     """Every tool result a provider call was fed is the journal's, as it ended: a settled
     call of the same run, with the journal's status and result (R-TOOL-2: a retry feeds
@@ -138,10 +127,10 @@ def provider_fed_the_journal(history: Sequence[Event]) -> Check:
             where = f"run {call.get('run_id')} step {call.get('step')} attempt {call.get('attempt')}"
             if row is None or str(row.get("run_id")) != str(call.get("run_id")):
                 bad.append(f"{where}: fed {fed.get('call_id')}, not in the run's journal")
-            elif row.get("status") not in _SETTLED or fed.get("status") != row.get("status"):
+            elif row.get("status") not in SETTLED or fed.get("status") != row.get("status"):
                 bad.append(f"{where}: fed {fed.get('call_id')} as {fed.get('status')}, journaled"
                            f" {row.get('status')}")
-            elif fed.get("result_sha256") != _result_sha256(row.get("result")):
+            elif fed.get("result_sha256") != canonical_sha256(row.get("result")):
                 bad.append(f"{where}: fed {fed.get('call_id')} ({row.get('tool')}) another result than"
                            " the journal's")
     return Check(name, not bad, _summary(bad) or f"{judged} results fed", ("R-TOOL-2", "R-TOOL-3"),

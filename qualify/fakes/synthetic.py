@@ -44,7 +44,8 @@ and attempt.
 Every call is recorded *before* anything else as one JSON line in
 ``<control_dir>/provider_calls.jsonl`` — the harness's independent count of what was
 asked of the provider (with ``tool_results``, how many settled tool results it was fed,
-``fed``, each one's call id, status and ``result_digest``, and ``workspace_id`` and ``grant_sha256``, the digest of the authorisation grant it was
+``fed``, each one's call id, status and result digest (``qualify.digests``), ``state_sha256``,
+the digest of the state it was handed, and ``workspace_id`` and ``grant_sha256``, the digest of the authorisation grant it was
 given: never the grant itself).
 The provider runs no tool itself: the side-effect sink (``qualify.fakes.sink``) is the
 record of what the tools did. A call cancelled before it returned (the owner lost its lease,
@@ -67,6 +68,7 @@ from typing import Any
 from qimpl.errors import ProviderFailed
 from qimpl.provider import Provider, StepContext, StepResult
 from qimpl.tool_journal.seam import ToolCall
+from qualify.digests import canonical_sha256
 from qualify.fakes.clock import true_time
 
 __all__ = ["Script", "SyntheticProvider", "delta_piece", "grant_digest", "make_prompt"]
@@ -177,21 +179,6 @@ def grant_digest(grant: str | None) -> str | None:
     return hashlib.sha256(grant.encode()).hexdigest() if grant is not None else None
 
 
-def state_digest(state: Mapping[str, Any]) -> str:
-    """SHA-256 (hex) of a state's canonical JSON: what the provider records of the state it
-    was handed, for the harness to compare with the checkpoints folded (R-EXEC-4)."""
-    doc = json.dumps(state, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(doc.encode()).hexdigest()
-
-
-def result_digest(result: Any) -> str:
-    """SHA-256 (hex) of a tool result's canonical JSON (``null`` for none): what the
-    provider records of each result it was fed, for the harness to compare with the
-    journal (R-TOOL-2)."""
-    doc = json.dumps(result, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(doc.encode()).hexdigest()
-
-
 class SyntheticFailure(RuntimeError):
     pass
 
@@ -211,11 +198,11 @@ class SyntheticProvider(Provider):
         line = json.dumps({"run_id": ctx.run_id, "step": ctx.step, "attempt": ctx.attempt,
                            "generation": ctx.generation, "tool_results": len(ctx.tool_results),
                            "fed": [{"call_id": r.get("call_id"), "status": r.get("status"),
-                                    "result_sha256": result_digest(r.get("result"))}
+                                    "result_sha256": canonical_sha256(r.get("result"))}
                                    for r in ctx.tool_results],
                            "workspace_id": ctx.workspace_id, "grant_sha256": grant_digest(ctx.grant_token),
                            "trail_seen": ctx.state.get("trail", []),
-                           "state_sha256": state_digest(ctx.state),
+                           "state_sha256": canonical_sha256(ctx.state),
                            "pid": os.getpid(), "t": true_time()})
         with open(self.control / "provider_calls.jsonl", "a", encoding="utf-8") as fh:
             fh.write(line + "\n")

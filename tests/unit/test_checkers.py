@@ -445,7 +445,7 @@ def test_a_workflow_started_with_another_deadline_or_generation_is_caught() -> N
 
 @pytest.mark.req("R-EXEC-4")
 def test_a_step_handed_another_state_than_the_folded_checkpoints_is_caught() -> None:
-    from qualify.fakes.synthetic import state_digest
+    from qualify.digests import canonical_sha256 as state_digest
 
     rows = [{**cp(1, 4, 4), "state_json": {"trail": [1], "n": 1, "odd": 1}, "state_delta": None},
             {**cp(2, 5, 5), "state_json": None,

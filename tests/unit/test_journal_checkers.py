@@ -209,7 +209,7 @@ def test_unapproved_finalising_effect_is_caught() -> None:
 
 @pytest.mark.req("R-TOOL-2", "R-TOOL-3")
 def test_a_provider_fed_another_result_than_the_journal_s_is_caught() -> None:
-    from qualify.fakes.synthetic import result_digest
+    from qualify.digests import canonical_sha256 as result_digest
 
     row = {**intent("tc-a", "charge", 3.0), "result": {"receipt": "tc-a"}}
     fed = {"call_id": "tc-a", "status": "succeeded", "result_sha256": result_digest({"receipt": "tc-a"})}
