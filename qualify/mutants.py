@@ -777,6 +777,22 @@ CATALOG: tuple[Mutant, ...] = (
         (Patch("qimpl/tool_journal/steps.py", '"digest": arguments_digest(call["tool"], call["arguments"])}',
                '"digest": arguments_digest(call["tool"], {})}'),),
         "tool-call-outcomes", "no tool execution without a committed intent"),
+    Mutant(
+        "lease-four-times-too-long", "PostgreSQL ends a paused owner's session at the lease (R-EXEC-11)",
+        (Patch("qimpl/db/lease.py", "    return max(1, int(lease_s * 1000))",
+               "    return max(1, int(lease_s * 4000))"),),
+        "paused-owner", "PostgreSQL ended the paused owner's lease session within the lease + 0.5 s of "
+                        "the pause (database's clock)"),
+    Mutant(
+        "reconciler-expires-on-its-own-clock", "deadlines on the database's clock (R-EXEC-8)",
+        (Patch("qimpl/reconciler.py",
+               '" WHERE tenant_id = %s AND state NOT IN {_TERMINAL} AND deadline_at <= clock_timestamp()"\n'
+               '            " ORDER BY deadline_at LIMIT %s FOR UPDATE SKIP LOCKED",\n'
+               "            (res.tenant, limit),",
+               '" WHERE tenant_id = %s AND state NOT IN {_TERMINAL} AND deadline_at <= %s"\n'
+               '            " ORDER BY deadline_at LIMIT %s FOR UPDATE SKIP LOCKED",\n'
+               "            (res.tenant, datetime.now(UTC), limit),"),),
+        "parked-runs-expire", "no sweep met an error (the guard refused no early expiry by the skewed reconciler)"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).

@@ -26,6 +26,7 @@ from qualify.scenarios.sweeps import (
     sweep_rows_between,
 )
 from qualify.scenarios.tools import resume as empty_resume
+from qualify.schedule import SKEW_S
 
 
 def _accepted_then_api_dies(ctx: ScenarioContext) -> str:
@@ -206,16 +207,26 @@ def expiry_without_worker(ctx: ScenarioContext) -> None:
 
 @scenario(
     "parked-runs-expire",
-    title="Runs parked in awaiting_input and awaiting_approval past their deadline expire "
-          "within a sweep, on the database's clock; a resume afterwards answers 409, a cancel "
-          "cancelled: false",
-    requirements=("R-EXEC-8", "R-OPS-3", "R-READ-2", "R-RESUME-2", "R-CANCEL-1"),
+    title=f"Runs parked in awaiting_input and awaiting_approval past their deadline expire "
+          f"within a sweep, on the database's clock, though the reconciler's own clock is "
+          f"{SKEW_S} s ahead (never before the deadline); a resume afterwards answers 409, a "
+          "cancel cancelled: false",
+    requirements=("R-EXEC-8", "R-OPS-3", "R-READ-2", "R-RESUME-2", "R-CANCEL-1", "R-Q-10"),
+    faults=(f"reconciler clock skewed +{SKEW_S} s",),
 )
 def parked_runs_expire(ctx: ScenarioContext) -> None:
+    from qualify.processes import faketime_env
+    from qualify.scenarios.deadline import _skewed_owner
+
     api = ctx.processes.api()
-    ctx.processes.worker("worker-1", **RECONCILE)
-    waiting = accepted(ctx, api, prompt=make_prompt(steps=3, park={"step": 1, "kind": "input"}),
+    # The only reconciler runs SKEW_S ahead: an expiry judged on its own clock would end
+    # both runs at its first sweep, seconds before their deadlines (the check below refuses
+    # a negative delay).
+    worker = ctx.processes.worker("worker-1", **RECONCILE, **faketime_env(SKEW_S))
+    waiting = accepted(ctx, api, prompt=make_prompt(steps=3, park={"step": 1, "kind": "input"},
+                                                    barrier={"step": 1, "name": "skewed"}),
                        deadline_seconds=4)
+    _skewed_owner(ctx, worker, "skewed", waiting, SKEW_S)
     approving = accepted(ctx, api, prompt=make_prompt(steps=3, park={"step": 2, "kind": "approval"}),
                          deadline_seconds=4)
     poll_until(ctx, "both parked", lambda: {ctx.read_run(api, waiting)["state"],
@@ -251,6 +262,13 @@ def parked_runs_expire(ctx: ScenarioContext) -> None:
     ctx.expect("resume after expiry answers 409 run_terminal",
                resp.status_code == 409 and resp.json().get("code") == "run_terminal",
                f"{resp.status_code} {resp.text[:120]}", "R-RESUME-2")
+    # What the database refused: an expiry the skewed reconciler tried before the deadline
+    # (its own clock) is refused by the transition guard, and counted as the sweep's error.
+    sweeps = sweep_rows(ctx)
+    ctx.expect("no sweep met an error (the guard refused no early expiry by the skewed reconciler)",
+               bool(sweeps) and sum(s[4] for s in sweeps) == 0,
+               f"{len(sweeps)} sweeps; errors {[s[4] for s in sweeps if s[4]]}", "R-EXEC-8", "R-OPS-3",
+               judged=len(sweeps))
 
 
 @scenario(
