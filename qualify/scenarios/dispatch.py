@@ -355,10 +355,16 @@ def slot_wait_not_redispatched(ctx: ScenarioContext) -> None:
         ctx.cancel_run(api, approving)
 
 
+def _expired(ctx: ScenarioContext, run_id: str) -> bool:
+    """Whether ``run_id`` is expired in the database (False for no such run)."""
+    return bool(ctx.sql("SELECT 1 FROM runs WHERE run_id::text = %s AND state = 'expired'", run_id))
+
+
 @scenario(
     "reconciler-holds-no-lock-over-temporal",
-    title="Temporal down with an accepted run to dispatch: the reconciler calls Temporal outside "
-          "any transaction (no idle-in-transaction session, no row lock), so a cancel answers at once",
+    title="Temporal down with an accepted run to dispatch and another overdue: the reconciler "
+          "calls Temporal outside any transaction, to dispatch one and to tell it of the other's "
+          "expiry (no idle-in-transaction session, no row lock), so a cancel answers at once",
     requirements=("R-OPS-3", "R-CANCEL-1"),
     faults=("temporal down", "temporal back"),
     needs_platform=True,
@@ -379,6 +385,11 @@ def reconciler_holds_no_lock_over_temporal(ctx: ScenarioContext) -> None:
                    and receipt.get("state") == "accepted", f"{resp.status_code} {resp.text[:200]}",
                    "R-CREATE-5")
         run_id = str(receipt.get("run_id"))
+        # A second run, overdue within seconds: the sweep's expiry phase then asks Temporal
+        # (down) to cancel its workflow, which must happen after the expiry's transaction.
+        late = ctx.create_run(api, prompt=make_prompt(steps=2, answer="overdue"), key="overdue",
+                              deadline_seconds=2, timeout_s=30)
+        overdue = str(((late.json() if late is not None else {}).get("receipt") or {}).get("run_id"))
         since = ctx.db_now()
         # Sample for at least 4 s and until a sweep has tried (and failed) to dispatch it. A
         # session counts when it sat idle inside a transaction for more than 0.1 s: longer
@@ -389,7 +400,7 @@ def reconciler_holds_no_lock_over_temporal(ctx: ScenarioContext) -> None:
         deadline = time.monotonic() + 4.0
         give_up = time.monotonic() + 20.0
         while time.monotonic() < deadline or not any(
-                s[1] and s[4] for s in sweep_rows_between(ctx, since)):
+                s[1] and s[4] for s in sweep_rows_between(ctx, since)) or not _expired(ctx, overdue):
             if time.monotonic() > give_up:
                 break
             samples += 1
@@ -403,6 +414,8 @@ def reconciler_holds_no_lock_over_temporal(ctx: ScenarioContext) -> None:
         ctx.expect("the reconciler tried to dispatch the run while Temporal was down (sampled)",
                    bool(tried), f"{len(tried)} sweeps with a candidate and an error; {samples} samples",
                    "R-OPS-3")
+        ctx.expect("the reconciler expired the overdue run while Temporal was down (sampled)",
+                   _expired(ctx, overdue), f"run {overdue[:8]}", "R-EXEC-8", "R-OPS-3")
         ctx.expect("no reconciler session sat idle in a transaction",
                    not stuck, f"{len(stuck)} of {samples} samples: {stuck[:2]}", "R-OPS-3")
         # Cancel while the reconciler is inside its call to Temporal: its session last read
