@@ -793,6 +793,13 @@ CATALOG: tuple[Mutant, ...] = (
                '            " ORDER BY deadline_at LIMIT %s FOR UPDATE SKIP LOCKED",\n'
                "            (res.tenant, datetime.now(UTC), limit),"),),
         "parked-runs-expire", "no sweep met an error (the guard refused no early expiry by the skewed reconciler)"),
+    Mutant(
+        "sweep-confirms-before-the-start", "a sweep confirms only a dispatch Temporal answered (R-OPS-3)",
+        (Patch("qimpl/reconciler.py",
+               "        try:\n            started = await dispatch(client, row, settings)",
+               "        await repo.confirm_dispatch(conn, run_id, generation)\n"
+               "        try:\n            started = await dispatch(client, row, settings)"),),
+        "postgres-restarted-mid-sweep", "the run was not yet confirmed while the sweep held after Temporal's start"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).

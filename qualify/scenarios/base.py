@@ -448,25 +448,33 @@ class ScenarioContext:
 
         with self._db_lock:
             if self._db is not None and (self._db.closed or _closed_by_server(self._db)):
-                self.close()
+                self._drop_db()
             if self._db is None:
                 self._db = psycopg.connect(self.deployment.dsn, autocommit=True)
             try:
                 return self._db.execute(query, params).fetchall()  # type: ignore[no-any-return]
             except psycopg.OperationalError:
                 if self._db.broken:
-                    self.close()
+                    self._drop_db()
                 raise
+
+    def _drop_db(self) -> None:
+        """Close the scenario's own session only (``sql`` reopens it). Not ``close``: that
+        also stops the run notices, waking their thread through ``sql``, which would wait
+        on the lock ``sql`` holds (a scenario that read the database before a PostgreSQL
+        restart and again after it hung there)."""
+        db, self._db = self._db, None
+        if db is not None:
+            with contextlib.suppress(Exception):
+                db.close()
 
     def close(self) -> None:
         """Close the scenario's database sessions (idempotent)."""
         notices, self._notices = self._notices, None
         if notices is not None:
             notices.close(wake=self.sql)
-        db, self._db = self._db, None
-        if db is not None:
-            with contextlib.suppress(Exception):
-                db.close()
+        with self._db_lock:
+            self._drop_db()
 
     def cancel_run(self, api: ManagedProcess, run_id: str, agent_id: str = "agent-1") -> dict[str, Any]:
         self.history.record("client", op="cancel", phase="invoke", run_id=run_id)

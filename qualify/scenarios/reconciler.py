@@ -137,6 +137,12 @@ def postgres_restarted_mid_sweep(ctx: ScenarioContext) -> None:
     ctx.expect("the sweep started the orphan's workflow and holds before confirming it",
                held["context"]["run_id"] == run_id and held["context"]["started"] == "started",
                str(held["context"]), "R-OPS-3")
+    # The order of the sweep's two steps, read while it holds between them: Temporal's start
+    # first, the confirming commit only after it (a confirmation before the start would mark
+    # as dispatched a run whose start could still fail).
+    early = ctx.sql("SELECT dispatch_confirmed_at IS NOT NULL FROM runs WHERE run_id = %s", run_id)
+    ctx.expect("the run was not yet confirmed while the sweep held after Temporal's start",
+               bool(early) and early[0][0] is False, f"confirmed then: {early}", "R-OPS-3", "R-CREATE-5")
     ctx.nemesis.restart_postgres(ctx.stack)
     ctx.release_crash_point(SWEEP_DISPATCH)
     api = ctx.processes.api("api-2")
