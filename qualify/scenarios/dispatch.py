@@ -279,11 +279,15 @@ def reconciler_grace_after_resume(ctx: ScenarioContext) -> None:
     holder = ctx.processes.api("api-hold", QIMPL_CRASH_POINTS=f"{AFTER_DISPATCH}:hold",
                                QIMPL_TASK_QUEUE=later)
     with ThreadPoolExecutor(max_workers=1) as pool:
+        sent = ctx.db_now()
         resuming = pool.submit(_resume, ctx, holder, run_id, "resume-held", {"additional_prompt": "go on"}, 60)
         try:
             held = ctx.wait_crash_point(AFTER_DISPATCH, holder)
-            requested = float(ctx.sql("SELECT extract(epoch FROM dispatch_requested_at)::float8 FROM runs"
-                                      " WHERE run_id = %s", run_id)[0][0])
+            stamped = float(ctx.sql("SELECT extract(epoch FROM dispatch_requested_at)::float8 FROM runs"
+                                    " WHERE run_id = %s", run_id)[0][0])
+            # The hold is timed from the resume's own dispatch request, and never from before
+            # the resume was sent (a stale stamp is judged below, not trusted here).
+            requested = max(stamped, sent)
             # Hold about 2 s (at least 3 sweeps), and release well before the grace ends.
             _eventually(lambda: (held_s := ctx.db_now() - requested) >= grace_s - 0.6
                         or (held_s >= 2.0 and len(sweep_rows_between(ctx, requested)) >= 3),
@@ -297,6 +301,10 @@ def reconciler_grace_after_resume(ctx: ScenarioContext) -> None:
     during = sweep_rows_between(ctx, requested, released)
     accepted_at = float(ctx.sql("SELECT extract(epoch FROM accepted_at)::float8 FROM runs WHERE run_id = %s",
                                 run_id)[0][0])
+    ctx.expect("the resume stamped its generation's dispatch request (dispatch_requested_at) after it "
+               "was sent: the reconciler's grace runs from it",
+               stamped >= sent, f"stamped {stamped - sent:+.3f} s after the resume was sent", "R-OPS-3",
+               "R-RESUME-1")
     ctx.expect("the held resume was api-hold's dispatch of this run",
                held["context"].get("run_id") == run_id and held["pid"] == holder.pid
                and held["action"] == "hold", json.dumps(held)[:200])
