@@ -22,6 +22,19 @@ def _lost_response(ctx: ScenarioContext, point: str) -> None:
     key = f"lost-response-{ctx.rng.randrange(10**9)}"
     prompt = make_prompt(steps=2, answer="once")
     evidence = ctx.create_on_dying_api(point, name="api-1", prompt=prompt, key=key, **fast)
+    if point == AFTER_ACCEPT:
+        # R-CREATE-4: what the acceptance transaction committed before the API died (no
+        # process touches the run until api-2 answers the retry): the run accepted, its
+        # dispatch identity and its key's record, and nothing dispatched yet.
+        died_with = str(evidence["context"].get("run_id"))
+        committed = ctx.sql(
+            "SELECT r.state, r.workflow_id, r.dispatch_confirmed_at IS NULL, i.run_id::text"
+            " FROM runs r LEFT JOIN idempotency_records i ON i.key = %s AND i.run_id = r.run_id"
+            " WHERE r.run_id = %s", key, died_with)
+        ctx.expect("at the crash the run was committed accepted with its workflow id and its key's "
+                   "record, its dispatch unconfirmed",
+                   committed == [("accepted", workflow_id(died_with, 1), True, died_with)],
+                   str(committed), "R-CREATE-4")
     api = ctx.processes.api("api-2", **fast)
     retry = ctx.create_run(api, prompt=prompt, key=key)
     deadline = time.monotonic() + 20

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from datetime import datetime
 
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.scenarios.base import ScenarioContext, scenario
+from qualify.scenarios.receipts import receipt_against_the_run
 
 STEPS = 5
+#: ``(input_tokens, output_tokens)`` the synthetic provider reports for each step it answers.
+SYNTHETIC_TOKENS = (10, 5)
 
 
 def _provider_calls(ctx: ScenarioContext, run_id: str) -> Counter[int]:
@@ -38,14 +42,22 @@ def happy_path(ctx: ScenarioContext) -> None:
                (receipt["state"], receipt["durability"], receipt["lifecycle_version"])
                == ("queued", "temporal", 2),
                json.dumps({k: v for k, v in receipt.items() if k != "stream_key"}), "R-CREATE-3")
+    committed = ctx.sql("SELECT run_id::text, stream_key, extract(epoch FROM deadline_at)::float8, agent_id"
+                        " FROM runs WHERE run_id = %s", receipt["run_id"])
+    differ = receipt_against_the_run(receipt, dict(zip(
+        ("run_id", "stream_key", "deadline_t"), committed[0][:3], strict=True))) if committed else {"run": "missing"}
+    ctx.expect("the receipt is the run's own as committed (run, agent, stream key, deadline_at)",
+               not differ and bool(committed) and receipt.get("agent_id") == committed[0][3] == "agent-1",
+               f"differs {differ}; agent {receipt.get('agent_id')}", "R-CREATE-3", "R-CREATE-4")
     run = ctx.wait_terminal(api, receipt["run_id"])
     ctx.expect("run completed", run["state"] == "completed", run["state"], "R-EXEC-1")
     ctx.expect("result_json holds the scripted answer", run["result_json"] == {"answer": answer},
                json.dumps(run["result_json"]), "R-READ-2")
     usage = run["usage"]
     ctx.expect("usage: provider calls and tokens per step, and wall time",
-               usage.get("provider_calls") == STEPS and usage.get("input_tokens", 0) > 0
-               and usage.get("output_tokens", 0) > 0 and usage.get("wall_s", 0) > 0, str(usage), "R-Q34-2")
+               usage.get("provider_calls") == STEPS and usage.get("input_tokens") == STEPS * SYNTHETIC_TOKENS[0]
+               and usage.get("output_tokens") == STEPS * SYNTHETIC_TOKENS[1] and usage.get("wall_s", 0) > 0,
+               f"{usage}; the synthetic provider reports {SYNTHETIC_TOKENS} tokens a step", "R-Q34-2")
     # A provider that does not report a count: unknown in the run's usage, never 0.
     quiet = ctx.create_run(api, prompt=make_prompt(steps=2, answer="quiet", usage={"output_tokens": None}))
     if quiet is None or quiet.status_code != 202:
@@ -64,10 +76,27 @@ def happy_path(ctx: ScenarioContext) -> None:
     fields = {"run_id", "agent_id", "state", "durability", "lifecycle_version", "row_version",
               "generation", "deadline_at", "accepted_at", "started_at", "completed_at", "result_json",
               "error_code", "error_message", "usage"}
+    # Each field's value against the record as committed (the run is terminal: it no longer
+    # changes), times to the microsecond.
+    cols = ("agent_id", "state", "durability", "lifecycle_version", "row_version", "generation",
+            "error_code", "error_message", "result_json")
+    times = ("deadline_at", "accepted_at", "started_at", "completed_at")
+    record = ctx.sql(f"SELECT {', '.join(cols)}, "
+                     + ", ".join(f"extract(epoch FROM {t})::float8" for t in times)
+                     + " FROM runs WHERE run_id = %s", receipt["run_id"])
+    held = dict(zip(cols + times, record[0], strict=True)) if record else {}
+
+    def _epoch(value: object) -> float | None:
+        return None if value is None else datetime.fromisoformat(str(value)).timestamp()
+
+    differs = {k: (run.get(k), held.get(k)) for k in cols if run.get(k) != held.get(k)}
+    differs |= {k: (run.get(k), held.get(k)) for k in times
+                if k not in run or held.get(k) is None or _epoch(run[k]) is None
+                or abs(float(_epoch(run[k]) or 0) - float(held[k])) > 1e-3}
     ctx.expect("the read answers the run record's fields, for its run",
                fields <= set(run) and run["run_id"] == receipt["run_id"]
-               and run["generation"] == 1 and run["lifecycle_version"] == 2,
-               str(sorted(fields - set(run))), "R-READ-1")
+               and run["generation"] == 1 and run["lifecycle_version"] == 2 and bool(held) and not differs,
+               f"missing {sorted(fields - set(run))}; differs from the record {differs}", "R-READ-1")
 
 
 @scenario(

@@ -24,6 +24,7 @@ from qualify.procs import free_port
 from qualify.scenarios.approvals import _decide, _side_effects
 from qualify.scenarios.base import API_KEY, TERMINAL, ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted, provider_calls
+from qualify.scenarios.receipts import receipt_against_the_run
 from qualify.scenarios.sweeps import (
     FAST_RECONCILE,
     RECONCILE,
@@ -50,6 +51,28 @@ def _settled(ctx: ScenarioContext, api: ManagedProcess, run_id: str, timeout_s: 
                                run_id=run_id, state=doc["state"], row_version=doc["row_version"])
             return doc
         time.sleep(0.05)
+
+
+def _json_of(resp: httpx.Response) -> dict[str, Any]:
+    """A response's JSON object ({} for anything else)."""
+    try:
+        doc = resp.json()
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _receipt_is_the_runs(ctx: ScenarioContext, run_id: str, receipt: dict[str, Any], state: str) -> None:
+    """Check that a resume's receipt (of its 202, or inside its 503) is the run's own as the
+    database holds it (run, stream key, deadline_at: a resume keeps them, R-RESUME-1) and
+    says ``state``; asserted once per answer, one check."""
+    rows = ctx.sql("SELECT run_id::text, stream_key, extract(epoch FROM deadline_at)::float8 FROM runs"
+                   " WHERE run_id = %s", run_id)
+    row = dict(zip(("run_id", "stream_key", "deadline_t"), rows[0], strict=True)) if rows else {}
+    differ = receipt_against_the_run(receipt, row) if receipt and row else {"receipt": "missing"}
+    ctx.expect("each resume answer carries the run's own receipt (run, stream key, deadline_at) "
+               "and its state", not differ and receipt.get("state") == state,
+               f"differs {differ}; state {receipt.get('state')}, want {state}", "R-RESUME-1", "R-CREATE-5")
 
 
 def _eventually(check: Any, timeout_s: float) -> bool:
@@ -207,6 +230,7 @@ def slow_confirmation_names_its_generation(ctx: ScenarioContext) -> None:
             before = ctx.sql("SELECT state, generation FROM runs WHERE run_id = %s", run_id)
             ctx.expect("the run is accepted in generation 2", before == [("accepted", 2)], str(before),
                        "R-RESUME-1")
+            _receipt_is_the_runs(ctx, run_id, (_json_of(resumed).get("receipt") or {}), "accepted")
         finally:
             ctx.release_crash_point(AFTER_DISPATCH)
         created = creating.result(timeout=90)
@@ -222,6 +246,7 @@ def slow_confirmation_names_its_generation(ctx: ScenarioContext) -> None:
     ctx.expect("an empty resume of the accepted run dispatches generation 2: 202 queued",
                retried.status_code == 202 and retried.json().get("state") == "queued",
                f"{retried.status_code} {retried.text[:200]}", "R-RESUME-2")
+    _receipt_is_the_runs(ctx, run_id, _json_of(retried), "queued")
     run = _settled(ctx, api1, run_id, timeout_s=30)
     ctx.expect("the run completed in generation 2", run["state"] == "completed" and run["generation"] == 2,
                f"{run['state']} g{run['generation']}", "R-RESUME-1", "R-RESUME-2")
@@ -254,11 +279,15 @@ def reconciler_grace_after_resume(ctx: ScenarioContext) -> None:
     holder = ctx.processes.api("api-hold", QIMPL_CRASH_POINTS=f"{AFTER_DISPATCH}:hold",
                                QIMPL_TASK_QUEUE=later)
     with ThreadPoolExecutor(max_workers=1) as pool:
+        sent = ctx.db_now()
         resuming = pool.submit(_resume, ctx, holder, run_id, "resume-held", {"additional_prompt": "go on"}, 60)
         try:
             held = ctx.wait_crash_point(AFTER_DISPATCH, holder)
-            requested = float(ctx.sql("SELECT extract(epoch FROM dispatch_requested_at)::float8 FROM runs"
-                                      " WHERE run_id = %s", run_id)[0][0])
+            stamped = float(ctx.sql("SELECT extract(epoch FROM dispatch_requested_at)::float8 FROM runs"
+                                    " WHERE run_id = %s", run_id)[0][0])
+            # The hold is timed from the resume's own dispatch request, and never from before
+            # the resume was sent (a stale stamp is judged below, not trusted here).
+            requested = max(stamped, sent)
             # Hold about 2 s (at least 3 sweeps), and release well before the grace ends.
             _eventually(lambda: (held_s := ctx.db_now() - requested) >= grace_s - 0.6
                         or (held_s >= 2.0 and len(sweep_rows_between(ctx, requested)) >= 3),
@@ -272,6 +301,10 @@ def reconciler_grace_after_resume(ctx: ScenarioContext) -> None:
     during = sweep_rows_between(ctx, requested, released)
     accepted_at = float(ctx.sql("SELECT extract(epoch FROM accepted_at)::float8 FROM runs WHERE run_id = %s",
                                 run_id)[0][0])
+    ctx.expect("the resume stamped its generation's dispatch request (dispatch_requested_at) after it "
+               "was sent: the reconciler's grace runs from it",
+               stamped >= sent, f"stamped {stamped - sent:+.3f} s after the resume was sent", "R-OPS-3",
+               "R-RESUME-1")
     ctx.expect("the held resume was api-hold's dispatch of this run",
                held["context"].get("run_id") == run_id and held["pid"] == holder.pid
                and held["action"] == "hold", json.dumps(held)[:200])

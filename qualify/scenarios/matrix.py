@@ -36,6 +36,8 @@ KINDS: dict[str, str | None] = {
 REVOKED_KEY = "revoked-dev-key"
 #: A key of the owner's principal rotated with a grace period that ended (``api_keys rotate``).
 EXPIRED_KEY = "expired-dev-key"
+#: The Idempotency-Key every credential kind sends to the create route.
+SHARED_CREATE_KEY = "matrix-shared-key"
 #: Routes kept out of the OpenAPI document, served all the same (none since /metrics and
 #: /healthz are documented; the table still takes any a later change hides).
 UNLISTED_ROUTES: tuple[tuple[str, str], ...] = ()
@@ -233,7 +235,10 @@ def api_contract_matrix(ctx: ScenarioContext) -> None:
     listed: dict[tuple[str, str], set[str]] = {}
 
     def cell(method: str, path: str, kind: str) -> tuple[Answer, str]:
-        headers = {"Idempotency-Key": f"matrix-{kind}"}
+        # Every client creates with one and the same key (keys are scoped per principal,
+        # R-CREATE-2: a key scoped wider replays another client's run); elsewhere a key of its own.
+        headers = {"Idempotency-Key": SHARED_CREATE_KEY if path == "/v1/agents/{agent_id}/runs"
+                   else f"matrix-{kind}"}
         if KINDS[kind] is not None:
             headers["Authorization"] = str(KINDS[kind])
         suffix = path.removeprefix(RUN) if path.startswith(RUN) else path

@@ -166,9 +166,9 @@ def reconciler_sees_one_not_found(ctx: ScenarioContext) -> None:
     ctx.processes.worker("reconciler-1", **RECONCILE, **via,
                          QIMPL_TASK_QUEUE=f"{ctx.deployment.task_queue}-reconcile-only")
 
-    def looked_again() -> bool:
-        return rule.struck is not None and any(
-            c["method"] == "DescribeWorkflowExecution" and not c["struck"] and c["t"] > rule.struck["t"]
+    def looked_again(armed: Any = rule) -> bool:
+        return armed.struck is not None and any(
+            c["method"] == "DescribeWorkflowExecution" and not c["struck"] and c["t"] > armed.struck["t"]
             and wf.encode() in c["request"] for c in list(proxy.calls))
 
     again = _until(looked_again, 20)
@@ -177,6 +177,17 @@ def reconciler_sees_one_not_found(ctx: ScenarioContext) -> None:
     ctx.expect("the reconciler looked at the workflow again after the NOT_FOUND, the run still live",
                bool(again) and state[0] == "running",
                f"looked again: {bool(again)}; run {state[0]}/{state[1]}", "R-OPS-8", "R-Q-11")
+    # A second NOT_FOUND, after the open answer: two sweeps that are not in a row do not agree
+    # (a run that meets a transient NOT_FOUND now and then is not ended for it).
+    second = ctx.nemesis.rpc_error_once(proxy, "DescribeWorkflowExecution", wf, "NOT_FOUND")
+    again = _until(lambda: looked_again(second) or ctx.sql(
+        "SELECT state <> 'running' FROM runs WHERE run_id = %s", run_id)[0][0], 20)
+    ctx.nemesis.rpc_error_struck(proxy, second, run_id=run_id)
+    state = ctx.sql("SELECT state, error_code FROM runs WHERE run_id = %s", run_id)[0]
+    ctx.expect("a second NOT_FOUND, after an open answer, did not end the run either: the reconciler "
+               "looked again, the run still live",
+               looked_again(second) and state[0] == "running",
+               f"looked again: {looked_again(second)}; run {state[0]}/{state[1]}", "R-OPS-8", "R-Q-11")
     ctx.release_barrier("live")
     run = ctx.wait_terminal(api, run_id, timeout_s=30)
     ctx.expect("one NOT_FOUND did not end the run: it completed", run["state"] == "completed",

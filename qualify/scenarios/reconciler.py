@@ -24,6 +24,7 @@ from qualify.scenarios.sweeps import (
     poll_until,
     sweep_rows,
     sweep_rows_between,
+    unreachable_temporal,
 )
 from qualify.scenarios.tools import resume as empty_resume
 from qualify.schedule import SKEW_S
@@ -366,14 +367,37 @@ def _oldest_accepted_age(api: ManagedProcess) -> float:
     faults=(f"sigkill at {AFTER_ACCEPT}",),
 )
 def oldest_accepted_metric(ctx: ScenarioContext) -> None:
-    run_id = _accepted_then_api_dies(ctx)
     api = ctx.processes.api("api-2")
+    # An older run that is queued (dispatched, no worker yet), not accepted: not counted.
+    queued = ctx.create_run(api, prompt=make_prompt(steps=2, answer="queued first"))
+    if queued is None or queued.status_code != 202 or queued.json().get("state") != "queued":
+        raise HarnessError(f"the queued run was not created: {queued and queued.text[:200]}")
+    run_id = _accepted_then_api_dies(ctx)
+    # A younger accepted run (its dispatch unknown): the metric is the oldest's age, not its.
+    cut = ctx.processes.api("api-no-temporal", **unreachable_temporal())
+    younger = ctx.create_run(cut, prompt=make_prompt(steps=2, answer="accepted later"))
+    receipt = (younger.json().get("receipt") or {}) if younger is not None else {}
+    if younger is None or younger.status_code != 503 or receipt.get("state") != "accepted":
+        raise HarnessError(f"the younger run was not left accepted: {younger and younger.text[:200]}")
     first = _oldest_accepted_age(api)
     poll_until(ctx, "the age to grow", lambda: _oldest_accepted_age(api) > first + 0.5, timeout_s=10)
     grown = _oldest_accepted_age(api)
     ctx.expect("the metric grows while no worker runs", grown > first > 0, f"{first:.2f} -> {grown:.2f}",
                "R-OPS-6")
+    # The value, by the database's clock: the scrape's own clock_timestamp() lies between two
+    # reads of it, so the age lies between them minus the oldest accepted run's acceptance.
+    accepted_at = float(ctx.sql("SELECT extract(epoch FROM accepted_at)::float8 FROM runs WHERE run_id = %s",
+                                run_id)[0][0])
+    before = ctx.db_now()
+    age = _oldest_accepted_age(api)
+    after = ctx.db_now()
+    ctx.expect("the metric is the age of the oldest accepted run by the database's clock (not an older "
+               "queued run's, not a younger accepted run's)",
+               before - accepted_at - 0.01 <= age <= after - accepted_at + 0.01,
+               f"{age:.3f} s; the oldest accepted run's age {before - accepted_at:.3f}.."
+               f"{after - accepted_at:.3f} s", "R-OPS-6")
     ctx.processes.worker("worker-1", **RECONCILE)
-    ctx.wait_terminal(api, run_id, timeout_s=30)
+    for run in (run_id, str(receipt["run_id"]), queued.json()["run_id"]):
+        ctx.wait_terminal(api, run, timeout_s=30)
     ctx.expect("the metric falls back to 0 after the worker returns", _oldest_accepted_age(api) == 0.0,
                str(_oldest_accepted_age(api)), "R-OPS-6")

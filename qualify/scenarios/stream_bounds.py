@@ -44,23 +44,30 @@ def two_hundred_open_streams(ctx: ScenarioContext) -> None:
         runs.append((resp.json()["run_id"], resp.json()["stream_key"]))
     ended: list[str] = []
     opened = threading.Event()
+    #: Each stream's SSE lines, by stream number: parsed and recorded in the history once
+    #: every stream ended (the stream checker judges each as a client: every journal event
+    #: once, in order, the terminal one with the run's final state).
+    lines_of: dict[int, list[str]] = {}
 
-    async def follow(run_id: str, key: str, client: httpx.AsyncClient, started: list[int]) -> None:
+    async def follow(n: int, run_id: str, key: str, client: httpx.AsyncClient, started: list[int]) -> None:
         last = "?"
+        lines = lines_of.setdefault(n, [])
         async with client.stream("GET", PATH.format(run_id=run_id), headers={"X-Stream-Key": key}) as resp:
             started.append(resp.status_code)
             if len(started) == 200:
                 opened.set()
             async for line in resp.aiter_lines():
+                lines.append(line)
                 if line.startswith("event:"):
                     last = line.removeprefix("event:").strip()
+        lines.append("")  # the end of a last event not followed by a blank line
         ended.append(last)
 
     async def streams() -> None:
         limits = httpx.Limits(max_connections=250, max_keepalive_connections=0)
         async with http.async_client(base_url=api.base_url, timeout=120, limits=limits) as client:
             started: list[int] = []
-            await asyncio.gather(*(follow(*runs[i % 20], client, started) for i in range(200)))
+            await asyncio.gather(*(follow(i, *runs[i % 20], client, started) for i in range(200)))
 
     reader = threading.Thread(target=lambda: asyncio.run(streams()), daemon=True)
     reader.start()
@@ -104,8 +111,29 @@ def two_hundred_open_streams(ctx: ScenarioContext) -> None:
                f"{len(ended)} ended; last events {sorted(set(ended))}", "R-EVENT-2", "R-EVENT-3")
     ctx.expect("no pooled connection per stream: the API's sessions stay within its pool and listener",
                sessions <= 12, f"{sessions} sessions of qimpl_api with 200 streams open", "R-EVENT-2")
-    for run_id, _ in runs:
-        ctx.wait_terminal(api, run_id, timeout_s=60)
+    finals = {run_id: ctx.wait_terminal(api, run_id, timeout_s=60)["state"] for run_id, _ in runs}
+    journals: dict[str, list[int]] = {}
+    for run_id, seq in ctx.sql("SELECT run_id::text, seq FROM run_events WHERE run_id = ANY(%s::uuid[])"
+                               " ORDER BY run_id, seq", [r for r, _ in runs]):
+        journals.setdefault(run_id, []).append(int(seq))
+    wrong: list[str] = []
+    for n in range(200):
+        run_id = runs[n % 20][0]
+        client = f"stream-{n}"
+        ctx.history.record("stream_open", run_id=run_id, client=client, process=api.name, after=0)
+        events = list(parse_sse(lines_of.get(n, [])))
+        for event in events:
+            record_stream_event(ctx, run_id, event, api.name, client)
+        ids = [e.id for e in events]
+        last = events[-1] if events else None
+        if ids != journals.get(run_id) or last is None or last.event != "terminal" \
+                or last.data.get("state") != finals[run_id]:
+            wrong.append(f"stream {n}: ids {ids[:40]} vs journal {journals.get(run_id, [])[:40]}; last "
+                         f"{last and last.event} {last and last.data.get('state')} vs run {finals[run_id]}")
+    ctx.expect("every stream delivered its run's journal once each, in order, its terminal event "
+               "carrying the run's final state", not wrong,
+               "; ".join(wrong[:3]) or f"200 streams of {len(runs)} runs as their journals",
+               "R-EVENT-2", "R-EVENT-3", judged=200)
 
 
 def _open_status(client: httpx.Client, url: str, headers: dict[str, str]
