@@ -800,6 +800,13 @@ CATALOG: tuple[Mutant, ...] = (
                "        await repo.confirm_dispatch(conn, run_id, generation)\n"
                "        try:\n            started = await dispatch(client, row, settings)"),),
         "postgres-restarted-mid-sweep", "the run was not yet confirmed while the sweep held after Temporal's start"),
+    Mutant(
+        "api-work-unbounded", "the API's work bound on a checked-out connection (R-Q-11)",
+        (Patch("qimpl/api/deps.py",
+               "async with self.pool.connection() as conn, cut_after(conn, self.settings.api_db_timeout_s):",
+               "async with self.pool.connection() as conn:"),),
+        "api-cut-off-inside-a-create",
+        "it was answered within the API's work bound (3 s, QIMPL_API_DB_TIMEOUT_S) of the release"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).

@@ -30,6 +30,8 @@ __all__ = ["AFTER_ACCEPT", "AFTER_DISPATCH", "CREATE_ROUTE", "DB_FAILURES", "DIS
 
 log = logging.getLogger("qimpl.api")
 
+INSIDE_ACCEPT = declare("api.inside_acceptance_transaction",
+                        "the run and its key's record are inserted, their commit not yet sent")
 AFTER_ACCEPT = declare("api.after_acceptance_commit", "the run is committed `accepted`, dispatch not yet asked")
 AFTER_DISPATCH = declare("api.after_dispatch", "Temporal accepted the workflow, `queued` not yet committed")
 

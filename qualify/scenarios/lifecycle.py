@@ -154,7 +154,7 @@ def _paused_owner(ctx: ScenarioContext, *, resume: bool) -> None:
     # signal) and the successor's first write.
     stopped_at, stopped_mono = ctx.db_now(), time.monotonic()
     lease = ctx.deployment.lease
-    session_end = _session_ended_after(ctx, lease_backends, stopped_at, timeout_s=lease + 10)
+    session_end = session_ended_after(ctx, lease_backends, stopped_at, timeout_s=lease + 10)
     ctx.figures["lease_session_ended_after_sigstop_s"] = session_end if session_end is not None else -1.0
     # PostgreSQL ends the paused owner's session itself (idle_session_timeout = the lease)
     # at most a lease after its last statement, a touch that came before the pause; the
@@ -223,7 +223,7 @@ def _paused_owner(ctx: ScenarioContext, *, resume: bool) -> None:
                    f"{zombie_writes} writes by attempt {held['attempt']}", "R-EXEC-7")
 
 
-def _session_ended_after(ctx: ScenarioContext, backends: list[int], since: float, *,
+def session_ended_after(ctx: ScenarioContext, backends: list[int], since: float, *,
                          timeout_s: float) -> float | None:
     """Seconds from ``since`` (epoch s, the database's clock) until none of ``backends``
     (PostgreSQL backend pids) is left in ``pg_stat_activity``, read on the same clock at

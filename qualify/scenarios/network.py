@@ -18,7 +18,7 @@ from qimpl.lifecycle import workflow_id
 from qualify import http
 from qualify.fakes.synthetic import make_prompt
 from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
-from qualify.scenarios.lifecycle import accepted, writes_by_others_until
+from qualify.scenarios.lifecycle import accepted, session_ended_after, writes_by_others_until
 from qualify.scenarios.takeover import (
     LEASE_S,
     SLOW,
@@ -203,6 +203,82 @@ def _body(resp: Any) -> dict[str, Any]:
         return {}
     doc = resp.json()
     return doc if isinstance(doc, dict) else {}
+
+
+INSIDE_CREATE = "api.inside_acceptance_transaction"
+
+
+@scenario(
+    "api-cut-off-inside-a-create",
+    title="Partition an API from PostgreSQL (both ways) while a create's transaction is open (its "
+          "run and key inserted, the commit not yet sent): the request is answered 503 "
+          "database_unavailable, retryable, within the API's work bound (QIMPL_API_DB_TIMEOUT_S; "
+          "its connection was already out of the pool), PostgreSQL ends the stranded transaction, "
+          "nothing of it is committed, and the same request after the heal creates one run",
+    requirements=("R-Q-11", "R-CREATE-1", "R-CREATE-2"),
+    faults=("partition of api-1 from PostgreSQL (both ways) inside a create's transaction",),
+    crash_points=(INSIDE_CREATE,),
+)
+def api_cut_off_inside_a_create(ctx: ScenarioContext) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    # Short bounds, in their documented order (work > lock timeout): the work bound is the one
+    # that answers here, counted from the connection's checkout, before the insert.
+    bounds = {"QIMPL_API_POOL_TIMEOUT_S": "2", "QIMPL_API_DB_TIMEOUT_S": "3", "QIMPL_API_LOCK_TIMEOUT_S": "2"}
+    work_s, idle_s = float(bounds["QIMPL_API_DB_TIMEOUT_S"]), float(bounds["QIMPL_API_LOCK_TIMEOUT_S"])
+    proxy, via = ctx.postgres_proxy("api-1<->postgres", role="qimpl_api")
+    api = ctx.processes.api(QIMPL_CRASH_POINTS=f"{INSIDE_CREATE}:hold", **via, **bounds)
+    ctx.processes.worker("worker-1")
+    def create() -> tuple[Any, float]:
+        resp = ctx.create_run(api, prompt=make_prompt(steps=1, answer="once"), key="inside", timeout_s=30)
+        return resp, time.monotonic()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(create)
+        evidence = ctx.wait_crash_point(INSIDE_CREATE, api)
+        cut_run = str(evidence["context"]["run_id"])
+        stranded = [r[0] for r in ctx.sql(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'qimpl-api'"
+            " AND state = 'idle in transaction'")]
+        ctx.nemesis.partition(proxy, "both", run_id=cut_run)
+        cut_at, t0 = ctx.db_now(), time.monotonic()
+        ctx.release_crash_point(INSIDE_CREATE)
+        # Watched while the request is still out: PostgreSQL itself ends the stranded
+        # transaction (the API's sessions run with idle_in_transaction_session_timeout =
+        # QIMPL_API_LOCK_TIMEOUT_S), before the API's own work bound cuts its end.
+        ended = session_ended_after(ctx, stranded, cut_at, timeout_s=idle_s + 10)
+        resp, answered = pending.result()
+        took = round(answered - t0, 3)
+    ctx.expect("the create's session was idle inside its open transaction when the partition began",
+               len(stranded) == 1, f"backends idle in a transaction {stranded}", "R-Q-11")
+    body = _body(resp)
+    ctx.figures["api_answer_inside_create_s"] = took
+    ctx.expect("the create cut off inside its transaction got 503 database_unavailable, retryable",
+               resp is not None and resp.status_code == 503 and body.get("code") == "database_unavailable"
+               and body.get("retryable") is True,
+               f"{resp.status_code if resp is not None else 'no answer'} {str(body)[:200]}", "R-CREATE-1", "R-Q-11")
+    # Counted from the checkout, which came before the hold: at most the bound after the
+    # release, and 1 s for the answer on a loaded machine.
+    ctx.expect(f"it was answered within the API's work bound ({work_s:g} s, QIMPL_API_DB_TIMEOUT_S) "
+               "of the release",
+               took <= work_s + 1.0, f"{took} s", "R-Q-11")
+    ctx.figures["stranded_transaction_ended_s"] = ended if ended is not None else -1.0
+    ctx.expect(f"PostgreSQL ended the stranded transaction within QIMPL_API_LOCK_TIMEOUT_S + 1 s "
+               f"({idle_s + 1:g} s) of the partition, before the heal",
+               ended is not None and ended <= idle_s + 1, f"ended {ended} s after (database's clock)", "R-Q-11")
+    ctx.nemesis.heal(proxy, run_id=cut_run)
+    half = ctx.sql("SELECT (SELECT count(*) FROM runs WHERE run_id = %s),"
+                   " (SELECT count(*) FROM idempotency_records WHERE key = 'inside')", cut_run)[0]
+    ctx.expect("nothing of the cut create was committed: no run, no key record",
+               tuple(half) == (0, 0), f"runs {half[0]}, key records {half[1]}", "R-CREATE-1", "R-CREATE-2")
+    again = _until(lambda: (r := ctx.create_run(api, prompt=make_prompt(steps=1, answer="once"), key="inside"))
+                   is not None and r.status_code == 202 and r, 20, interval_s=0.2)
+    final = ctx.wait_terminal(api, str(again.json()["run_id"]), timeout_s=30) if again else {}
+    keyed = ctx.sql("SELECT count(*) FROM idempotency_records WHERE key = 'inside'")[0][0]
+    ctx.expect("the same request after the heal was accepted: one run for its key, completed",
+               bool(again) and final.get("state") == "completed" and keyed == 1
+               and ctx.sql("SELECT count(*) FROM runs")[0][0] == 1,
+               f"{again and again.status_code}; {final.get('state')}; key records {keyed}", "R-CREATE-2")
 
 
 @scenario(

@@ -25,6 +25,7 @@ from qimpl.api.openapi import (
 from qimpl.api.receipts import (
     AFTER_ACCEPT,
     CREATE_ROUTE,
+    INSIDE_ACCEPT,
     answer,
     check_grant,
     fingerprint,
@@ -127,6 +128,7 @@ async def create_run(
                 row = await replayable(conn, record, digest, svc.settings)
             else:
                 record = None
+                await INSIDE_ACCEPT.areach(run_id=run_id)
     assert row is not None
     if record is not None:
         return await answer(svc, row, replayed=True)
