@@ -85,7 +85,8 @@ def temporal_restart_mid_run(ctx: ScenarioContext) -> None:
     "dispatch-unknown",
     title="Temporal down at creation: 503 durable_dispatch_unknown with the receipt and the run "
           "left accepted; the same key again replays it (503, same receipt, never 409 in flight); "
-          "once Temporal is back an empty resume dispatches the same workflow",
+          "once Temporal is back an empty resume dispatches the same workflow, and a second run's "
+          "key, replayed then, dispatches that run",
     requirements=("R-CREATE-5", "R-CREATE-2", "R-RESUME-2", "R-Q-2"),
     faults=("temporal down at dispatch", "temporal back"),
     needs_platform=True,
@@ -117,7 +118,22 @@ def dispatch_unknown(ctx: ScenarioContext) -> None:
                and again.headers.get("Idempotent-Replayed") == "true"
                and (again.json().get("receipt") or {}).get("run_id") == receipt.get("run_id"),
                f"{again.status_code} {again.text[:200]}", "R-CREATE-2")
+    # A second run, left accepted by its own 503: once Temporal is back, its key's replay
+    # dispatches it again (a reviewer's break, a replay answering 503 from the record
+    # without dispatching, passed: the replay above meets Temporal down either way).
+    other_key = f"{key}-replayed-after"
+    other = ctx.create_run(api, prompt=prompt, key=other_key)
+    if other is None or other.status_code != 503:
+        raise HarnessError(f"the second create did not answer 503: {other and other.status_code}")
+    other_id = str((other.json().get("receipt") or {}).get("run_id"))
     ctx.nemesis.start_temporal(ctx.stack)
+    later = ctx.create_run(api, prompt=prompt, key=other_key)
+    if later is None:
+        raise HarnessError("the same-key retry after Temporal came back timed out on the client side")
+    ctx.expect("the same key once Temporal is back replays and dispatches its run: 202 queued, same receipt",
+               later.status_code == 202 and later.headers.get("Idempotent-Replayed") == "true"
+               and later.json().get("run_id") == other_id and later.json().get("state") == "queued",
+               f"{later.status_code} {later.text[:200]}", "R-CREATE-2", "R-CREATE-5")
     resume = http.post(f"{api.base_url}/v1/agents/agent-1/runs/{run_id}/resume",
                         headers={"Authorization": f"Bearer {API_KEY}", "Idempotency-Key": "redispatch"},
                         timeout=30)
@@ -131,6 +147,12 @@ def dispatch_unknown(ctx: ScenarioContext) -> None:
                f"{run['state']} g{run['generation']}", "R-CREATE-5")
     result = ctx.workflow_result(workflow_id(run_id, 1))
     ctx.expect("the one workflow returned the outcome", result.get("state") == "completed", str(result))
+    # Waited for only once dispatched (an accepted run would hold the scenario 60 s).
+    replayed = (ctx.wait_terminal(api, other_id, timeout_s=60) if later.status_code == 202
+                else {"state": f"not dispatched ({later.status_code})", "generation": None})
+    ctx.expect("the run its replay dispatched completed in generation 1",
+               replayed["state"] == "completed" and replayed["generation"] == 1,
+               f"{replayed['state']} g{replayed['generation']}", "R-CREATE-5")
 
 
 @scenario(
