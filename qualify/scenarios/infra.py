@@ -188,9 +188,9 @@ def rolling_restarts(ctx: ScenarioContext) -> None:
     # once skips the drain (a reviewer's finding: both passed as restarted). An API ends
     # as uvicorn does after its graceful shutdown: by its SIGTERM, raised again (-15), or 0.
     graceful = [e for e in ends if e.endswith(": exit 0, drained")
-                or e.startswith("api") and (e.endswith(": exit 0") or e.endswith(": exit -15"))]
+                or (e.startswith("api") and (e.endswith(": exit 0") or e.endswith(": exit -15")))]
     ctx.expect("each restarted instance ended by itself on its SIGTERM, not SIGKILLed after the "
-               "grace; a worker exited 0 after its own drain (its \"worker stopped\" line)",
+               "grace; a worker exited 0 after its own drain (its worker.stopped line)",
                len(graceful) == len(ends) == 4, "; ".join(ends), "R-Q-2", judged=len(ends))
 
 
