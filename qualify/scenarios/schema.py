@@ -46,6 +46,27 @@ def schema_upgrade_and_replay(ctx: ScenarioContext) -> None:
     ctx.expect("legacy rows became lowercase VARCHAR states, lifecycle 1, legacy",
                rows == [("completed", 1, "legacy"), ("queued", 1, "legacy"), ("streaming", 1, "legacy")]
                and kind == ("character varying",), f"{rows} {kind}", "R-OPS-1", "R-STATE-2", "R-READ-4")
+    # R-STATE-2's CHECK, not just the column's type (a reviewer's break, the CHECK made to
+    # accept any value, passed): a state outside the lowercase set is refused by it, and
+    # `streaming` is a version-1 value only.
+    # Each tried in a transaction rolled back, so that a row stored by a broken CHECK does
+    # not stay to trouble the downgrades below.
+    checked: dict[str, str] = {}
+    for state in ("QUEUED", "bogus", "streaming"):
+        with psycopg.connect(dsn) as conn:
+            try:
+                conn.execute("INSERT INTO runs (run_id, tenant_id, principal_id, agent_id, state, prompt,"
+                             " stream_key, deadline_at) VALUES (%s, 't', 'p', 'a', %s, 'x', 'k',"
+                             " now() + interval '1 hour')", (str(uuid.uuid4()), state))
+                checked[state] = "stored"
+            except psycopg.errors.CheckViolation:
+                checked[state] = "refused by a CHECK"
+            except psycopg.Error as exc:
+                checked[state] = f"refused otherwise ({exc.sqlstate})"
+            conn.rollback()
+    ctx.expect("a version-2 state outside the lowercase set is refused by the CHECK",
+               all(v == "refused by a CHECK" for v in checked.values()),
+               "; ".join(f"{k}: {v}" for k, v in checked.items()), "R-STATE-2", judged=len(checked))
     # One version-2 run live at a time, in each state that is not terminal (a reviewer's
     # finding: with only a `running` run, a refusal that counted `running` alone passed).
     refusals: dict[str, str] = {}
