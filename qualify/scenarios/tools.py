@@ -202,8 +202,25 @@ def _struck(point: str, *, executions: int, parked: bool) -> None:
         ctx.expect(f"the sink executed the call exactly {executions} time(s), requested as often",
                    len(execs) == executions and len(reqs) == executions,
                    f"executions {len(execs)}, requests {len(reqs)}", "R-TOOL-2", "R-Q-5")
-        ctx.expect("usage counts the tool calls sent", run["usage"].get("tool_calls", 0) >= executions,
-                   str(run["usage"]), "R-Q34-2", judged=executions)  # none sent: covers nothing
+        # What the journal holds as the call's outcome is what really happened: the sink's
+        # reply to its one execution, recorded by the worker, or the operator's record of it
+        # (R-TOOL-1: an outcome after the effect; R-TOOL-3: what really happened).
+        journal = ctx.sql("SELECT call_id, status, result, settled_by FROM tool_invocations"
+                          " WHERE run_id = %s", run_id)
+        call = str(journal[0][0]) if len(journal) == 1 else ""
+        want = ((call, "succeeded", {"receipt": call}, "operator:p-ops") if parked
+                else (call, "succeeded", {"receipt": call, "executed": True}, "worker"))
+        ctx.expect("the journal holds what really happened as the call's outcome: "
+                   + ("the operator's record" if parked else "the sink's reply, recorded by the worker"),
+                   len(journal) == 1 and tuple(journal[0]) == want,
+                   f"journal {[tuple(r) for r in journal]}", "R-TOOL-1", "R-TOOL-3", judged=len(journal))
+        # Counted once, when its intent was committed: neither per attempt nor per request
+        # (the run record's journal says which calls were sent, R-Q34-3).
+        sent = [c for c in run.get("tool_invocations") or [] if c.get("sent")]
+        ctx.expect("usage counts the tool calls sent",
+                   len(sent) == 1 and run["usage"].get("tool_calls") == len(sent),
+                   f"usage {run['usage']}; {len(sent)} sent in the journal", "R-Q34-2",
+                   judged=executions)  # none reached the sink: covers nothing
 
 
 _struck(BEFORE_INTENT, executions=1, parked=False)
@@ -273,9 +290,15 @@ def approved_tool_killed_after_effect(ctx: ScenarioContext) -> None:
     _parked_unknown(ctx, api, run_id)
     _reconcile_and_finish(ctx, api, run_id, answer_has="tool ran: send_email")
     execs = sink_lines(ctx, "executions", run_id)
+    asked = sink_lines(ctx, "requests", run_id)
     ctx.figures["sink_executions"] = len(execs)
+    # The arguments the sink was sent are the ones the approval was decided on (R-APPROVAL-1).
     ctx.expect("the approved tool executed exactly once, with the approved arguments",
-               len(execs) == 1 and execs[0].get("tool") == "send_email", str(execs), "R-APPROVAL-1")
+               len(execs) == 1 and execs[0].get("tool") == "send_email" and len(asked) == 1
+               and asked[0].get("tool") == pending.get("tool")
+               and asked[0].get("arguments") == pending.get("arguments"),
+               f"executions {execs}; sent {[(r.get('tool'), r.get('arguments')) for r in asked]}; approved"
+               f" {pending.get('tool')} {pending.get('arguments')}", "R-APPROVAL-1")
 
 
 @scenario(
