@@ -110,6 +110,36 @@ def large_answer(ctx: ScenarioContext) -> None:
                status == "completed" and isinstance(result, dict) and result.get("state") == "completed"
                and len(repr(result)) < 1000,
                f"workflow {status}, result {repr(result)[:200]}", "R-EXEC-1", "R-EXEC-5")
+    # A completion Temporal refuses for its size is retried, and the next attempt, finding the
+    # run completed, returns the small status: the workflow's result alone cannot tell. The
+    # history can: the agent activity's last start names its attempt and the failure before it.
+    starts = _activity_starts(ctx, workflow_id(run_id, 1))
+    refused = [f for _, f in starts if f and ("size" in f.lower() or "payload" in f.lower())]
+    ctx.expect("the agent activity's completion was accepted: no attempt's result was refused for its size",
+               len(starts) == 1 and not refused, f"activity starts (attempt, failure before it): {starts}",
+               "R-EXEC-5")
+
+
+def _activity_starts(ctx: ScenarioContext, wf_id: str) -> list[tuple[int, str]]:
+    """Each start of the agent activity in ``wf_id``'s history (Temporal records the last
+    attempt's): its attempt and the message of the failure that preceded it ('' for none)."""
+    import asyncio
+
+    from temporalio.client import Client
+
+    async def look() -> list[tuple[int, str]]:
+        client = await Client.connect(ctx.deployment.temporal_address, namespace=ctx.deployment.namespace)
+        out = []
+        async for event in client.get_workflow_handle(wf_id).fetch_history_events():
+            if event.HasField("activity_task_started_event_attributes"):
+                started = event.activity_task_started_event_attributes
+                failure = started.last_failure
+                message = (f"{failure.message} {failure.cause.message}".strip()
+                           if started.HasField("last_failure") else "")
+                out.append((int(started.attempt), message))
+        return out
+
+    return asyncio.run(look())
 
 
 AFTER_COUNT = "activity.after_failure_count"
