@@ -23,6 +23,11 @@ def _requests(control: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def _counted(ctx: ScenarioContext, run_id: str) -> int:
+    """The run's counted provider failures (``runs.provider_failures``, R-EXEC-6)."""
+    return int(ctx.sql("SELECT provider_failures FROM runs WHERE run_id = %s", run_id)[0][0])
+
+
 def _tool_content(ctx: ScenarioContext, run_id: str) -> str | None:
     """The content of the ``tool`` message that feeds the run's one journaled call back to
     the model, computed here from the journal row (its status and result as canonical
@@ -108,11 +113,12 @@ def openai_provider_through_the_lifecycle(ctx: ScenarioContext) -> None:
                f"{json.dumps(fed)[:300]}; the journal's {content!r}", "R-PROV-1", "R-EXEC-4", "R-TOOL-2")
     records = ctx.sql("SELECT step, status, outcome_code, input_tokens FROM provider_calls"
                       " WHERE run_id = %s ORDER BY id", run_id)
+    counted = _counted(ctx, run_id)
     ctx.expect("the provider-call record: both failures counted under safe codes",
                [(r[0], r[1], r[2]) for r in records] == [
                    (1, "failed", "provider_error:provider_http_500"), (1, "succeeded", None),
-                   (2, "failed", "provider_timeout"), (2, "succeeded", None)],
-               str(records), "R-EXEC-6", "R-EXEC-12", "R-Q34-2")
+                   (2, "failed", "provider_timeout"), (2, "succeeded", None)] and counted == 2,
+               f"{records}; the run counted {counted} failures", "R-EXEC-6", "R-EXEC-12", "R-Q34-2")
     usage = run.get("usage") or {}
     tokens = sum(r["usage"]["prompt_tokens"] for r in asked if r["outcome"] in ("tool_call", "answer"))
     ctx.expect("usage counts every request the server saw, and the tokens of those answered",
@@ -159,10 +165,11 @@ def openai_provider_truncated_stream(ctx: ScenarioContext) -> None:
                "R-PROV-1", "R-EVENT-1")
     records = ctx.sql("SELECT step, status, outcome_code FROM provider_calls WHERE run_id = %s"
                       " ORDER BY id", run_id)
+    counted = _counted(ctx, run_id)
     ctx.expect("the truncated stream is a counted failure under a safe code",
                [tuple(r) for r in records] == [(1, "failed", "provider_error:provider_truncated_stream"),
-                                               (1, "succeeded", None)], str(records),
-               "R-EXEC-6", "R-Q34-2")
+                                               (1, "succeeded", None)] and counted == 1,
+               f"{records}; the run counted {counted} failures", "R-EXEC-6", "R-Q34-2")
 
 
 #: Each way a stream breaks (``qualify.fakes.chat_server``) and the safe code the adapter
@@ -218,10 +225,12 @@ def openai_provider_stream_breaks(ctx: ScenarioContext) -> None:
             streams.append(f"{kind}: {judged}")
         records = [tuple(r) for r in ctx.sql(
             "SELECT step, status, outcome_code FROM provider_calls WHERE run_id = %s ORDER BY id", run_id)]
+        counted = _counted(ctx, run_id)
         ctx.expect(f"{kind}: one counted failure under {code}, then the retry succeeded",
                    bool(records) and records[0] == (1, "failed", code)
-                   and all(status == "succeeded" for _, status, _ in records[1:]) and len(records) >= 2,
-                   str(records), "R-EXEC-6", "R-Q34-2")
+                   and all(status == "succeeded" for _, status, _ in records[1:]) and len(records) >= 2
+                   and counted == 1,
+                   f"{records}; the run counted {counted} failures", "R-EXEC-6", "R-Q34-2")
     ctx.expect("each run's answer was streamed as output deltas by the attempt that gave it", not streams,
                "; ".join(streams) or f"{len(runs)} runs", "R-PROV-1", "R-EVENT-1", judged=len(runs))
     waited = [r for r in _requests(ctx.control) if _script(r).get("fail") == {"1": 429}]

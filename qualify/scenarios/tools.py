@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from qualify import http
+from qualify.digests import canonical_sha256
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
@@ -214,6 +215,15 @@ def _struck(point: str, *, executions: int, parked: bool) -> None:
                    + ("the operator's record" if parked else "the sink's reply, recorded by the worker"),
                    len(journal) == 1 and tuple(journal[0]) == want,
                    f"journal {[tuple(r) for r in journal]}", "R-TOOL-1", "R-TOOL-3", judged=len(journal))
+        # The intent names what was asked (R-TOOL-1: run, generation, step, tool, arguments
+        # digest, call id): the call of step 1 of generation 1, its digest computed here.
+        asked = {"tool": "charge", "arguments": {"amount": 5}}
+        intent = ctx.sql("SELECT generation, step, position, tool, arguments, arguments_digest,"
+                         " intent_at IS NOT NULL FROM tool_invocations WHERE run_id = %s", run_id)
+        ctx.expect("the intent records the run, generation, step, tool, arguments and their digest asked",
+                   [tuple(r) for r in intent] == [(1, 1, 0, asked["tool"], asked["arguments"],
+                                                   canonical_sha256(asked), True)],
+                   f"journal {[tuple(r) for r in intent]}", "R-TOOL-1", judged=len(intent))
         # Counted once, when its intent was committed: neither per attempt nor per request
         # (the run record's journal says which calls were sent, R-Q34-3).
         sent = [c for c in run.get("tool_invocations") or [] if c.get("sent")]
