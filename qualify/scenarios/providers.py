@@ -5,6 +5,7 @@ and an answer built from the journaled result."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -97,11 +98,15 @@ def openai_provider_through_the_lifecycle(ctx: ScenarioContext) -> None:
     ctx.expect("the answer was streamed as output deltas by the attempt that gave it", streamed, judged,
                "R-PROV-1", "R-EVENT-1")
     bodies = [r["body"] for r in asked]
+    # The configured key itself, as the bearer token (compared by its digest): any other
+    # credential is not "the key".
+    bearer_sha = hashlib.sha256(f"Bearer {API_KEY_CANARY}".encode()).hexdigest()
+    keyed = sum(1 for r in asked if r["authorized"] and r.get("authorization_sha256") == bearer_sha)
     ctx.expect("every request streamed with usage, offered the tools and carried the key",
                all(b.get("stream") is True and b.get("stream_options") == {"include_usage": True}
                    and "charge" in {t["function"]["name"] for t in b.get("tools", [])}
-                   for b in bodies) and all(r["authorized"] for r in asked),
-               f"{len(bodies)} requests", "R-PROV-1")
+                   for b in bodies) and keyed == len(asked),
+               f"{len(bodies)} requests, {keyed} with the configured key as bearer", "R-PROV-1")
     same = len(bodies) == 4 and bodies[0] == bodies[1] and bodies[2] == bodies[3]
     fed = bodies[3]["messages"][-1] if len(bodies) == 4 else {}
     # The tool message carries the journal's status and result (the sink's receipt), not
