@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from qualify.fakes.chat_server import ChatServer, chat_prompt
+from qualify.fakes.tools import sink_tools
 from qualify.scenarios.base import ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted
 
@@ -102,11 +103,19 @@ def openai_provider_through_the_lifecycle(ctx: ScenarioContext) -> None:
     # credential is not "the key".
     bearer_sha = hashlib.sha256(f"Bearer {API_KEY_CANARY}".encode()).hexdigest()
     keyed = sum(1 for r in asked if r["authorized"] and r.get("authorization_sha256") == bearer_sha)
+    # The tool is offered with its arguments' schema (the harness's own definition of it),
+    # so the model can know what to send.
+    schema = next(dict(t.arguments_schema) for t in sink_tools({"sink_url": "http://127.0.0.1:9"})
+                  if t.name == "charge")
+    offered = [{t["function"]["name"]: t["function"].get("parameters") for t in b.get("tools", [])}
+               for b in bodies]
     ctx.expect("every request streamed with usage, offered the tools and carried the key",
                all(b.get("stream") is True and b.get("stream_options") == {"include_usage": True}
-                   and "charge" in {t["function"]["name"] for t in b.get("tools", [])}
-                   for b in bodies) and keyed == len(asked),
-               f"{len(bodies)} requests, {keyed} with the configured key as bearer", "R-PROV-1")
+                   for b in bodies) and all(o.get("charge") == schema for o in offered)
+               and keyed == len(asked),
+               f"{len(bodies)} requests, {keyed} with the configured key as bearer;"
+               f" charge offered with its schema in {sum(o.get('charge') == schema for o in offered)}",
+               "R-PROV-1")
     same = len(bodies) == 4 and bodies[0] == bodies[1] and bodies[2] == bodies[3]
     fed = bodies[3]["messages"][-1] if len(bodies) == 4 else {}
     # The tool message carries the journal's status and result (the sink's receipt), not

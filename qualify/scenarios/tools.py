@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
 from qualify.scenarios.base import ScenarioContext, scenario
-from qualify.scenarios.lifecycle import accepted
+from qualify.scenarios.lifecycle import accepted, provider_calls
 from qualify.scenarios.streams import read_stream
 from qualify.scenarios.writers import guard_probe
 
@@ -197,6 +198,13 @@ def _struck(point: str, *, executions: int, parked: bool) -> None:
             ctx.expect("the event stream shows the call's intent and its outcome once each",
                        tools == [("tool_call", None), ("tool_result", "succeeded")]
                        and events[-1].get("event") == "terminal", str(tools), "R-TOOL-1", "R-EVENT-1")
+        # The kill landed in the gap its crash point names, after step 1's pre-tool checkpoint:
+        # the retry restored the call from it, so step 1 was asked of the provider once
+        # (the synthetic provider's own record). A kill before that checkpoint would prove
+        # nothing of the restore (R-TOOL-2).
+        per_step = Counter(int(c["step"]) for c in provider_calls(ctx, run_id))
+        ctx.expect("the provider was asked step 1 once: the retry restored its pre-tool checkpoint",
+                   per_step.get(1) == 1, f"calls per step {dict(sorted(per_step.items()))}", "R-TOOL-2")
         execs = sink_lines(ctx, "executions", run_id)
         reqs = sink_lines(ctx, "requests", run_id)
         ctx.figures["sink_executions"] = len(execs)
