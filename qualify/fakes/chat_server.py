@@ -24,12 +24,14 @@ prompt (the first user message), a JSON object::
   of messages sent, ``completion_tokens`` 3.
 
 Every request is recorded first, as one JSON line in ``<control_dir>/chat_requests.jsonl``
-(the body, whether an ``Authorization`` header came, the step, how it was answered): the
+(the body, whether an ``Authorization`` header came and its SHA-256, the step, how it was
+answered): the
 harness's independent record of what the provider was asked.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import threading
@@ -175,7 +177,10 @@ class ChatServer:
         if failure == "timeout":
             outcome = "held"
         line = {"t": time.time(), "step": step, "outcome": outcome, "usage": usage,
-                "authorized": authorization is not None, "body": dict(body)}
+                "authorized": authorization is not None, "body": dict(body),
+                # Which credential came, without writing it down: its digest.
+                "authorization_sha256": (hashlib.sha256(authorization.encode()).hexdigest()
+                                         if authorization is not None else None)}
         with self._lock, open(self.control_dir / "chat_requests.jsonl", "a", encoding="utf-8") as fh:
             fh.write(json.dumps(line, sort_keys=True) + "\n")
         return status, payload, "cut" if failure == "cut_body" else failure == "timeout"

@@ -5,11 +5,13 @@ and an answer built from the journaled result."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from qualify.fakes.chat_server import ChatServer, chat_prompt
+from qualify.fakes.tools import sink_tools
 from qualify.scenarios.base import ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted
 
@@ -21,6 +23,39 @@ REQUEST_TIMEOUT_S = 0.5
 def _requests(control: Path) -> list[dict[str, Any]]:
     path = control / "chat_requests.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _counted(ctx: ScenarioContext, run_id: str) -> int:
+    """The run's counted provider failures (``runs.provider_failures``, R-EXEC-6)."""
+    return int(ctx.sql("SELECT provider_failures FROM runs WHERE run_id = %s", run_id)[0][0])
+
+
+def _tool_content(ctx: ScenarioContext, run_id: str) -> str | None:
+    """The content of the ``tool`` message that feeds the run's one journaled call back to
+    the model, computed here from the journal row (its status and result as canonical
+    JSON, ``qimpl.providers.chat``'s documented form); None unless the run has one call."""
+    rows = ctx.sql("SELECT status, result FROM tool_invocations WHERE run_id = %s", run_id)
+    if len(rows) != 1:
+        return None
+    return json.dumps({"result": rows[0][1], "status": rows[0][0]}, sort_keys=True, separators=(",", ":"))
+
+
+def _streamed_answer(ctx: ScenarioContext, run_id: str, answer: str) -> tuple[bool, str]:
+    """Whether the attempt whose provider call gave the answer (the run's last succeeded
+    call) streamed exactly that text as output deltas into the run's event journal
+    (R-PROV-1: streaming output deltas; R-EVENT-1), and what was judged."""
+    last = ctx.sql("SELECT step, attempt FROM provider_calls WHERE run_id = %s AND status = 'succeeded'"
+                   " ORDER BY id DESC LIMIT 1", run_id)
+    rows = ctx.sql("SELECT (data->>'step')::int, (data->>'attempt')::int, data->>'delta' FROM run_events"
+                   " WHERE run_id = %s AND kind = 'output' AND (data->>'partial')::boolean ORDER BY seq", run_id)
+    streamed: dict[tuple[int, int], str] = {}
+    for step, attempt, delta in rows:
+        streamed[(step, attempt)] = streamed.get((step, attempt), "") + str(delta)
+    got = streamed.get(tuple(last[0])) if last else None  # type: ignore[arg-type]
+    return (bool(answer) and got == answer,
+            f"answered by {tuple(last[0]) if last else None}; streamed "
+            + ", ".join(f"step {k[0]} attempt {k[1]}: {len(v)} chars" for k, v in sorted(streamed.items()))
+            + f"; the answer {len(answer)} chars")
 
 
 @scenario(
@@ -55,29 +90,49 @@ def openai_provider_through_the_lifecycle(ctx: ScenarioContext) -> None:
                outcomes == [(1, "http_500"), (1, "tool_call"), (2, "held"), (2, "answer")],
                str(outcomes), "R-PROV-1", "R-EXEC-6", "R-EXEC-12")
     answer = (run.get("result_json") or {}).get("answer", "")
+    content = _tool_content(ctx, run_id)
     ctx.expect("the run completed with the answer built from the journaled tool result",
-               run["state"] == "completed" and answer.startswith("charged ")
-               and '"status":"succeeded"' in answer,
-               f"{run['state']}: {answer[:200]!r}", "R-PROV-1", "R-TOOL-1")
+               run["state"] == "completed" and content is not None and '"status":"succeeded"' in content
+               and answer == f"charged {content}",
+               f"{run['state']}: {answer[:200]!r}; the journal's result as fed {content!r}", "R-PROV-1", "R-TOOL-1")
+    streamed, judged = _streamed_answer(ctx, run_id, answer)
+    ctx.expect("the answer was streamed as output deltas by the attempt that gave it", streamed, judged,
+               "R-PROV-1", "R-EVENT-1")
     bodies = [r["body"] for r in asked]
+    # The configured key itself, as the bearer token (compared by its digest): any other
+    # credential is not "the key".
+    bearer_sha = hashlib.sha256(f"Bearer {API_KEY_CANARY}".encode()).hexdigest()
+    keyed = sum(1 for r in asked if r["authorized"] and r.get("authorization_sha256") == bearer_sha)
+    # The tool is offered with its arguments' schema (the harness's own definition of it),
+    # so the model can know what to send.
+    schema = next(dict(t.arguments_schema) for t in sink_tools({"sink_url": "http://127.0.0.1:9"})
+                  if t.name == "charge")
+    offered = [{t["function"]["name"]: t["function"].get("parameters") for t in b.get("tools", [])}
+               for b in bodies]
     ctx.expect("every request streamed with usage, offered the tools and carried the key",
                all(b.get("stream") is True and b.get("stream_options") == {"include_usage": True}
-                   and "charge" in {t["function"]["name"] for t in b.get("tools", [])}
-                   for b in bodies) and all(r["authorized"] for r in asked),
-               f"{len(bodies)} requests", "R-PROV-1")
+                   for b in bodies) and all(o.get("charge") == schema for o in offered)
+               and keyed == len(asked),
+               f"{len(bodies)} requests, {keyed} with the configured key as bearer;"
+               f" charge offered with its schema in {sum(o.get('charge') == schema for o in offered)}",
+               "R-PROV-1")
     same = len(bodies) == 4 and bodies[0] == bodies[1] and bodies[2] == bodies[3]
     fed = bodies[3]["messages"][-1] if len(bodies) == 4 else {}
+    # The tool message carries the journal's status and result (the sink's receipt), not
+    # only a status: what the model is fed is what the journal holds (R-TOOL-2).
     ctx.expect("a retried step sent the same request; step 2 fed the tool result as a tool "
                "message for the model's call id",
-               same and fed.get("role") == "tool" and fed.get("tool_call_id") == "call_1",
-               json.dumps(fed)[:300], "R-PROV-1", "R-EXEC-4", "R-TOOL-2")
+               same and fed.get("role") == "tool" and fed.get("tool_call_id") == "call_1"
+               and content is not None and '"receipt"' in content and fed.get("content") == content,
+               f"{json.dumps(fed)[:300]}; the journal's {content!r}", "R-PROV-1", "R-EXEC-4", "R-TOOL-2")
     records = ctx.sql("SELECT step, status, outcome_code, input_tokens FROM provider_calls"
                       " WHERE run_id = %s ORDER BY id", run_id)
+    counted = _counted(ctx, run_id)
     ctx.expect("the provider-call record: both failures counted under safe codes",
                [(r[0], r[1], r[2]) for r in records] == [
                    (1, "failed", "provider_error:provider_http_500"), (1, "succeeded", None),
-                   (2, "failed", "provider_timeout"), (2, "succeeded", None)],
-               str(records), "R-EXEC-6", "R-EXEC-12", "R-Q34-2")
+                   (2, "failed", "provider_timeout"), (2, "succeeded", None)] and counted == 2,
+               f"{records}; the run counted {counted} failures", "R-EXEC-6", "R-EXEC-12", "R-Q34-2")
     usage = run.get("usage") or {}
     tokens = sum(r["usage"]["prompt_tokens"] for r in asked if r["outcome"] in ("tool_call", "answer"))
     ctx.expect("usage counts every request the server saw, and the tokens of those answered",
@@ -119,12 +174,16 @@ def openai_provider_truncated_stream(ctx: ScenarioContext) -> None:
     ctx.expect("the run completed with the retry's whole answer, never the truncated one",
                run["state"] == "completed" and answer == whole, f"{run['state']}: {answer!r}",
                "R-PROV-1", "R-EXEC-6")
+    streamed, judged = _streamed_answer(ctx, run_id, answer)
+    ctx.expect("the answer was streamed as output deltas by the attempt that gave it", streamed, judged,
+               "R-PROV-1", "R-EVENT-1")
     records = ctx.sql("SELECT step, status, outcome_code FROM provider_calls WHERE run_id = %s"
                       " ORDER BY id", run_id)
+    counted = _counted(ctx, run_id)
     ctx.expect("the truncated stream is a counted failure under a safe code",
                [tuple(r) for r in records] == [(1, "failed", "provider_error:provider_truncated_stream"),
-                                               (1, "succeeded", None)], str(records),
-               "R-EXEC-6", "R-Q34-2")
+                                               (1, "succeeded", None)] and counted == 1,
+               f"{records}; the run counted {counted} failures", "R-EXEC-6", "R-Q34-2")
 
 
 #: Each way a stream breaks (``qualify.fakes.chat_server``) and the safe code the adapter
@@ -165,19 +224,29 @@ def openai_provider_stream_breaks(ctx: ScenarioContext) -> None:
         ended = {kind: ctx.wait_terminal(api, run_id, timeout_s=60) for kind, run_id in runs.items()}
     finally:
         server.stop()
+    streams: list[str] = []
     for kind, code in STREAM_BREAKS.items():
         run_id, run = runs[str(kind)], ended[str(kind)]
         answer = (run.get("result_json") or {}).get("answer", "")
         whole = f"whole answer after {kind}"
+        if kind == "cut_tool_arguments":  # the server's text, then the tool message it was fed
+            whole += f" {_tool_content(ctx, run_id)}"
         ctx.expect(f"{kind}: the run completed with the retry's whole answer",
-                   run["state"] == "completed" and answer.startswith(whole),
-                   f"{run['state']}: {answer[:120]!r}", "R-PROV-1", "R-EXEC-6")
+                   run["state"] == "completed" and answer == whole,
+                   f"{run['state']}: {answer[:120]!r}, expected {whole[:120]!r}", "R-PROV-1", "R-EXEC-6")
+        streamed, judged = _streamed_answer(ctx, run_id, answer)
+        if not streamed:
+            streams.append(f"{kind}: {judged}")
         records = [tuple(r) for r in ctx.sql(
             "SELECT step, status, outcome_code FROM provider_calls WHERE run_id = %s ORDER BY id", run_id)]
+        counted = _counted(ctx, run_id)
         ctx.expect(f"{kind}: one counted failure under {code}, then the retry succeeded",
                    bool(records) and records[0] == (1, "failed", code)
-                   and all(status == "succeeded" for _, status, _ in records[1:]) and len(records) >= 2,
-                   str(records), "R-EXEC-6", "R-Q34-2")
+                   and all(status == "succeeded" for _, status, _ in records[1:]) and len(records) >= 2
+                   and counted == 1,
+                   f"{records}; the run counted {counted} failures", "R-EXEC-6", "R-Q34-2")
+    ctx.expect("each run's answer was streamed as output deltas by the attempt that gave it", not streams,
+               "; ".join(streams) or f"{len(runs)} runs", "R-PROV-1", "R-EVENT-1", judged=len(runs))
     waited = [r for r in _requests(ctx.control) if _script(r).get("fail") == {"1": 429}]
     if len(waited) >= 2:
         ctx.figures["retry_after_429_s"] = round(waited[1]["t"] - waited[0]["t"], 3)

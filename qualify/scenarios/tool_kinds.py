@@ -96,6 +96,7 @@ def finalising_tool_needs_approval(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
     ctx.processes.worker()
     tools = {"1": [{"tool": "merge_pull_request", "arguments": {"pr": 42}}]}
+    shown: list[str] = []
     for approved in (False, True):
         run_id = accepted(ctx, api, prompt=make_prompt(steps=3, answer="merged", tools=tools))
         run = settles(ctx, api, run_id)
@@ -113,6 +114,12 @@ def finalising_tool_needs_approval(ctx: ScenarioContext) -> None:
         run = ctx.wait_terminal(api, run_id)
         status = "succeeded" if approved else "denied"
         execs = sink_lines(ctx, "executions", run_id)
+        # The approver is shown the call that would run, and what runs is what was shown.
+        sent = [(r.get("tool"), r.get("arguments")) for r in sink_lines(ctx, "requests", run_id)]
+        if (pending.get("tool"), pending.get("arguments")) != ("merge_pull_request", {"pr": 42}) or (
+                approved and sent != [(pending.get("tool"), pending.get("arguments"))]):
+            shown.append(f"{'approved' if approved else 'denied'} run: shown {pending.get('tool')}"
+                         f" {pending.get('arguments')}, sent {sent}")
         ctx.expect(f"{'approved' if approved else 'denied'}: the run completes fed {status}, "
                    f"the sink executed it {int(approved)} time(s)",
                    run["state"] == "completed"
@@ -120,6 +127,9 @@ def finalising_tool_needs_approval(ctx: ScenarioContext) -> None:
                    and len(execs) == int(approved),
                    f"{run['state']} {(run['result_json'] or {}).get('answer')} executions {len(execs)}",
                    "R-TOOL-5")
+    ctx.expect("each approval request showed the call's tool and arguments; the approved call ran with those",
+               not shown, "; ".join(shown) or "merge_pull_request {'pr': 42} shown twice, run once as shown",
+               "R-TOOL-5", "R-APPROVAL-1", judged=2)
 
 
 @scenario(
