@@ -487,6 +487,20 @@ class ScenarioContext:
             raise HarnessError(f"cancel answered {resp.status_code}: {resp.text[:200]}")
         return doc
 
+    def temporal(self, op: Callable[[Any], Any]) -> Any:
+        """``op(client)`` (a coroutine function given a ``temporalio.client.Client`` of the
+        scenario's namespace), run to its end on a client of its own; returns its result and
+        raises what it raises (an unreachable Temporal: ``RuntimeError`` from the connect)."""
+        import asyncio
+
+        from temporalio.client import Client
+
+        async def go() -> Any:
+            client = await Client.connect(self.deployment.temporal_address, namespace=self.deployment.namespace)
+            return await op(client)
+
+        return asyncio.run(go())
+
     def workflow_result(self, workflow_id: str, *, timeout_s: float = 30.0) -> Any:
         """The result Temporal recorded for ``workflow_id`` (waits for it to close).
 
@@ -496,16 +510,14 @@ class ScenarioContext:
         ``HarnessError`` (crashed)."""
         import asyncio
 
-        from temporalio.client import Client, WorkflowFailureError
+        from temporalio.client import WorkflowFailureError
         from temporalio.service import RPCError, RPCStatusCode
 
-        async def fetch() -> Any:
-            client = await Client.connect(self.deployment.temporal_address,
-                                          namespace=self.deployment.namespace)
+        async def fetch(client: Any) -> Any:
             return await asyncio.wait_for(client.get_workflow_handle(workflow_id).result(), timeout_s)
 
         try:
-            return asyncio.run(fetch())
+            return self.temporal(fetch)
         except WorkflowFailureError as exc:
             raise InvariantViolation(f"workflow {workflow_id} failed: {exc.cause or exc}") from None
         except RPCError as exc:
@@ -518,17 +530,12 @@ class ScenarioContext:
     def workflow_executions(self, workflow_id: str) -> int:
         """How many executions of ``workflow_id`` Temporal's visibility lists, open or
         closed (R-CREATE-5: one per generation). Temporal unreachable is a HarnessError."""
-        import asyncio
-
-        from temporalio.client import Client
-
-        async def count() -> int:
-            client = await Client.connect(self.deployment.temporal_address,
-                                          namespace=self.deployment.namespace)
+        async def count(client: Any) -> int:
             return len([wf async for wf in client.list_workflows(f"WorkflowId = '{workflow_id}'")])
 
         try:
-            return asyncio.run(count())
+            found: int = self.temporal(count)
+            return found
         except Exception as exc:
             raise HarnessError(f"executions of {workflow_id} could not be listed: {exc}") from exc
 
@@ -541,12 +548,10 @@ class ScenarioContext:
         ``scenario invariant`` check), only Temporal unreachable a ``HarnessError``."""
         import asyncio
 
-        from temporalio.client import Client, WorkflowExecutionStatus
+        from temporalio.client import WorkflowExecutionStatus
         from temporalio.service import RPCError, RPCStatusCode
 
-        async def poll() -> tuple[str, Any]:
-            client = await Client.connect(self.deployment.temporal_address,
-                                          namespace=self.deployment.namespace)
+        async def poll(client: Any) -> tuple[str, Any]:
             handle = client.get_workflow_handle(workflow_id)
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
@@ -559,7 +564,8 @@ class ScenarioContext:
             return "running", None
 
         try:
-            return asyncio.run(poll())
+            outcome: tuple[str, Any] = self.temporal(poll)
+            return outcome
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 raise InvariantViolation(f"workflow {workflow_id}: Temporal has no such workflow") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import Any
 
 from qimpl.lifecycle import workflow_id
 from qualify.fakes.synthetic import Script, make_prompt
@@ -130,12 +131,7 @@ def large_answer(ctx: ScenarioContext) -> None:
 def _activity_starts(ctx: ScenarioContext, wf_id: str) -> list[tuple[int, str]]:
     """Each start of the agent activity in ``wf_id``'s history (Temporal records the last
     attempt's): its attempt and the message of the failure that preceded it ('' for none)."""
-    import asyncio
-
-    from temporalio.client import Client
-
-    async def look() -> list[tuple[int, str]]:
-        client = await Client.connect(ctx.deployment.temporal_address, namespace=ctx.deployment.namespace)
+    async def look(client: Any) -> list[tuple[int, str]]:
         out = []
         async for event in client.get_workflow_handle(wf_id).fetch_history_events():
             if event.HasField("activity_task_started_event_attributes"):
@@ -146,7 +142,8 @@ def _activity_starts(ctx: ScenarioContext, wf_id: str) -> list[tuple[int, str]]:
                 out.append((int(started.attempt), message))
         return out
 
-    return asyncio.run(look())
+    starts: list[tuple[int, str]] = ctx.temporal(look)
+    return starts
 
 
 AFTER_COUNT = "activity.after_failure_count"

@@ -137,14 +137,9 @@ def runs_listed(ctx: ScenarioContext) -> None:
 def _temporal_tags(ctx: ScenarioContext, query: str) -> dict[str, dict[str, Any]]:
     """Workflow id → its Qimpl search attributes, for the workflows Temporal's visibility
     lists under ``query`` now."""
-    import asyncio
-
-    from temporalio.client import Client
-
     from qimpl.workflows import search_attributes as attrs
 
-    async def go() -> dict[str, dict[str, Any]]:
-        client = await Client.connect(ctx.deployment.temporal_address, namespace=ctx.deployment.namespace)
+    async def go(client: Any) -> dict[str, dict[str, Any]]:
         found: dict[str, dict[str, Any]] = {}
         async for wf in client.list_workflows(query):
             sa = wf.typed_search_attributes
@@ -152,7 +147,8 @@ def _temporal_tags(ctx: ScenarioContext, query: str) -> dict[str, dict[str, Any]
                             "generation": sa.get(attrs.GENERATION), "state": sa.get(attrs.RUN_STATE)}
         return found
 
-    return asyncio.run(go())
+    tags: dict[str, dict[str, Any]] = ctx.temporal(go)
+    return tags
 
 
 def _bare_namespace(ctx: ScenarioContext, name: str) -> None:

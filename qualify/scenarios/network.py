@@ -25,7 +25,6 @@ from qualify.scenarios.takeover import (
     SLOW_HB_S,
     TAKEOVER_S,
     WITHIN_S,
-    _temporal,
     watcher_failures,
 )
 
@@ -56,7 +55,7 @@ def _agent_retry(ctx: ScenarioContext, wf_id: str) -> dict[str, Any]:
             return {"attempt": int(act.attempt), "last_failure": kind}
         return {}
 
-    result: dict[str, Any] = _temporal(ctx, op)
+    result: dict[str, Any] = ctx.temporal(op)
     return result
 
 

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from qimpl.lifecycle import workflow_id
 from qualify import http
@@ -159,19 +160,16 @@ def postgres_restarted_mid_sweep(ctx: ScenarioContext) -> None:
 
 def _cancel_requested(ctx: ScenarioContext, wf_id: str) -> bool:
     """Whether ``wf_id``'s history holds a cancel request (Temporal's own record)."""
-    import asyncio
-
     from temporalio.api.enums.v1 import EventType
-    from temporalio.client import Client
 
-    async def look() -> bool:
-        client = await Client.connect(ctx.deployment.temporal_address, namespace=ctx.deployment.namespace)
+    async def look(client: Any) -> bool:
         async for event in client.get_workflow_handle(wf_id).fetch_history_events():
             if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED:
                 return True
         return False
 
-    return asyncio.run(look())
+    requested: bool = ctx.temporal(look)
+    return requested
 
 
 @scenario(

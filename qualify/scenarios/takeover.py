@@ -401,19 +401,6 @@ def operator_resets_a_running_activity(ctx: ScenarioContext) -> None:
                f"{lower} writes; {len(tried)} lower attempts refused", "R-EXEC-7", judged=len(tried))
 
 
-def _temporal(ctx: ScenarioContext, op: Any) -> Any:
-    """``op(client)`` (a coroutine function) against the scenario's Temporal server."""
-    import asyncio
-
-    from temporalio.client import Client
-
-    async def go() -> Any:
-        client = await Client.connect(ctx.deployment.temporal_address, namespace=ctx.deployment.namespace)
-        return await op(client)
-
-    return asyncio.run(go())
-
-
 def _agent_activity(ctx: ScenarioContext, wf_id: str) -> dict[str, Any] | None:
     """The workflow's pending agent activity as Temporal describes it, or None."""
     from temporalio.api.enums.v1 import PendingActivityState
@@ -429,7 +416,7 @@ def _agent_activity(ctx: ScenarioContext, wf_id: str) -> dict[str, Any] | None:
                         and act.last_failure.HasField("timeout_failure_info")}
         return None
 
-    result: dict[str, Any] | None = _temporal(ctx, op)
+    result: dict[str, Any] | None = ctx.temporal(op)
     return result
 
 
@@ -449,7 +436,7 @@ def _history_kinds(ctx: ScenarioContext, wf_id: str) -> list[str]:
             out.append(kind)
         return out
 
-    result: list[str] = _temporal(ctx, op)
+    result: list[str] = ctx.temporal(op)
     return result
 
 
@@ -577,7 +564,7 @@ def _fresh_heartbeat(ctx: ScenarioContext, wf_id: str, *, timeout_s: float) -> f
             await asyncio.sleep(0.02)
         return None
 
-    beat: float | None = _temporal(ctx, op)
+    beat: float | None = ctx.temporal(op)
     if beat is None:
         raise HarnessError(f"no heartbeat of {wf_id}'s agent activity recorded within {timeout_s} s")
     return beat
