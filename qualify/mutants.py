@@ -863,6 +863,13 @@ CATALOG: tuple[Mutant, ...] = (
                '    if row["state"] == RunState.ACCEPTED and replayed:\n        return dispatch_unknown(row, headers)\n    if row["state"] == RunState.ACCEPTED:\n        try:'),),
         'dispatch-unknown',
         'the same key once Temporal is back replays and dispatches its run: 202 queued, same receipt'),
+    Mutant(
+        "dispatch-unbounded", "the API's dispatch bound (R-CREATE-5)",
+        (Patch("qimpl/dispatch.py", "                rpc_timeout=timedelta(seconds=settings.dispatch_timeout_s),\n", ""),
+         Patch("qimpl/dispatch.py", '            timeout=settings.dispatch_timeout_s,\n        )\n        return "started"',
+               '            timeout=None,\n        )\n        return "started"')),
+        "dispatch-unknown", "with Temporal silent, 503 durable_dispatch_unknown with the receipt within the dispatch "
+                            "bound (2 s, QIMPL_DISPATCH_TIMEOUT_S) + 1 s"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).

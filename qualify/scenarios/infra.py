@@ -81,18 +81,23 @@ def temporal_restart_mid_run(ctx: ScenarioContext) -> None:
                judged=len(later))
 
 
+#: The API's dispatch bound in dispatch-unknown, seconds (the product's default is 5).
+DISPATCH_TIMEOUT_S = "2"
+
+
 @scenario(
     "dispatch-unknown",
     title="Temporal down at creation: 503 durable_dispatch_unknown with the receipt and the run "
           "left accepted; the same key again replays it (503, same receipt, never 409 in flight); "
           "once Temporal is back an empty resume dispatches the same workflow, and a second run's "
-          "key, replayed then, dispatches that run",
+          "key, replayed then, dispatches that run; with Temporal paused (silent), the dispatch "
+          "bound answers the create and its replay afterwards is the same run",
     requirements=("R-CREATE-5", "R-CREATE-2", "R-RESUME-2", "R-Q-2"),
-    faults=("temporal down at dispatch", "temporal back"),
+    faults=("temporal down at dispatch", "temporal back", "temporal paused at dispatch", "temporal resumed"),
     needs_platform=True,
 )
 def dispatch_unknown(ctx: ScenarioContext) -> None:
-    api = ctx.processes.api(QIMPL_DISPATCH_TIMEOUT_S="2")
+    api = ctx.processes.api(QIMPL_DISPATCH_TIMEOUT_S=DISPATCH_TIMEOUT_S)
     ctx.processes.worker()
     ctx.nemesis.stop_temporal(ctx.stack)
     prompt, key = make_prompt(steps=2, answer="late"), f"dispatch-unknown-{ctx.rng.randrange(10**9)}"
@@ -153,6 +158,46 @@ def dispatch_unknown(ctx: ScenarioContext) -> None:
     ctx.expect("the run its replay dispatched completed in generation 1",
                replayed["state"] == "completed" and replayed["generation"] == 1,
                f"{replayed['state']} g{replayed['generation']}", "R-CREATE-5")
+    # A Temporal that takes the request and never answers (SIGSTOPped; a stopped one refuses
+    # the connection at once, so the bound above was never what answered): the API's own
+    # dispatch bound must answer, and the start that may have landed meanwhile counts as
+    # confirmation when the same key is replayed afterwards.
+    bound_s = float(DISPATCH_TIMEOUT_S)
+    ctx.nemesis.pause_temporal(ctx.stack)
+    t0 = time.monotonic()
+    try:
+        hung = ctx.create_run(api, prompt=prompt, key=f"{key}-silent", timeout_s=30)
+    finally:
+        took = round(time.monotonic() - t0, 3)
+        ctx.nemesis.resume_temporal(ctx.stack)
+    ctx.figures["dispatch_answer_with_temporal_silent_s"] = took
+    silent = (hung.json().get("receipt") or {}) if hung is not None and hung.status_code == 503 else {}
+    ctx.expect(f"with Temporal silent, 503 durable_dispatch_unknown with the receipt within the dispatch "
+               f"bound ({bound_s:g} s, QIMPL_DISPATCH_TIMEOUT_S) + 1 s",
+               hung is not None and hung.status_code == 503 and hung.json().get("code") == "durable_dispatch_unknown"
+               and silent.get("state") == "accepted" and took <= bound_s + 1,
+               f"{hung.status_code if hung is not None else 'no answer'} after {took} s", "R-CREATE-5", "R-Q-2")
+    resumed = _until_202(ctx, api, prompt, f"{key}-silent")
+    final = ctx.wait_terminal(api, str(silent.get("run_id")), timeout_s=60) if silent and resumed else {}
+    ctx.expect("its replay once Temporal answers again is 202 with the same run, completed in generation 1",
+               bool(resumed) and resumed.json().get("run_id") == silent.get("run_id")
+               and final.get("state") == "completed" and final.get("generation") == 1
+               and ctx.workflow_executions(workflow_id(str(silent.get("run_id")), 1)) == 1,
+               f"{resumed and resumed.status_code}; {final.get('state')} g{final.get('generation')}",
+               "R-CREATE-2", "R-CREATE-5")
+
+
+def _until_202(ctx: ScenarioContext, api: Any, prompt: str, key: str, timeout_s: float = 20) -> Any:
+    """The same create (``key``) repeated until it answers 202 (a resumed Temporal may take a
+    moment to answer again); the last answer's response, or None."""
+    deadline = time.monotonic() + timeout_s
+    resp = None
+    while time.monotonic() < deadline:
+        resp = ctx.create_run(api, prompt=prompt, key=key)
+        if resp is not None and resp.status_code == 202:
+            return resp
+        time.sleep(0.2)
+    return None
 
 
 @scenario(
