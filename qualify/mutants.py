@@ -870,6 +870,12 @@ CATALOG: tuple[Mutant, ...] = (
                '            timeout=None,\n        )\n        return "started"')),
         "dispatch-unknown", "with Temporal silent, 503 durable_dispatch_unknown with the receipt within the dispatch "
                             "bound (2 s, QIMPL_DISPATCH_TIMEOUT_S) + 1 s"),
+    Mutant(
+        "api-exits-without-its-drain", "an API finishes its requests on SIGTERM (rolling restarts)",
+        (Patch("qimpl/api/app.py", "        services.events.start()\n        yield\n",
+               "        services.events.start()\n        import os as _os\n        import signal as _signal\n"
+               "        _signal.signal(_signal.SIGTERM, lambda *_: _os._exit(0))\n        yield\n"),),
+        "rolling-restarts", "a create in flight at its API's SIGTERM was answered 202 queued, and its run completed"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).

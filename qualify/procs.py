@@ -13,6 +13,7 @@ import random
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -60,8 +61,13 @@ def spawn(
     """Start ``argv`` in a new session with stdout+stderr appended to ``log_path``.
 
     Must be called from the main thread: the death signal fires when the *thread* that
-    forked the child exits.
+    forked the child exits (a process a scenario restarted from a pool's thread was
+    SIGKILLed as that pool shut down, milliseconds after it was ready). HarnessError from
+    any other thread.
     """
+    if threading.current_thread() is not threading.main_thread():
+        raise HarnessError(f"{argv[0]} spawned from thread {threading.current_thread().name}: the child "
+                           "would die with that thread (PR_SET_PDEATHSIG); spawn from the main thread")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log: IO[Any] = open(log_path, "ab")
     kwargs: dict[str, Any] = {}

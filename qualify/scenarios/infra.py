@@ -81,6 +81,9 @@ def temporal_restart_mid_run(ctx: ScenarioContext) -> None:
                judged=len(later))
 
 
+#: The create's crash point after Temporal's start, before the confirming commit.
+AFTER_DISPATCH = "api.after_dispatch"
+
 #: The API's dispatch bound in dispatch-unknown, seconds (the product's default is 5).
 DISPATCH_TIMEOUT_S = "2"
 
@@ -205,14 +208,17 @@ def _until_202(ctx: ScenarioContext, api: Any, prompt: str, key: str, timeout_s:
     exec_because="the API's and worker's entry points stopped by SIGTERM (their drain) and started again "
                  "(api-1 and worker-1; their second instances are forked)",
     title="Two APIs and two workers; each is restarted (SIGTERM, start) while runs are in "
-          "flight: every run completes once",
-    requirements=("R-EXEC-4", "R-Q-2"),
+          "flight, one API while a create is inside it: every run completes once, and the "
+          "create is answered before its API exits",
+    requirements=("R-EXEC-4", "R-CREATE-3", "R-Q-2"),
     faults=("restart worker-1", "restart api-1", "restart worker-2", "restart api-2"),
+    crash_points=(AFTER_DISPATCH,),
 )
 def rolling_restarts(ctx: ScenarioContext) -> None:
     # One instance of each entry point exec'd, the other forked: the drain and the start
     # again are the entry point's own either way, and each exec costs about 0.8 s of CPU.
-    apis = [ctx.processes.api("api-1"), ctx.processes.spawn_api("api-2", forked=True).wait_ready()]
+    apis = [ctx.processes.api("api-1", QIMPL_CRASH_POINTS=f"{AFTER_DISPATCH}:hold?armed"),
+            ctx.processes.spawn_api("api-2", forked=True).wait_ready()]
     workers = [ctx.processes.worker("worker-1"), ctx.processes.spawn_worker("worker-2", forked=True).wait_ready()]
     run_ids = []
     ends: list[str] = []
@@ -226,8 +232,20 @@ def rolling_restarts(ctx: ScenarioContext) -> None:
             run_ids.append(accepted(ctx, apis[round_], prompt=make_prompt(steps=4, delay_ms=150)))
             time.sleep(0.1)
         ends.append(_restart_gracefully(ctx, workers[round_], owner_dsn=ctx.deployment.dsn, round=round_))
-        ends.append(_restart_gracefully(ctx, apis[round_], round=round_))
+        if round_ == 0:
+            in_flight, end = _restart_with_a_create_in_flight(ctx, apis[0])
+            ends.append(end)
+        else:
+            ends.append(_restart_gracefully(ctx, apis[round_], round=round_))
     every_run_completed(ctx, apis[0], run_ids)
+    # The create held inside api-1 (its workflow started, the confirming commit not yet
+    # made) when its SIGTERM came: the API finishes it before it exits (uvicorn's drain).
+    body = in_flight.json() if in_flight is not None and in_flight.status_code == 202 else {}
+    done = ctx.wait_terminal(apis[1], str(body["run_id"]), timeout_s=60) if body else {}
+    ctx.expect("a create in flight at its API's SIGTERM was answered 202 queued, and its run completed",
+               body.get("state") == "queued" and done.get("state") == "completed",
+               f"{in_flight.status_code if in_flight is not None else 'no answer'}; run {done.get('state')}",
+               "R-CREATE-3", "R-Q-2")
     # The restart is graceful only when each instance ended by itself on its SIGTERM: the
     # harness SIGKILLs one that has not after its grace (3 s), and a worker that exits at
     # once skips the drain (a reviewer's finding: both passed as restarted). An API ends
@@ -237,6 +255,41 @@ def rolling_restarts(ctx: ScenarioContext) -> None:
     ctx.expect("each restarted instance ended by itself on its SIGTERM, not SIGKILLed after the "
                "grace; a worker exited 0 after its own drain (its worker.stopped line)",
                len(graceful) == len(ends) == 4, "; ".join(ends), "R-Q-2", judged=len(ends))
+
+
+def _restart_with_a_create_in_flight(ctx: ScenarioContext, api: Any) -> tuple[Any, str]:
+    """Restart ``api`` (``_restart_gracefully``) while a create is held inside it after
+    Temporal's start (an armed ``api.after_dispatch`` hold), released only once its
+    shutdown has begun (its port refuses new connections: uvicorn closes its listener
+    first, then waits for the requests in flight). Returns the create's response (None:
+    no answer) and how the old instance ended."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    def listening() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", api.port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
+    def release_once_shutting_down(release: str) -> None:
+        deadline = time.monotonic() + 10
+        while listening() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        Path(release).touch()  # this arming's own release (qimpl.crashpoints)
+
+    ctx.arm_crash_point(AFTER_DISPATCH, {})
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        create = pool.submit(ctx.create_run, api, prompt=make_prompt(steps=2, answer="in flight"), timeout_s=30)
+        evidence = ctx.wait_crash_point(AFTER_DISPATCH, api)
+        releaser = pool.submit(release_once_shutting_down, evidence["release"])
+        # The restart itself on this thread: the new instance must not be a child of a
+        # pool's thread (``qualify.procs.spawn``).
+        end = _restart_gracefully(ctx, api, round=0, in_flight=evidence["context"].get("run_id"))
+        releaser.result(timeout=60)
+        return create.result(timeout=60), end
 
 
 def _restart_gracefully(ctx: ScenarioContext, proc: Any, **context: Any) -> str:
