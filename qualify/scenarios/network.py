@@ -124,7 +124,7 @@ def owner_partitioned_from_postgres(ctx: ScenarioContext) -> None:
           "3 x the heartbeat timeout mid-step: its lease session lives, so no later attempt claims "
           "or writes while it does; after the heal the run completes (the per-process twin of "
           "owner-cut-off-from-temporal, which pauses the whole server)",
-    requirements=("R-Q-11", "R-EXEC-2", "R-EXEC-7"),
+    requirements=("R-Q-11", "R-EXEC-2"),
     faults=("partition of worker-1 from Temporal (both ways)",),
 )
 def owner_partitioned_from_temporal(ctx: ScenarioContext) -> None:
@@ -175,7 +175,7 @@ def owner_partitioned_from_temporal(ctx: ScenarioContext) -> None:
     token = f"{run_id}:1:{held['attempt']}"
     early = writes_by_others_until(ctx, run_id, token, last_alive)
     ctx.expect("no other attempt wrote while the partitioned owner's session lived", not early,
-               f"{len(early)} writes by then ({last_alive:.3f}): {early[:3]}", "R-EXEC-2", "R-EXEC-7")
+               f"{len(early)} writes by then ({last_alive:.3f}): {early[:3]}", "R-EXEC-2")
 
 
 @scenario(
