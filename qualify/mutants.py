@@ -876,6 +876,22 @@ CATALOG: tuple[Mutant, ...] = (
                "        services.events.start()\n        import os as _os\n        import signal as _signal\n"
                "        _signal.signal(_signal.SIGTERM, lambda *_: _os._exit(0))\n        yield\n"),),
         "rolling-restarts", "a create in flight at its API's SIGTERM was answered 202 queued, and its run completed"),
+    Mutant(
+        "queued-runs-redispatched-uncounted", "a sweep dispatches a run once, not every sweep (R-OPS-3)",
+        (Patch("qimpl/reconciler.py",
+               "                   res: SweepResult, limit: int, grace_s: float) -> None:\n",
+               "                   res: SweepResult, limit: int, grace_s: float) -> None:\n"
+               "    if client is not None:\n"
+               "        async with conn.cursor(row_factory=dict_row) as again:\n"
+               "            await again.execute(\"SELECT * FROM runs WHERE tenant_id = %s AND state = 'queued'\"\n"
+               "                                \" AND dispatch_confirmed_at IS NOT NULL\", (res.tenant,))\n"
+               "            for queued in await again.fetchall():\n"
+               "                try:\n"
+               "                    await dispatch(client, queued, settings)\n"
+               "                except Exception:  # noqa: BLE001\n"
+               "                    pass\n"),),
+        "slot-wait-not-redispatched",
+        "Temporal was asked to start B's generation-2 workflow once while B waited (counted at the reconciler's gRPC proxy)"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).

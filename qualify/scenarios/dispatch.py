@@ -342,7 +342,13 @@ def slot_wait_not_redispatched(ctx: ScenarioContext) -> None:
     from qualify.collect import database_events
 
     api = ctx.processes.api("api-1")
-    ctx.processes.worker("worker-1", AGENT_CONCURRENCY_LIMIT="1", **FAST_RECONCILE)
+    # The sweeps run in a worker of their own, talking to Temporal through a gRPC proxy:
+    # B's dispatches are then counted where Temporal receives them, not only by the
+    # reconciler's own counters (a re-dispatch it did not count would pass those).
+    proxy, via = ctx.temporal_proxy("reconciler-1<->temporal", grpc=True)
+    ctx.processes.worker("worker-1", AGENT_CONCURRENCY_LIMIT="1")
+    ctx.processes.worker("reconciler-1", AGENT_CONCURRENCY_LIMIT="1", **FAST_RECONCILE, **via,
+                         QIMPL_TASK_QUEUE=f"{ctx.deployment.task_queue}-reconcile-only")
     approving = accepted(ctx, api, prompt=make_prompt(steps=3, answer="approved",
                                                       park={"step": 1, "kind": "approval"}))
     pending = (ctx.wait_state(api, approving, "awaiting_approval")["result_json"] or {})["pending_approval"]
@@ -374,6 +380,12 @@ def slot_wait_not_redispatched(ctx: ScenarioContext) -> None:
     ctx.expect("B was a dispatch candidate in one sweep only, not again while it waited for the slot",
                sum(s[1] for s in sweeps) == 1,
                f"candidates {[s[1] for s in sweeps if s[1]]} over {len(sweeps)} sweeps", "R-OPS-3", "R-EXEC-9")
+    wf = workflow_id(approving, 2).encode()
+    starts = [c["t"] for c in list(proxy.calls) if c["method"] == "StartWorkflowExecution" and wf in c["request"]]
+    ctx.expect("Temporal was asked to start B's generation-2 workflow once while B waited (counted at the "
+               "reconciler's gRPC proxy)", len(starts) == 1,
+               f"{len(starts)} StartWorkflowExecution calls for {wf.decode()} over {len(sweeps)} sweeps",
+               "R-OPS-3", "R-EXEC-9")
     cancelled = ctx.cancel_run(api, long_run)
     ctx.expect("A cancelled", cancelled.get("cancelled") is True, str(cancelled))
     run = _settled(ctx, api, approving, timeout_s=30)
