@@ -34,7 +34,11 @@ __all__ = ["BEARER", "AgentId", "CurrentPrincipal", "OperatorPrincipal", "Servic
            "operator_principal", "owned_run", "principal_of", "services_of"]
 
 #: Agent ids and idempotency keys are printable identifiers (no control characters).
-AgentId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")]
+#: An agent id: letters, digits and ``._:@-``, with at least one that is not a dot (``.`` and
+#: ``..`` are path segments a client collapses: a run created under one could not be read
+#: back through a normal client, a tester's finding).
+AgentId = Annotated[str, Path(min_length=1, max_length=128,
+                              pattern=r"^[A-Za-z0-9._:@-]*[A-Za-z0-9_:@-][A-Za-z0-9._:@-]*$")]
 
 #: The bearer scheme of ``components.securitySchemes``. It only documents: it never
 #: rejects a request; ``_principal`` answers 401 ``unauthenticated`` itself (R-AUTH-1).

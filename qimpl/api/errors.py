@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from qimpl.api.validation import code_for
+from qimpl.api.validation import listed
 
 __all__ = ["UNAUTHENTICATED_HEADERS", "ApiError", "database_unavailable", "install_error_handlers", "origin"]
 
@@ -100,13 +100,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"loc": [str(p) for p in e.get("loc", ())], "code": code_for(e), "msg": e.get("msg", "")}
-            for e in exc.errors()
-        ]
+        errors, omitted = listed(exc.errors())
         first = errors[0]["code"] if errors else "invalid_request"
+        extra: dict[str, Any] = {"errors": errors}
+        if omitted:
+            extra["errors_omitted"] = omitted
         return JSONResponse(
-            _body(first, "the request does not match the schema", errors=errors), status_code=422,
+            _body(first, "the request does not match the schema", **extra), status_code=422,
         )
 
     @app.exception_handler(StarletteHTTPException)

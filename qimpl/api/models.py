@@ -221,6 +221,8 @@ class ErrorBody(BaseModel):
     retryable: bool | None = None
     receipt: Receipt | None = None
     errors: list[dict[str, Any]] | None = None
+    #: How many more problems a 422 found than it lists in ``errors`` (at most 20 listed).
+    errors_omitted: int | None = None
     #: Call ids that block a resume (``run_reconciliation_required``, ``tool_results_pending``).
     pending: list[str] | None = None
 

@@ -174,7 +174,10 @@ EVENTS_ERRORS: dict[int | str, dict[str, Any]] = {
     **errors(s400="last_event_id_unknown (the live run sent no event with that id)",
              s429="too_many_streams (QIMPL_EVENT_STREAMS_PER_RUN open streams of this run already)",
              s401="stream_key_required, stream_token_invalid (not a token of this run), "
-                  "stream_token_expired", s404=_NOT_FOUND, s422=PARAMETER_ERRORS,
+                  "stream_token_expired, unauthenticated (an `Authorization` header sent with an "
+                  "unknown key: it is optional here, but never ignored)",
+             s404=f"{_NOT_FOUND} (also for an `Authorization` key of another tenant than the run's, R-AUTH-3)",
+             s422=PARAMETER_ERRORS,
              s410="event_stream_pruned (the run ended longer ago than the event retention and "
                   "its events were pruned, R-EVENT-5; read the run record instead)"),
     204: {"description": "the run ended and `Last-Event-ID` is its terminal event (or later): "

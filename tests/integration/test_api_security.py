@@ -174,3 +174,75 @@ def test_a_chosen_key_cannot_be_given_to_a_second_principal(db: str) -> None:
         with pytest.raises(ValueError, match="already exists"):
             admin.create_api_key(conn, key="k-0123456789abcdefghijklmn", tenant_id="t-dev",
                                  principal_id="p-z")
+
+
+@pytest.mark.req("R-CREATE-1")
+def test_an_agent_id_of_dots_only_is_refused(db: str, stack: Any) -> None:
+    """``.`` and ``..`` are path segments a client collapses: a run created under one could
+    not be read back through a normal client (a tester's finding). 422
+    ``invalid_parameter``, nothing written; an id with a dot among other characters stays
+    valid."""
+    async def test(client: Client) -> None:
+        headers = {"Authorization": "Bearer dev-key"}
+        body = {"prompt": "x", "durable_temporal": True}
+        for raw in ("%2E", "%2E%2E", "%2E%2E%2E"):
+            refused = await client.post(f"/v1/agents/{raw}/runs", json=body,
+                                        headers={**headers, "Idempotency-Key": f"dots-{raw}"})
+            assert (refused.status_code, refused.json()["code"]) == (422, "invalid_parameter"), refused.text
+        kept = await client.post("/v1/agents/a.b/runs", json=body, headers={**headers, "Idempotency-Key": "a.b"})
+        assert kept.status_code == 202, kept.text
+        with psycopg.connect(db) as conn:
+            agents = [r[0] for r in conn.execute("SELECT agent_id FROM runs")]
+        assert agents == ["a.b"]
+
+    with_api(db, stack, test, queue_prefix="dots")
+
+
+@pytest.mark.req("R-CREATE-1")
+def test_a_422_lists_twenty_problems_however_many_the_body_has(db: str, stack: Any) -> None:
+    """A 1 MiB body of 100,000 unknown fields was answered with every one of them (9.6 MB),
+    and eight such requests stalled the API for its other clients (a tester's finding)."""
+    async def test(client: Client) -> None:
+        body = {"prompt": "x", "durable_temporal": True, **{f"f{i}": 0 for i in range(5000)}}
+        refused = await client.post("/v1/agents/a-1/runs", json=body,
+                                    headers={"Authorization": "Bearer dev-key", "Idempotency-Key": "many"})
+        doc = refused.json()
+        assert (refused.status_code, doc["code"], len(doc["errors"]), doc["errors_omitted"]) == (
+            422, "unknown_field", 20, 4980)
+        assert len(refused.content) < 5000
+        with psycopg.connect(db) as conn:
+            assert conn.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+
+    with_api(db, stack, test, queue_prefix="many")
+
+
+@pytest.mark.req("R-AUTH-3")
+def test_an_authorization_header_on_the_events_route_is_never_ignored(db: str, stack: Any) -> None:
+    """The stream key is the events route's credential, and ``Authorization`` is optional
+    there; one sent was ignored, so an unknown key and another tenant's key both streamed
+    (a tester's finding). Now: unknown 401, another tenant's 404 as for no run, the run's
+    own tenant (another principal too: the stream key is shared on purpose) streams."""
+    async def test(client: Client) -> None:
+        created = await _create(client, "dev-key", "events-auth")
+        run_id, stream_key = created.json()["run_id"], created.json()["stream_key"]
+        url = f"/v1/agents/a-1/runs/{run_id}/events"
+
+        async def status(authorization: str | None) -> tuple[int, str | None]:
+            # HEAD: the GET's status and headers, the stream ended at once (the in-process
+            # transport would wait for a live stream's end); then the refusal's code by GET.
+            headers = {"X-Stream-Key": stream_key}
+            if authorization is not None:
+                headers["Authorization"] = authorization
+            head = await client.head(url, headers=headers)
+            if head.status_code == 200:
+                return 200, None
+            return head.status_code, (await client.get(url, headers=headers)).json().get("code")
+
+        assert await status("Bearer no-such-key") == (401, "unauthenticated")
+        assert await status("") == (401, "unauthenticated")
+        assert await status("Bearer other-key") == (404, "run_not_found")
+        assert await status("Bearer dev-key") == (200, None)
+        assert await status("Bearer peer-key") == (200, None)
+        assert await status(None) == (200, None)
+
+    with_api(db, stack, test, queue_prefix="evauth")

@@ -159,7 +159,8 @@ def test_qimpls_own_exceptions_keep_their_text() -> None:
 
 
 @pytest.mark.req("R-EVENT-6")
-@pytest.mark.parametrize("query", ["STREAM_TOKEN={t}", "stream+token={t}", "stream_token;={t}", "x={t}"])
+@pytest.mark.parametrize("query", ["STREAM_TOKEN={t}", "stream+token={t}", "stream_token;={t}", "x={t}",
+                                   "stream_token%3d{t}", "stream_token%3D{te}", "x={te}", "{te}"])
 def test_a_token_under_any_name_is_redacted(query: str) -> None:
     """A token sent under a misspelt name is refused (401) yet still good: it must not sit
     in the log either (a second tester's finding)."""
@@ -168,5 +169,8 @@ def test_a_token_under_any_name_is_redacted(query: str) -> None:
 
     token = mint(stream_key="k" * 32, tenant_id="acme", run_id="1265a0b1-2c3d-4e5f-8a9b-0c1d2e3f4a5b",
                  expires=1796556647)
-    line = f'"GET /v1/agents/a/runs/r/events?{query.format(t=token)} HTTP/1.1" 401'
-    assert token not in redact_stream_tokens(line) and "<redacted>" in redact_stream_tokens(line)
+    from urllib.parse import unquote_plus
+
+    line = f'"GET /v1/agents/a/runs/r/events?{query.format(t=token, te=token.replace(".", "%2E"))} HTTP/1.1" 401'
+    redacted = redact_stream_tokens(line)
+    assert token not in unquote_plus(redacted) and "<redacted>" in redacted, redacted

@@ -75,3 +75,19 @@ def test_a_field_that_is_not_an_object_is_that_fields_error() -> None:
     an object), and missing, ``invalid_request``: both are the field's error now."""
     assert code_for({"loc": ("body", "result"), "type": "dict_type"}) == "invalid_request"
     assert code_for({"loc": ("body", "result"), "type": "missing"}) == "invalid_request"
+
+
+@pytest.mark.req("R-CREATE-1")
+def test_a_422_lists_at_most_twenty_problems_and_counts_the_rest() -> None:
+    """A body of 100,000 unknown fields was answered with every one of them: a 9.6 MB
+    response per request that stalled the API for every client (a tester's finding)."""
+    from qimpl.api.validation import MAX_LISTED_ERRORS, listed
+
+    body = {"prompt": "x", **{f"f{i}": 0 for i in range(1000)}}
+    with pytest.raises(ValidationError) as err:
+        CreateRunRequest.model_validate(body)
+    shown, omitted = listed(err.value.errors())
+    assert len(shown) == MAX_LISTED_ERRORS == 20
+    assert omitted == 1000 - 20
+    assert {e["code"] for e in shown} == {"unknown_field"}
+    assert listed(err.value.errors()[:3]) == (listed(err.value.errors())[0][:3], 0)

@@ -110,6 +110,10 @@ async def resume_run(
         if replay is not None:
             pass
         elif state == RunState.ACCEPTED:
+            if body.additional_prompt is not None and int(row["generation"]) > 1:
+                # A resume with input read a generation another resume just accepted (a
+                # tester's finding: told to drop its input and send an empty body).
+                raise ApiError(409, "run_resume_conflict", "another resume of this run won")
             if body.additional_prompt is not None:
                 raise ApiError(409, "run_not_resumable",
                                "an accepted run takes no input; resume with an empty body")

@@ -7,11 +7,11 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from sse_starlette.sse import EventSourceResponse
 
 from qimpl.api import stream_tokens
-from qimpl.api.deps import AgentId, CurrentPrincipal, Svc, owned_run
+from qimpl.api.deps import AgentId, CurrentPrincipal, Svc, key_of_header, owned_run
 from qimpl.api.errors import ApiError
 from qimpl.api.events import RECORD_FIELDS, stream_events
 from qimpl.api.models import StreamToken, StreamTokenRequest
@@ -74,6 +74,7 @@ async def stream_token_for(
 @router.get("/v1/agents/{agent_id}/runs/{run_id}/events", responses=EVENTS_ERRORS,
             response_class=EventSourceResponse, openapi_extra=EVENTS_HEADERS)
 async def run_events(
+    request: Request,
     agent_id: AgentId,
     run_id: uuid.UUID,
     svc: Svc,
@@ -91,7 +92,16 @@ async def run_events(
     event answers 204 No Content, which stops a client's automatic reconnection; a
     ``Last-Event-ID`` beyond the live run's last event is 400 ``last_event_id_unknown``;
     more than ``QIMPL_EVENT_STREAMS_PER_RUN`` open streams of one run is 429
-    ``too_many_streams``."""
+    ``too_many_streams``. An ``Authorization`` header is not needed, but one sent is
+    never ignored: an unknown key is 401 ``unauthenticated``, a key of another tenant than
+    the run's is 404 ``run_not_found`` (R-AUTH-3; a tester's finding: both streamed)."""
+    sent = request.headers.get("authorization")
+    caller = None
+    if sent is not None:
+        key = key_of_header(sent)
+        caller = await svc.authenticator.authenticate(key) if key else None
+        if caller is None:
+            raise ApiError(401, "unauthenticated", "a valid API key is required")
     if not x_stream_key and stream_token:
         tenant_id: str | None = await _token_tenant(svc, run_id, stream_token)
     elif not x_stream_key:
@@ -102,7 +112,7 @@ async def run_events(
             cur = await conn.execute("SELECT qimpl_stream_tenant(%s, %s)", (str(run_id), x_stream_key))
             found = await cur.fetchone()
         tenant_id = found[0] if found else None
-    if tenant_id is None:
+    if tenant_id is None or (caller is not None and caller.tenant_id != tenant_id):
         raise ApiError(404, "run_not_found", "no such run")
     async with svc.tenant(tenant_id) as conn:
         row = await repo.get_run(conn, str(run_id), tenant_id=tenant_id)
