@@ -199,7 +199,7 @@ def test_an_agent_id_of_dots_only_is_refused(db: str, stack: Any) -> None:
 
 
 @pytest.mark.req("R-CREATE-1")
-def test_a_422_lists_twenty_problems_however_many_the_body_has(db: str, stack: Any) -> None:
+def test_a_body_of_many_unknown_fields_is_one_problem(db: str, stack: Any) -> None:
     """A 1 MiB body of 100,000 unknown fields was answered with every one of them (9.6 MB),
     and eight such requests stalled the API for its other clients (a tester's finding)."""
     async def test(client: Client) -> None:
@@ -207,9 +207,8 @@ def test_a_422_lists_twenty_problems_however_many_the_body_has(db: str, stack: A
         refused = await client.post("/v1/agents/a-1/runs", json=body,
                                     headers={"Authorization": "Bearer dev-key", "Idempotency-Key": "many"})
         doc = refused.json()
-        assert (refused.status_code, doc["code"], len(doc["errors"]), doc["errors_omitted"]) == (
-            422, "unknown_field", 20, 4980)
-        assert len(refused.content) < 5000
+        assert (refused.status_code, doc["code"], len(doc["errors"])) == (422, "unknown_field", 1), doc
+        assert "5000 unknown fields" in doc["errors"][0]["msg"] and len(refused.content) < 1000
         with psycopg.connect(db) as conn:
             assert conn.execute("SELECT count(*) FROM runs").fetchone() == (0,)
 
