@@ -248,3 +248,28 @@ def test_a_completed_run_with_another_answer_than_its_script_s_is_caught() -> No
     assert wrong.ok is False and "'done [charge:succeeded]'" in wrong.detail
     # another provider's run (no synthetic record of it) is not judged
     assert completed_with_the_scripted_answer([{**run, "answer_md5": md5("wrong")}, row]).judged == 0
+
+
+@pytest.mark.req("R-EXEC-4", "R-READ-2")
+def test_a_run_parked_for_an_approval_with_another_answer_of_the_same_length_is_caught() -> None:
+    import hashlib
+    import json
+
+    from qualify.checkers.answers import completed_with_the_scripted_answer
+
+    def md5(text: str) -> str:
+        return hashlib.md5(text.encode()).hexdigest()
+
+    prompt = json.dumps({"steps": 3, "answer": "sent", "park": {"step": 1, "kind": "approval"}})
+    good = "sent (tool ran: send_email)"
+    run = {"type": "run", "run_id": R, "state": "completed", "prompt": prompt, "t": 1.0,
+           "answer_md5": md5(good), "answer_chars": len(good)}
+    call = {"type": "provider_call", "run_id": R, "step": 3, "attempt": 1, "generation": 2, "t": 2.0}
+    row = {**intent("approved-a1", "send_email", 1.5), "status": "succeeded"}
+    assert completed_with_the_scripted_answer([run, call, row]).ok is True
+    swapped = completed_with_the_scripted_answer([{**run, "answer_md5": md5(good.swapcase())}, call, row])
+    assert swapped.ok is False and "none of the 1 answers" in swapped.detail
+    # denied until the provider gave up: it journaled nothing
+    gave_up = {**run, "answer_md5": md5("denied: nothing ran"), "answer_chars": 19}
+    assert completed_with_the_scripted_answer([gave_up, call]).ok is True
+    assert completed_with_the_scripted_answer([gave_up, call, row]).ok is False
