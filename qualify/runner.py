@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import random
+import re
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -82,7 +83,10 @@ class ScenarioResult:
 
 
 #: What a qimpl process must never print: a trace (R-EXEC-6) or a crash on exit.
-LOG_RED_FLAGS = ("Traceback (most recent call last)", "Fatal Python error")
+LOG_RED_FLAGS = ("Traceback (most recent call last)", "Fatal Python error", "Stack (most recent call last)")
+#: A Python stack frame, also without its ``Traceback`` header (``format_exception(...)[1:]``,
+#: ``format_tb``, ``format_stack``) and inside a JSON string (its quotes escaped).
+LOG_STACK_FRAME = re.compile(r'File \\?"[^"\n]+?\\?", line \d+, in ')
 
 
 def read_logs(logs_dir: Path) -> dict[str, str]:
@@ -93,6 +97,8 @@ def read_logs(logs_dir: Path) -> dict[str, str]:
 def clean_logs(logs: Mapping[str, str]) -> Check:
     """No process log (``read_logs``) carries a stack trace or a fatal interpreter error."""
     bad = [f"{name}: {flag}" for name, text in logs.items() for flag in LOG_RED_FLAGS if flag in text]
+    bad += [f"{name}: a stack frame ({found.group(0).strip()})" for name, text in logs.items()
+            if (found := LOG_STACK_FRAME.search(text)) and not any(flag in text for flag in LOG_RED_FLAGS)]
     return Check("no stack trace or fatal error in any process log", not bad,
                  "; ".join(bad) or f"{len(logs)} logs", ("R-EXEC-6",), judged=len(logs))
 

@@ -273,3 +273,14 @@ def test_a_run_parked_for_an_approval_with_another_answer_of_the_same_length_is_
     gave_up = {**run, "answer_md5": md5("denied: nothing ran"), "answer_chars": 19}
     assert completed_with_the_scripted_answer([gave_up, call]).ok is True
     assert completed_with_the_scripted_answer([gave_up, call, row]).ok is False
+
+
+@pytest.mark.req("R-EXEC-6")
+def test_a_stack_trace_without_its_traceback_header_is_caught() -> None:
+    from qualify.runner import clean_logs
+
+    framed = '{"msg": "provider step failed:\\n  File \\"/srv/qimpl/a.py\\", line 421, in _ask\\n    x()\\n"}\n'
+    assert clean_logs({"worker-1.log": framed}).ok is False
+    assert clean_logs({"worker-1.log": '  File "/srv/qimpl/a.py", line 4, in f\n'}).ok is False
+    assert clean_logs({"worker-1.log": 'Stack (most recent call last):\n'}).ok is False
+    assert clean_logs({"worker-1.log": '{"msg": "read line 4, in step 2"}\n'}).ok is True
