@@ -422,6 +422,24 @@ def test_catches_a_workflow_of_a_run_on_another_task_queue() -> None:
     assert ck.one_workflow_per_generation([run, stranger]).judged == 0  # not the scenario's: not judged
 
 
+@pytest.mark.req("R-CREATE-5")
+def test_catches_a_second_execution_of_a_generation_under_another_id() -> None:
+    run_id = f"{'1' * 8}-1111-1111-1111-{'1' * 12}"
+    run = {"type": "run", "run_id": run_id, "generation": 1, "t": 0.5, "state": "completed",
+           "row_version": 5, "deadline_t": 100.0}
+    given = {"run_id": run_id, "generation": 1, "deadline_at": "1970-01-01T00:01:40+00:00"}
+    wf = {"type": "workflow", "workflow_id": f"agent-run-{run_id}-g1", "task_queue": "q", "ours": True,
+          "t": 1.0, "input": given}
+    assert ck.one_workflow_per_generation([run, wf]).ok is True
+    again = {**wf, "workflow_id": f"agent-run-{run_id}-g1-again", "t": 2.0}
+    check = ck.one_workflow_per_generation([run, wf, again])
+    assert check.ok is False and "executions under 2 workflow ids" in check.detail, check
+    assert "whose dispatch identity is" in check.detail, check
+    # a generation-2 input under generation 1's id is not its generation's dispatch
+    stale = {**wf, "input": {**given, "generation": 2}}
+    assert ck.one_workflow_per_generation([{**run, "generation": 2}, stale]).ok is False
+
+
 @pytest.mark.req("R-EXEC-8", "R-RESUME-1")
 def test_a_workflow_started_with_another_deadline_or_generation_is_caught() -> None:
     run = "0b0e5a52-7a0c-4a7e-9d0b-8f1c2a3b4c5d"
