@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import random
 import re
 import time
@@ -135,11 +136,35 @@ def no_stream_key_in_logs(logs: Mapping[str, str], keys: Sequence[str]) -> Check
                  judged=len(logs) if keys else 0)
 
 
-def all_reaped(procs: Sequence[Any]) -> Check:
+def stray_processes(control_dir: str) -> list[str]:
+    """Processes still alive after the teardown that were started with the scenario's own
+    ``QIMPL_CONTROL_DIR`` in their environment (``Deployment.env``, inherited by anything a
+    qimpl process execs): a descendant that left its process group and its parent (a
+    double fork, ``setsid``) escapes ``kill_tree`` and ``poll()``. Each is SIGKILLed here,
+    so none outlives its scenario; ``"<name> (pid <pid>)"`` for each."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["name"]):
+        if proc.pid == os.getpid():
+            continue
+        try:
+            if proc.environ().get("QIMPL_CONTROL_DIR") != control_dir or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            found.append(f"{proc.info['name']} (pid {proc.pid})")
+            proc.kill()
+        except psutil.Error:
+            continue
+    return found
+
+
+def all_reaped(procs: Sequence[Any], strays: Sequence[str] = ()) -> Check:
     """Every process the scenario started (API, workers, the sink) has exited and been
-    reaped by the harness (R-Q-2): ``proc.poll()`` returns its exit code."""
+    reaped by the harness (R-Q-2): ``proc.poll()`` returns its exit code; and none of
+    their descendants lives on (``strays``, from ``stray_processes``)."""
     alive = [getattr(p, "name", "sink") for p in procs
              if p.proc is not None and p.proc.poll() is None]
+    alive += [f"{stray}, a descendant left running" for stray in strays]
     return Check("every process the scenario started was stopped and reaped", not alive,
                  ", ".join(alive) or f"{len(procs)} processes", ("R-Q-1", "R-Q-2"), judged=len(procs))
 
@@ -282,7 +307,7 @@ def _run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_di
         if collected:
             checks.append(no_grant_in_logs(logs, grants))
             checks.append(no_stream_key_in_logs(logs, keys))
-        checks.append(all_reaped([*processes.all.values(), sink]))
+        checks.append(all_reaped([*processes.all.values(), sink], stray_processes(str(control))))
     struck = sorted({e["point"] for e in events if e["type"] == "crash_point"})
     if scenario.crash_points:
         checks.append(crash_points_struck(scenario.crash_points, events))

@@ -284,3 +284,26 @@ def test_a_stack_trace_without_its_traceback_header_is_caught() -> None:
     assert clean_logs({"worker-1.log": '  File "/srv/qimpl/a.py", line 4, in f\n'}).ok is False
     assert clean_logs({"worker-1.log": 'Stack (most recent call last):\n'}).ok is False
     assert clean_logs({"worker-1.log": '{"msg": "read line 4, in step 2"}\n'}).ok is True
+
+
+@pytest.mark.req("R-Q-2")
+def test_a_descendant_that_left_its_process_group_is_a_stray_and_is_killed(tmp_path: Any) -> None:
+    import os
+    import subprocess
+    import time
+
+    from qualify.runner import all_reaped, stray_processes
+
+    mark = str(tmp_path / "control")
+    subprocess.run(["setsid", "-f", "sleep", "30"], env={**os.environ, "QIMPL_CONTROL_DIR": mark}, check=True)
+    for _ in range(50):
+        strays = stray_processes(mark)
+        if strays:
+            break
+        time.sleep(0.05)
+    assert strays and "sleep" in strays[0]
+    check = all_reaped([], strays)
+    assert check.ok is False and "a descendant left running" in check.detail
+    time.sleep(0.2)
+    assert stray_processes(mark) == []  # killed the first time
+    assert all_reaped([]).ok is True
