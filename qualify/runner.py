@@ -104,11 +104,26 @@ def clean_logs(logs: Mapping[str, str]) -> Check:
                  "; ".join(bad) or f"{len(logs)} logs", ("R-EXEC-6",), judged=len(logs))
 
 
+#: A secret this long or longer is also found by most of it: all but its first or last
+#: ``SECRET_CUT`` characters (a log of that all but gives the secret away; the standard
+#: stream-bounds holds the token's log to).
+SECRET_MIN_CUT_LEN = 16
+SECRET_CUT = 2
+
+
+def _most_of(secret: str) -> tuple[str, ...]:
+    """``secret`` and, when long enough, its two cut-short forms (``SECRET_CUT``)."""
+    if len(secret) < SECRET_MIN_CUT_LEN:
+        return (secret,)
+    return secret, secret[:-SECRET_CUT], secret[SECRET_CUT:]
+
+
 def _secrets_in_logs(logs: Mapping[str, str], secrets: Sequence[str], what: str) -> list[str]:
-    """``"<log>: <n> <what>"`` for each log holding any of ``secrets`` (never the secret)."""
+    """``"<log>: <n> <what>"`` for each log holding any of ``secrets``, or most of one
+    (``_most_of``), never the secret."""
     bad = []
     for name, text in logs.items():
-        found = sum(1 for secret in secrets if secret and secret in text)
+        found = sum(1 for secret in secrets if secret and any(part in text for part in _most_of(secret)))
         if found:
             bad.append(f"{name}: {found} {what}")
     return bad
