@@ -141,6 +141,18 @@ def test_stream_checker() -> None:
 
 
 
+@pytest.mark.req("R-EVENT-3")
+def test_a_stream_the_server_ended_after_the_run_without_its_terminal_event_is_caught() -> None:
+    full = [se(i, "state", "x", 10 + i) for i in range(1, 8)] + [se(8, "terminal", "completed", 20)]
+    end = {"type": "stream_end", "run_id": R, "client": "", "process": "api-1", "events": 7, "t": 21.0}
+    assert ck.stream_events_consistent(merge(good(), [*full, end])).ok is True
+    check = ck.stream_events_consistent(merge(good(), [*full[:-1], end]))
+    assert check.ok is False and "without its terminal event" in check.detail, check
+    # ended before the run did (its deadline for streams, a read failing): nothing owed
+    early = {**end, "t": 7.9}
+    assert ck.stream_events_consistent(merge(good(), [*full[:3], early])).ok is True
+
+
 @pytest.mark.req("R-EVENT-2")
 def test_a_stream_opened_after_an_id_owes_only_the_events_after_it() -> None:
     full = [se(i, "state", "x", 10 + i) for i in range(1, 8)] + [se(8, "terminal", "completed", 20)]
