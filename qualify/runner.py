@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import random
+import re
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -82,7 +84,10 @@ class ScenarioResult:
 
 
 #: What a qimpl process must never print: a trace (R-EXEC-6) or a crash on exit.
-LOG_RED_FLAGS = ("Traceback (most recent call last)", "Fatal Python error")
+LOG_RED_FLAGS = ("Traceback (most recent call last)", "Fatal Python error", "Stack (most recent call last)")
+#: A Python stack frame, also without its ``Traceback`` header (``format_exception(...)[1:]``,
+#: ``format_tb``, ``format_stack``) and inside a JSON string (its quotes escaped).
+LOG_STACK_FRAME = re.compile(r'File \\?"[^"\n]+?\\?", line \d+, in ')
 
 
 def read_logs(logs_dir: Path) -> dict[str, str]:
@@ -93,15 +98,32 @@ def read_logs(logs_dir: Path) -> dict[str, str]:
 def clean_logs(logs: Mapping[str, str]) -> Check:
     """No process log (``read_logs``) carries a stack trace or a fatal interpreter error."""
     bad = [f"{name}: {flag}" for name, text in logs.items() for flag in LOG_RED_FLAGS if flag in text]
+    bad += [f"{name}: a stack frame ({found.group(0).strip()})" for name, text in logs.items()
+            if (found := LOG_STACK_FRAME.search(text)) and not any(flag in text for flag in LOG_RED_FLAGS)]
     return Check("no stack trace or fatal error in any process log", not bad,
                  "; ".join(bad) or f"{len(logs)} logs", ("R-EXEC-6",), judged=len(logs))
 
 
+#: A secret this long or longer is also found by most of it: all but its first or last
+#: ``SECRET_CUT`` characters (a log of that all but gives the secret away; the standard
+#: stream-bounds holds the token's log to).
+SECRET_MIN_CUT_LEN = 16
+SECRET_CUT = 2
+
+
+def _most_of(secret: str) -> tuple[str, ...]:
+    """``secret`` and, when long enough, its two cut-short forms (``SECRET_CUT``)."""
+    if len(secret) < SECRET_MIN_CUT_LEN:
+        return (secret,)
+    return secret, secret[:-SECRET_CUT], secret[SECRET_CUT:]
+
+
 def _secrets_in_logs(logs: Mapping[str, str], secrets: Sequence[str], what: str) -> list[str]:
-    """``"<log>: <n> <what>"`` for each log holding any of ``secrets`` (never the secret)."""
+    """``"<log>: <n> <what>"`` for each log holding any of ``secrets``, or most of one
+    (``_most_of``), never the secret."""
     bad = []
     for name, text in logs.items():
-        found = sum(1 for secret in secrets if secret and secret in text)
+        found = sum(1 for secret in secrets if secret and any(part in text for part in _most_of(secret)))
         if found:
             bad.append(f"{name}: {found} {what}")
     return bad
@@ -129,11 +151,35 @@ def no_stream_key_in_logs(logs: Mapping[str, str], keys: Sequence[str]) -> Check
                  judged=len(logs) if keys else 0)
 
 
-def all_reaped(procs: Sequence[Any]) -> Check:
+def stray_processes(control_dir: str) -> list[str]:
+    """Processes still alive after the teardown that were started with the scenario's own
+    ``QIMPL_CONTROL_DIR`` in their environment (``Deployment.env``, inherited by anything a
+    qimpl process execs): a descendant that left its process group and its parent (a
+    double fork, ``setsid``) escapes ``kill_tree`` and ``poll()``. Each is SIGKILLed here,
+    so none outlives its scenario; ``"<name> (pid <pid>)"`` for each."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["name"]):
+        if proc.pid == os.getpid():
+            continue
+        try:
+            if proc.environ().get("QIMPL_CONTROL_DIR") != control_dir or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            found.append(f"{proc.info['name']} (pid {proc.pid})")
+            proc.kill()
+        except psutil.Error:
+            continue
+    return found
+
+
+def all_reaped(procs: Sequence[Any], strays: Sequence[str] = ()) -> Check:
     """Every process the scenario started (API, workers, the sink) has exited and been
-    reaped by the harness (R-Q-2): ``proc.poll()`` returns its exit code."""
+    reaped by the harness (R-Q-2): ``proc.poll()`` returns its exit code; and none of
+    their descendants lives on (``strays``, from ``stray_processes``)."""
     alive = [getattr(p, "name", "sink") for p in procs
              if p.proc is not None and p.proc.poll() is None]
+    alive += [f"{stray}, a descendant left running" for stray in strays]
     return Check("every process the scenario started was stopped and reaped", not alive,
                  ", ".join(alive) or f"{len(procs)} processes", ("R-Q-1", "R-Q-2"), judged=len(procs))
 
@@ -276,7 +322,7 @@ def _run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_di
         if collected:
             checks.append(no_grant_in_logs(logs, grants))
             checks.append(no_stream_key_in_logs(logs, keys))
-        checks.append(all_reaped([*processes.all.values(), sink]))
+        checks.append(all_reaped([*processes.all.values(), sink], stray_processes(str(control))))
     struck = sorted({e["point"] for e in events if e["type"] == "crash_point"})
     if scenario.crash_points:
         checks.append(crash_points_struck(scenario.crash_points, events))

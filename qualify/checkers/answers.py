@@ -15,7 +15,7 @@ from qualify.history import Event
 if TYPE_CHECKING:
     from qualify.fakes.synthetic import Script
 
-__all__ = ["completed_with_the_scripted_answer", "scripted_answer"]
+__all__ = ["approval_answers", "completed_with_the_scripted_answer", "scripted_answer"]
 
 
 def _md5(text: str) -> str:
@@ -46,11 +46,25 @@ def scripted_answer(script: Script, journal: Sequence[Event]) -> str | None:
     return script.answer + digest
 
 
+def approval_answers(script: Script, journal: Sequence[Event]) -> set[str]:
+    """The answers the synthetic provider gives a completed run parked for an approval
+    (``qualify.fakes.synthetic``'s ``_after_decision``): ``"<answer> (tool <outcome>: <tool>)"``
+    for a journaled call it was fed (``ran`` for one that succeeded, else its status), or
+    ``"denied: nothing ran"`` once it gives up (denied, it journals no call)."""
+    out = set()
+    for e in journal:
+        status = e.get("status")
+        if status in SETTLED:
+            outcome = "ran" if status == "succeeded" else str(status)
+            out.add(f"{script.answer} (tool {outcome}: {e.get('tool')})")
+    return out or {"denied: nothing ran"}
+
+
 def completed_with_the_scripted_answer(history: Sequence[Event]) -> Check:
     """Every completed run the synthetic provider answered (it recorded a call of it) holds
     exactly the answer its script gives, compared by PostgreSQL's md5 of the stored answer;
-    a run parked for an approval, by the script's answer as a prefix (or the provider's
-    giving up after denials). Vacuous without such runs (another provider's scenario)."""
+    a run parked for an approval, against the answers the provider gives after a decision
+    (``approval_answers``), by the same digest. Vacuous without such runs (another provider's scenario)."""
     name = "every completed run holds the answer its script gives"
     asked = {str(e["run_id"]) for e in _of(history, "provider_call")}
     journal: dict[str, list[Event]] = {}
@@ -67,12 +81,15 @@ def completed_with_the_scripted_answer(history: Sequence[Event]) -> Check:
         judged += 1
         want = scripted_answer(script, journal.get(run_id, []))
         if want is None:
-            # A prefix cannot be checked against a digest: the answer's length says enough
-            # of a truncation; "denied: nothing ran" is the provider giving up.
-            if int(run.get("answer_chars") or 0) < len(script.answer) and run.get("answer_md5") != _md5(
-                    "denied: nothing ran"):
-                bad.append(f"{run_id}: an answer of {run.get('answer_chars')} characters, shorter than"
-                           f" the script's {script.answer[:40]!r}")
+            # Parked for an approval: the answer is one the synthetic provider gives after a
+            # decision, built from the journaled call it was fed (``(tool ran: send_email)``,
+            # ``(tool denied: send_email)``...), or its giving up after denials. Compared by
+            # digest, each candidate in turn: a length alone lets a changed answer through.
+            candidates = approval_answers(script, journal.get(run_id, []))
+            if run.get("answer_md5") not in {_md5(c) for c in candidates}:
+                bad.append(f"{run_id}: the stored answer ({run.get('answer_chars')} characters) is none"
+                           f" of the {len(candidates)} answers its script gives after a decision"
+                           f" ({sorted(candidates)[0][:60]!r}...)")
         elif run.get("answer_md5") != _md5(want):
             bad.append(f"{run_id}: the stored answer ({run.get('answer_chars')} characters) is not"
                        f" {want[:60]!r}{'...' if len(want) > 60 else ''}")

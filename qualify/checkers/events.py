@@ -33,12 +33,19 @@ def _event_journal(history: Sequence[Event]) -> dict[str, dict[int, str | None]]
     return journal
 
 
+#: How long after its run's terminal commit (database clock) a stream the server ended
+#: (harness clock) is owed the terminal event: none, the two clocks are one machine's and
+#: a server ending a stream on the terminal commit ends it after that commit.
+STREAM_END_SLACK_S = 0.0
+
+
 def stream_events_consistent(history: Sequence[Event]) -> Check:
     """Events delivered to stream clients (R-EVENT-2/3), per run and client: ids strictly increasing
     (no duplicate across reconnects), each one an event the journal recorded, of the
     journal's kind, and — for a stream read to its end — every journal event delivered (every
     one after the ``Last-Event-ID`` the client first opened with, ``stream_open``) and the
-    last event ``terminal`` with the run's final state. A pruned run's journal is gone
+    last event ``terminal`` with the run's final state; a stream the server ended
+    (``stream_end``) after its run's terminal commit delivered that terminal event. A pruned run's journal is gone
     (R-EVENT-5): only the order of what was delivered is checked."""
     name = "stream events complete, ordered and ending in the run's terminal state"
     finals = {str(e["run_id"]): e["state"] for e in _of(history, "run")}
@@ -71,8 +78,23 @@ def stream_events_consistent(history: Sequence[Event]) -> Check:
                 bad.append(f"{run}: stream incomplete: got {ids}, journal {owed}")
             if last["state"] != finals.get(run):
                 bad.append(f"{run}: terminal event {last['state']} but run is {finals.get(run)}")
+    # A stream the server ended (``stream_end``) after its run's terminal commit must
+    # have delivered that terminal event to its client: a stream that closes instead of
+    # sending it ends in no terminal state at all.
+    ended_at: dict[str, float] = {}
+    for e in _of(history, "transition"):
+        if e.get("new_state") in TERMINAL:
+            ended_at.setdefault(str(e["run_id"]), float(e["t"]))
+    ends = [e for e in _of(history, "stream_end") if str(e["run_id"]) not in pruned]
+    for e in ends:
+        run, client = str(e["run_id"]), str(e.get("client", ""))
+        if run not in ended_at or float(e["t"]) < ended_at[run] + STREAM_END_SLACK_S:
+            continue
+        if not any(s["event"] == "terminal" for s in by_client.get((run, client), [])):
+            bad.append(f"{run}: client {client or '-'}'s stream was ended by {e.get('process')}"
+                       f" {float(e['t']) - ended_at[run]:.3f} s after the run ended, without its terminal event")
     return Check(name, not bad, _summary(bad) or f"{len(by_client)} stream clients", ("R-EVENT-2", "R-EVENT-3"),
-                 judged=len(by_client))
+                 judged=len(by_client) + len(ends))
 
 
 def event_journal_matches_run_record(history: Sequence[Event]) -> Check:

@@ -99,7 +99,10 @@ def one_workflow_per_generation(history: Sequence[Event]) -> Check:
     listing saw that is the scenario's — on its task queue, or naming one of its runs
     under any id or queue: a workflow naming one of its runs on another task queue is a
     misdirected dispatch (unless a process of the scenario was started on that queue, its
-    ``process`` events). Vacuous without ``workflow`` events."""
+    ``process`` events). An execution whose recorded input names a run and generation is
+    that generation's, under whatever id: it must be under the generation's id
+    (``agent-run-<run>-g<n>``), and one generation's executions under one id.
+    Vacuous without ``workflow`` events."""
     name = "one Temporal workflow per run generation"
     failed = [e["error"] for e in _of(history, "workflow_listing") if e.get("error")]
     if failed:
@@ -114,6 +117,25 @@ def one_workflow_per_generation(history: Sequence[Event]) -> Check:
               if "QIMPL_TASK_QUEUE" in (e.get("settings") or {})}
     bad += [f"{e['workflow_id']}: started on task queue {e.get('task_queue')}, where no process of the"
             " scenario was" for e in ours if e.get("ours") is False and e.get("task_queue") not in queues]
+    # The generation an execution was started for is its input's (as Temporal recorded it),
+    # whatever its id: a second execution of one generation under another id is a second
+    # dispatch of it, and an id other than the generation's dispatch identity is none.
+    ids_of: dict[tuple[str, int], set[str]] = {}
+    for e in ours:
+        given = e.get("input")
+        if not isinstance(given, dict) or not given.get("run_id") or given.get("generation") is None:
+            continue
+        try:
+            key = (str(given["run_id"]), int(given["generation"]))
+        except (TypeError, ValueError):
+            bad.append(f"{e['workflow_id']}: started with generation {given.get('generation')!r}")
+            continue
+        ids_of.setdefault(key, set()).add(str(e["workflow_id"]))
+        if str(e["workflow_id"]) != f"agent-run-{key[0]}-g{key[1]}":
+            bad.append(f"{e['workflow_id']}: started for run {key[0]} generation {key[1]}, whose dispatch"
+                       f" identity is agent-run-{key[0]}-g{key[1]}")
+    bad += [f"{run} generation {gen}: executions under {len(ids)} workflow ids ({', '.join(sorted(ids))})"
+            for (run, gen), ids in sorted(ids_of.items()) if len(ids) > 1]
     for wid in per_id:
         m = _WORKFLOW_ID.match(wid)
         if m is None:

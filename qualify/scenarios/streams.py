@@ -41,6 +41,11 @@ def read_stream(ctx: ScenarioContext, api: ManagedProcess, run_id: str, key: str
             got.append({"id": str(event.id), "event": event.event, "data": json.dumps(event.data)})
             if stop_after is not None and len(got) >= stop_after:
                 break
+        else:
+            # The server ended this stream (the client did not stop reading): the stream
+            # checker then owes it the terminal event of a run that had ended by now.
+            ctx.history.record("stream_end", run_id=run_id, client=client, process=api.name,
+                               events=len(got))
     return got
 
 

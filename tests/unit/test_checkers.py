@@ -141,6 +141,18 @@ def test_stream_checker() -> None:
 
 
 
+@pytest.mark.req("R-EVENT-3")
+def test_a_stream_the_server_ended_after_the_run_without_its_terminal_event_is_caught() -> None:
+    full = [se(i, "state", "x", 10 + i) for i in range(1, 8)] + [se(8, "terminal", "completed", 20)]
+    end = {"type": "stream_end", "run_id": R, "client": "", "process": "api-1", "events": 7, "t": 21.0}
+    assert ck.stream_events_consistent(merge(good(), [*full, end])).ok is True
+    check = ck.stream_events_consistent(merge(good(), [*full[:-1], end]))
+    assert check.ok is False and "without its terminal event" in check.detail, check
+    # ended before the run did (its deadline for streams, a read failing): nothing owed
+    early = {**end, "t": 7.9}
+    assert ck.stream_events_consistent(merge(good(), [*full[:3], early])).ok is True
+
+
 @pytest.mark.req("R-EVENT-2")
 def test_a_stream_opened_after_an_id_owes_only_the_events_after_it() -> None:
     full = [se(i, "state", "x", 10 + i) for i in range(1, 8)] + [se(8, "terminal", "completed", 20)]
@@ -420,6 +432,24 @@ def test_catches_a_workflow_of_a_run_on_another_task_queue() -> None:
     assert ck.one_workflow_per_generation([run, wf, moved]).ok is True
     stranger = {**wf, "workflow_id": "someone-else", "task_queue": "other"}
     assert ck.one_workflow_per_generation([run, stranger]).judged == 0  # not the scenario's: not judged
+
+
+@pytest.mark.req("R-CREATE-5")
+def test_catches_a_second_execution_of_a_generation_under_another_id() -> None:
+    run_id = f"{'1' * 8}-1111-1111-1111-{'1' * 12}"
+    run = {"type": "run", "run_id": run_id, "generation": 1, "t": 0.5, "state": "completed",
+           "row_version": 5, "deadline_t": 100.0}
+    given = {"run_id": run_id, "generation": 1, "deadline_at": "1970-01-01T00:01:40+00:00"}
+    wf = {"type": "workflow", "workflow_id": f"agent-run-{run_id}-g1", "task_queue": "q", "ours": True,
+          "t": 1.0, "input": given}
+    assert ck.one_workflow_per_generation([run, wf]).ok is True
+    again = {**wf, "workflow_id": f"agent-run-{run_id}-g1-again", "t": 2.0}
+    check = ck.one_workflow_per_generation([run, wf, again])
+    assert check.ok is False and "executions under 2 workflow ids" in check.detail, check
+    assert "whose dispatch identity is" in check.detail, check
+    # a generation-2 input under generation 1's id is not its generation's dispatch
+    stale = {**wf, "input": {**given, "generation": 2}}
+    assert ck.one_workflow_per_generation([{**run, "generation": 2}, stale]).ok is False
 
 
 @pytest.mark.req("R-EXEC-8", "R-RESUME-1")

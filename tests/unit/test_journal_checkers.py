@@ -248,3 +248,62 @@ def test_a_completed_run_with_another_answer_than_its_script_s_is_caught() -> No
     assert wrong.ok is False and "'done [charge:succeeded]'" in wrong.detail
     # another provider's run (no synthetic record of it) is not judged
     assert completed_with_the_scripted_answer([{**run, "answer_md5": md5("wrong")}, row]).judged == 0
+
+
+@pytest.mark.req("R-EXEC-4", "R-READ-2")
+def test_a_run_parked_for_an_approval_with_another_answer_of_the_same_length_is_caught() -> None:
+    import hashlib
+    import json
+
+    from qualify.checkers.answers import completed_with_the_scripted_answer
+
+    def md5(text: str) -> str:
+        return hashlib.md5(text.encode()).hexdigest()
+
+    prompt = json.dumps({"steps": 3, "answer": "sent", "park": {"step": 1, "kind": "approval"}})
+    good = "sent (tool ran: send_email)"
+    run = {"type": "run", "run_id": R, "state": "completed", "prompt": prompt, "t": 1.0,
+           "answer_md5": md5(good), "answer_chars": len(good)}
+    call = {"type": "provider_call", "run_id": R, "step": 3, "attempt": 1, "generation": 2, "t": 2.0}
+    row = {**intent("approved-a1", "send_email", 1.5), "status": "succeeded"}
+    assert completed_with_the_scripted_answer([run, call, row]).ok is True
+    swapped = completed_with_the_scripted_answer([{**run, "answer_md5": md5(good.swapcase())}, call, row])
+    assert swapped.ok is False and "none of the 1 answers" in swapped.detail
+    # denied until the provider gave up: it journaled nothing
+    gave_up = {**run, "answer_md5": md5("denied: nothing ran"), "answer_chars": 19}
+    assert completed_with_the_scripted_answer([gave_up, call]).ok is True
+    assert completed_with_the_scripted_answer([gave_up, call, row]).ok is False
+
+
+@pytest.mark.req("R-EXEC-6")
+def test_a_stack_trace_without_its_traceback_header_is_caught() -> None:
+    from qualify.runner import clean_logs
+
+    framed = '{"msg": "provider step failed:\\n  File \\"/srv/qimpl/a.py\\", line 421, in _ask\\n    x()\\n"}\n'
+    assert clean_logs({"worker-1.log": framed}).ok is False
+    assert clean_logs({"worker-1.log": '  File "/srv/qimpl/a.py", line 4, in f\n'}).ok is False
+    assert clean_logs({"worker-1.log": 'Stack (most recent call last):\n'}).ok is False
+    assert clean_logs({"worker-1.log": '{"msg": "read line 4, in step 2"}\n'}).ok is True
+
+
+@pytest.mark.req("R-Q-2")
+def test_a_descendant_that_left_its_process_group_is_a_stray_and_is_killed(tmp_path: Any) -> None:
+    import os
+    import subprocess
+    import time
+
+    from qualify.runner import all_reaped, stray_processes
+
+    mark = str(tmp_path / "control")
+    subprocess.run(["setsid", "-f", "sleep", "30"], env={**os.environ, "QIMPL_CONTROL_DIR": mark}, check=True)
+    for _ in range(50):
+        strays = stray_processes(mark)
+        if strays:
+            break
+        time.sleep(0.05)
+    assert strays and "sleep" in strays[0]
+    check = all_reaped([], strays)
+    assert check.ok is False and "a descendant left running" in check.detail
+    time.sleep(0.2)
+    assert stray_processes(mark) == []  # killed the first time
+    assert all_reaped([]).ok is True
