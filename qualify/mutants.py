@@ -892,6 +892,22 @@ CATALOG: tuple[Mutant, ...] = (
                "                    pass\n"),),
         "slot-wait-not-redispatched",
         "Temporal was asked to start B's generation-2 workflow once while B waited (counted at the reconciler's gRPC proxy)"),
+    Mutant(
+        "workflow-started-again-under-another-id", "one workflow per run generation (R-CREATE-5)",
+        (Patch("qimpl/dispatch.py", "    except WorkflowAlreadyStartedError:\n        pass\n",
+               "    except WorkflowAlreadyStartedError:\n"
+               "        try:\n"
+               "            await client.start_workflow(WORKFLOW_TYPE, inp, id=wf_id + \"-again\",\n"
+               "                                        task_queue=settings.task_queue)\n"
+               "        except WorkflowAlreadyStartedError:\n"
+               "            pass\n"),),
+        "lost-response-after-dispatch", "one Temporal workflow per run generation"),
+    Mutant(
+        "stream-closed-at-the-terminal-row", "a stream ends with its terminal event (R-EVENT-3)",
+        (Patch("qimpl/api/events.py",
+               "                yield event\n                if event[\"event\"] == \"terminal\":\n                    return\n",
+               "                if event[\"event\"] == \"terminal\":\n                    return\n                yield event\n"),),
+        "event-stream", "stream events complete, ordered and ending in the run's terminal state"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).
