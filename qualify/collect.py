@@ -170,8 +170,8 @@ def database_clock(conn: psycopg.Connection[Any]) -> Event:
 def journal_events(conn: psycopg.Connection[Any], *, xact: bool = False) -> list[Event]:
     """The event journal (R-EVENT-1) as ``run_event`` events (``run_id, seq, kind,
     row_version, state, generation``; an ``output`` event's text as its length only (a
-    streamed delta has none); a ``usage`` event's call ``attempt, step, status`` and
-    ``total_calls``; with ``xact``, ``xact_id``, the transaction that wrote it) and
+    streamed delta has none); a ``usage`` event's call ``attempt, step, status``, its
+    ``input_tokens`` and ``output_tokens`` (None: not reported) and ``total_calls``; with ``xact``, ``xact_id``, the transaction that wrote it) and
     its tombstones as ``event_prune`` events (``run_id, tenant_id, pruned_by, events``,
     ``t`` the pruning transaction's start: one sweep's share it), times on the database's
     clock."""
@@ -181,6 +181,7 @@ def journal_events(conn: psycopg.Connection[Any], *, xact: bool = False) -> list
         " (data->>'generation')::int AS generation, length(data->>'text') AS text_chars,"
         " (data->>'attempt')::int AS attempt, (data->>'step')::int AS step,"
         " data->>'status' AS status, (data->'totals'->>'provider_calls')::int AS total_calls,"
+        " (data->>'input_tokens')::bigint AS input_tokens, (data->>'output_tokens')::bigint AS output_tokens,"
         f"{' xact_id::text,' if xact else ''}"
         " extract(epoch FROM at)::float8 AS t FROM run_events ORDER BY at, run_id, seq"
     ):

@@ -908,6 +908,12 @@ CATALOG: tuple[Mutant, ...] = (
                "                yield event\n                if event[\"event\"] == \"terminal\":\n                    return\n",
                "                if event[\"event\"] == \"terminal\":\n                    return\n                yield event\n"),),
         "event-stream", "stream events complete, ordered and ending in the run's terminal state"),
+    Mutant(
+        "usage-event-tokens-swapped", "a usage event carries its call's token counts (R-Q34-2)",
+        (Patch("qimpl/db/migrations/versions/20261207_100000_unknown_tokens.py",
+               "        'input_tokens', NEW.input_tokens, 'output_tokens', NEW.output_tokens,",
+               "        'input_tokens', NEW.output_tokens, 'output_tokens', NEW.output_tokens,"),),
+        "happy-path", "one usage event per settled provider call"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).

@@ -15,7 +15,8 @@ __all__ = ["RECORD_CLOCK_SLACK_S", "provider_calls_recorded", "token_total", "us
 
 def usage_events_match_the_record(history: Sequence[Event]) -> Check:
     """Every settled provider call (the provider-call record) has exactly one ``usage``
-    event in its run's journal, with its attempt, step and status, and every usage event
+    event in its run's journal, with its attempt, step, status and token counts (None for a
+    count the provider did not report, on both sides), and every usage event
     names a settled call; each event's running total of calls counts at least the calls
     settled up to it (R-EVENT-1, R-Q34-2). Pruned runs' journals are gone and skipped."""
     name = "one usage event per settled provider call"
@@ -26,11 +27,13 @@ def usage_events_match_the_record(history: Sequence[Event]) -> Check:
     if not records and not events:
         return Check(name, True, "no settled provider call")  # cites nothing: vacuous
     pruned = {str(e["run_id"]) for e in _of(history, "event_prune")}
-    want = Counter((str(r["run_id"]), int(r["attempt"]), int(r["step"]), r["status"])
+    want = Counter((str(r["run_id"]), int(r["attempt"]), int(r["step"]), r["status"],
+                    _tokens(r, "input_tokens"), _tokens(r, "output_tokens"))
                    for r in records if str(r["run_id"]) not in pruned)
-    got = Counter((str(e["run_id"]), int(e["attempt"]), int(e["step"]), e["status"]) for e in events)
-    bad = [f"{k[0]}: call a{k[1]} step {k[2]} {k[3]}: {got[k]} usage events for {want[k]} settled"
-           for k in sorted(set(want) | set(got)) if want[k] != got[k]]
+    got = Counter((str(e["run_id"]), int(e["attempt"]), int(e["step"]), e["status"],
+                   _tokens(e, "input_tokens"), _tokens(e, "output_tokens")) for e in events)
+    bad = [f"{k[0]}: call a{k[1]} step {k[2]} {k[3]}: {got[k]} usage events for {want[k]} settled "
+           f"(tokens in {k[4]}, out {k[5]})" for k in sorted(set(want) | set(got), key=str) if want[k] != got[k]]
     for run, evs in _by_run(events).items():
         totals = [int(e["total_calls"]) for e in sorted(evs, key=lambda e: int(e["seq"]))]
         if any(b < a for a, b in itertools.pairwise(totals)) or (
@@ -38,6 +41,13 @@ def usage_events_match_the_record(history: Sequence[Event]) -> Check:
             bad.append(f"{run}: running totals {totals[:10]} for {len(evs)} usage events")
     return Check(name, not bad, _summary(bad) or f"{sum(want.values())} settled calls",
                  ("R-EVENT-1", "R-Q34-2"), judged=sum(want.values()))  # settled calls, each paired
+
+
+def _tokens(event: Event, field: str) -> int | None:
+    """A token count of a record or a usage event: an int, or None when not reported (an
+    event collected before the counts were, has none: None too)."""
+    value = event.get(field)
+    return None if value is None else int(value)
 
 
 #: Provider-call records are stamped by the database before the call, the synthetic

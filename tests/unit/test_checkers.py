@@ -329,6 +329,11 @@ def test_usage_events_one_per_settled_call() -> None:
     assert twice.ok is False and "2 usage events for 1 settled" in twice.detail
     shrinking = [usage_ev(20, 1, 1, 2), usage_ev(21, 2, 1, 1), usage_ev(22, 3, 2, 4)]
     assert ck.usage_events_match_the_record(merge(good(), journal(), shrinking)).ok is False
+    # The event's token counts are the call's (a trigger that wrote the output count as the
+    # input count passed when only the call's identity was compared).
+    swapped = [usage_ev(20, 1, 1, 1), {**usage_ev(21, 2, 1, 2), "input_tokens": 5}, usage_ev(22, 3, 2, 4)]
+    wrong = ck.usage_events_match_the_record(merge(good(), journal(), swapped))
+    assert wrong.ok is False and "(tokens in 5, out None)" in wrong.detail
 
 
 def stamped() -> list[dict[str, Any]]:
