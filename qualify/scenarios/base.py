@@ -43,7 +43,7 @@ from qualify.timing import spends, spent
 #: The spec's default deadline (R-EXEC-8: 1 h), independent of the implementation's.
 SPEC_DEFAULT_DEADLINE_S = 3600
 
-__all__ = ["REGISTRY", "Scenario", "ScenarioContext", "scenario"]
+__all__ = ["REGISTRY", "Scenario", "ScenarioContext", "json_object", "scenario"]
 
 API_KEY = "dev-key"
 TERMINAL = ("completed", "failed", "expired", "cancelled")
@@ -238,7 +238,7 @@ class ScenarioContext:
             self.history.record("client", op="create", phase="info", key=key,
                                 error=type(exc).__name__)
             return None
-        doc = _json(resp)
+        doc = json_object(resp)
         run_id = doc.get("run_id") or (doc.get("receipt") or {}).get("run_id")
         phase = "ok" if resp.status_code == 202 else "fail"
         self.history.record("client", op="create", phase=phase, key=key, status=resp.status_code,
@@ -264,7 +264,7 @@ class ScenarioContext:
             raise HarnessError(f"read of run {run_id}: the API did not answer")
         if resp.status_code != 200:
             raise HarnessError(f"read of run {run_id} answered {resp.status_code}: {resp.text[:200]}")
-        return _json(resp)
+        return json_object(resp)
 
     def notices(self) -> RunNotices:
         """The scenario's LISTEN session on the product's run notifications (started on
@@ -480,7 +480,7 @@ class ScenarioContext:
         self.history.record("client", op="cancel", phase="invoke", run_id=run_id)
         resp = http.post(f"{api.base_url}/v1/agents/{agent_id}/runs/{run_id}/cancel",
                           headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
-        doc = _json(resp)
+        doc = json_object(resp)
         self.history.record("client", op="cancel", phase="ok" if resp.status_code == 200 else "fail",
                             run_id=run_id, status=resp.status_code, cancelled=doc.get("cancelled"))
         if resp.status_code != 200:
@@ -591,7 +591,8 @@ def _closed_by_server(conn: Any) -> bool:
         return True
 
 
-def _json(resp: httpx.Response) -> dict[str, Any]:
+def json_object(resp: httpx.Response) -> dict[str, Any]:
+    """A response's JSON object ({} for anything else)."""
     try:
         doc = resp.json()
     except ValueError:

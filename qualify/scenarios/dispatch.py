@@ -22,7 +22,7 @@ from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
 from qualify.procs import free_port
 from qualify.scenarios.approvals import _decide, _side_effects
-from qualify.scenarios.base import API_KEY, TERMINAL, ScenarioContext, scenario
+from qualify.scenarios.base import API_KEY, TERMINAL, ScenarioContext, json_object, scenario
 from qualify.scenarios.lifecycle import accepted, provider_calls
 from qualify.scenarios.receipts import receipt_against_the_run
 from qualify.scenarios.sweeps import (
@@ -51,15 +51,6 @@ def _settled(ctx: ScenarioContext, api: ManagedProcess, run_id: str, timeout_s: 
                                run_id=run_id, state=doc["state"], row_version=doc["row_version"])
             return doc
         time.sleep(0.05)
-
-
-def _json_of(resp: httpx.Response) -> dict[str, Any]:
-    """A response's JSON object ({} for anything else)."""
-    try:
-        doc = resp.json()
-    except ValueError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 def _receipt_is_the_runs(ctx: ScenarioContext, run_id: str, receipt: dict[str, Any], state: str) -> None:
@@ -230,7 +221,7 @@ def slow_confirmation_names_its_generation(ctx: ScenarioContext) -> None:
             before = ctx.sql("SELECT state, generation FROM runs WHERE run_id = %s", run_id)
             ctx.expect("the run is accepted in generation 2", before == [("accepted", 2)], str(before),
                        "R-RESUME-1")
-            _receipt_is_the_runs(ctx, run_id, (_json_of(resumed).get("receipt") or {}), "accepted")
+            _receipt_is_the_runs(ctx, run_id, (json_object(resumed).get("receipt") or {}), "accepted")
         finally:
             ctx.release_crash_point(AFTER_DISPATCH)
         created = creating.result(timeout=90)
@@ -246,7 +237,7 @@ def slow_confirmation_names_its_generation(ctx: ScenarioContext) -> None:
     ctx.expect("an empty resume of the accepted run dispatches generation 2: 202 queued",
                retried.status_code == 202 and retried.json().get("state") == "queued",
                f"{retried.status_code} {retried.text[:200]}", "R-RESUME-2")
-    _receipt_is_the_runs(ctx, run_id, _json_of(retried), "queued")
+    _receipt_is_the_runs(ctx, run_id, json_object(retried), "queued")
     run = _settled(ctx, api1, run_id, timeout_s=30)
     ctx.expect("the run completed in generation 2", run["state"] == "completed" and run["generation"] == 2,
                f"{run['state']} g{run['generation']}", "R-RESUME-1", "R-RESUME-2")
