@@ -79,8 +79,6 @@ class StrictBody(BaseModel):
 class CreateRunRequest(StrictBody):
     """R-CREATE-1."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-
     prompt: Prompt
     mode: Literal["ask"] = "ask"
     durable_temporal: bool = Field(default=False, strict=True, description=(
@@ -98,15 +96,11 @@ class ResumeRequest(StrictBody):
     """R-RESUME-1/2: input for an ``awaiting_input`` run; empty to retry an ``accepted``
     run's dispatch."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-
     additional_prompt: Prompt | None = None
 
 
 class ApprovalDecision(StrictBody):
     """R-APPROVAL-1: the decision, bound to the exact ``action_version`` it was taken on."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     approved: bool = Field(strict=True)
     action_version: str = Field(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")
@@ -121,8 +115,6 @@ class ApprovalAnswer(BaseModel):
 
 class AnswerIn(StrictBody):
     """R-CREATE-7."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     prompt: Prompt
 
@@ -190,8 +182,6 @@ class ToolResult(StrictBody):
     """R-TOOL-4: the client's result of a developer-hosted call, validated against the
     call's ``result_schema``."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-
     result: dict[str, Any]
 
 
@@ -205,8 +195,6 @@ class ToolResultAnswer(BaseModel):
 class Resolution(StrictBody):
     """R-TOOL-3: what an operator found in the owning system for an unknown outcome.
     ``succeeded`` needs the ``result`` the provider will be fed."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     outcome: Literal["succeeded", "not_executed", "compensated"]
     result: dict[str, Any] | None = None
