@@ -295,12 +295,24 @@ def test_a_descendant_that_left_its_process_group_is_a_stray_and_is_killed(tmp_p
     from qualify.runner import all_reaped, stray_processes
 
     mark = str(tmp_path / "control")
+    import psutil
+
     subprocess.run(["setsid", "-f", "sleep", "30"], env={**os.environ, "QIMPL_CONTROL_DIR": mark}, check=True)
-    for _ in range(50):
-        strays = stray_processes(mark)
-        if strays:
+
+    def execed() -> bool:  # the detached child has become sleep (before that it is named setsid)
+        for proc in psutil.process_iter(["name"]):
+            try:
+                if proc.info["name"] == "sleep" and proc.environ().get("QIMPL_CONTROL_DIR") == mark:
+                    return True
+            except psutil.Error:
+                continue
+        return False
+
+    for _ in range(100):
+        if execed():
             break
         time.sleep(0.05)
+    strays = stray_processes(mark)
     assert strays and "sleep" in strays[0]
     check = all_reaped([], strays)
     assert check.ok is False and "a descendant left running" in check.detail
