@@ -250,7 +250,7 @@ def session_ended_after(ctx: ScenarioContext, backends: list[int], since: float,
           "timeout) the watcher and Temporal's heartbeat timeout race to end the paused "
           "attempt; the watcher's path is judged only when it won (figure takeover_by_watcher), "
           "and always in owner-paused-mid-run, at the product's defaults",
-    requirements=("R-EXEC-2", "R-EXEC-7", "R-Q-2"),
+    requirements=("R-EXEC-2", "R-EXEC-7", "R-EXEC-13", "R-Q-2"),
     faults=("sigstop owner at barrier", "sigcont owner"),
 )
 def paused_owner(ctx: ScenarioContext) -> None:
@@ -261,7 +261,7 @@ def paused_owner(ctx: ScenarioContext) -> None:
     "paused-owner-never-resumed",
     title="SIGSTOP the owner and never resume it: the next attempt takes over and the run "
           "completes (the watcher's path judged only when it won the race, as in paused-owner)",
-    requirements=("R-EXEC-2", "R-Q-2"),
+    requirements=("R-EXEC-2", "R-EXEC-13", "R-Q-2"),
     faults=("sigstop owner at barrier",),
 )
 def paused_owner_never_resumed(ctx: ScenarioContext) -> None:
