@@ -38,6 +38,7 @@ _PROVIDER_CALLS = (
 #: The fakes' own records (relative to the control directory) and their event types.
 FILE_EVENTS = (
     ("provider_calls.jsonl", "provider_call"),
+    ("provider_call_ends.jsonl", "provider_call_end"),
     ("crash_points.jsonl", "crash_point"),
     ("sink/requests.jsonl", "sink_request"),
     ("sink/executions.jsonl", "sink_execution"),

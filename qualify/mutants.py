@@ -914,6 +914,12 @@ CATALOG: tuple[Mutant, ...] = (
                "        'input_tokens', NEW.input_tokens, 'output_tokens', NEW.output_tokens,",
                "        'input_tokens', NEW.output_tokens, 'output_tokens', NEW.output_tokens,"),),
         "happy-path", "one usage event per settled provider call"),
+    Mutant(
+        "provider-call-outlives-the-deadline", "the owner stops a provider call at the deadline (R-EXEC-8)",
+        (Patch("qimpl/workflows/activities.py",
+               "async with asyncio.timeout(owner.seconds_left()) as deadline:",
+               "async with asyncio.timeout(owner.seconds_left() + 5) as deadline:"),),
+        "resume-at-the-deadline", "deadline respected"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).

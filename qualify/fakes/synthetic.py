@@ -49,7 +49,9 @@ the digest of the state it was handed, and ``workspace_id`` and ``grant_sha256``
 given: never the grant itself).
 The provider runs no tool itself: the side-effect sink (``qualify.fakes.sink``) is the
 record of what the tools did. A call cancelled before it returned (the owner lost its lease,
-R-EXEC-11) is recorded in ``provider_cancellations.jsonl``. At a barrier the worker writes ``barrier.<name>.reached`` (pid,
+R-EXEC-11, the deadline) is recorded in ``provider_call_ends.jsonl`` with ``"how": "cancelled"``,
+and so is every other call's end (``"answered"``, ``"failed"``): a call still running past
+its run's deadline is what ``deadline respected`` finds there (R-EXEC-8). At a barrier the worker writes ``barrier.<name>.reached`` (pid,
 run, step, attempt) and holds, still heartbeating, until ``barrier.<name>.release``
 appears or the process is struck. A barrier holds once: a later attempt passes it.
 """
@@ -71,8 +73,12 @@ from qimpl.tool_journal.seam import ToolCall
 from qualify.digests import canonical_sha256
 from qualify.fakes.clock import true_time
 
-__all__ = ["Script", "SyntheticProvider", "delta_piece", "grant_digest", "make_prompt"]
+__all__ = ["ENDS_FILE", "Script", "SyntheticProvider", "delta_piece", "grant_digest", "make_prompt"]
 
+#: Where each call's end is recorded (relative to the control directory): one JSON line
+#: with ``how`` ``answered``, ``failed`` or ``cancelled`` (returned, raised, or cancelled
+#: before it returned) and ``t``, the host's true time (epoch s).
+ENDS_FILE = "provider_call_ends.jsonl"
 BARRIER_POLL_S = 0.01
 BARRIER_MAX_S = 600.0
 
@@ -223,27 +229,34 @@ class SyntheticProvider(Provider):
         while not release.exists() and time.monotonic() < deadline:
             await asyncio.sleep(BARRIER_POLL_S)
 
-    def _record_cancellation(self, ctx: StepContext) -> None:
+    def _record_end(self, ctx: StepContext, how: str) -> None:
         line = json.dumps({"run_id": ctx.run_id, "step": ctx.step, "attempt": ctx.attempt,
-                           "pid": os.getpid(), "t": true_time()})
-        with open(self.control / "provider_cancellations.jsonl", "a", encoding="utf-8") as fh:
+                           "how": how, "pid": os.getpid(), "t": true_time()})
+        with open(self.control / ENDS_FILE, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
 
     async def step(self, ctx: StepContext) -> StepResult:
-        script = Script.from_prompt(ctx.prompt)
         self._record(ctx)
+        how = "failed"
         try:
-            if script.barrier and int(script.barrier["step"]) == ctx.step:
-                await self._barrier(str(script.barrier["name"]), ctx)
-            if script.deltas and ctx.emit is not None:
-                for i in range(script.deltas):
-                    await asyncio.sleep(script.delay_ms / 1000 / script.deltas)
-                    await ctx.emit(delta_piece(ctx.step, ctx.attempt, i))
-            elif script.delay_ms:
-                await asyncio.sleep(script.delay_ms / 1000)
+            result = await self._step(ctx, Script.from_prompt(ctx.prompt))
+            how = "answered"
+            return result
         except asyncio.CancelledError:
-            self._record_cancellation(ctx)
+            how = "cancelled"
             raise
+        finally:
+            self._record_end(ctx, how)
+
+    async def _step(self, ctx: StepContext, script: Script) -> StepResult:
+        if script.barrier and int(script.barrier["step"]) == ctx.step:
+            await self._barrier(str(script.barrier["name"]), ctx)
+        if script.deltas and ctx.emit is not None:
+            for i in range(script.deltas):
+                await asyncio.sleep(script.delay_ms / 1000 / script.deltas)
+                await ctx.emit(delta_piece(ctx.step, ctx.attempt, i))
+        elif script.delay_ms:
+            await asyncio.sleep(script.delay_ms / 1000)
         if script.fails(ctx.step, ctx.attempt, self.control):
             raise script.error(ctx.attempt)
         trail = [*ctx.state.get("trail", []), ctx.step]

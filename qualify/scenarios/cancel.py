@@ -4,18 +4,22 @@ R-Q34-1, R-EXEC-7, R-EXEC-9)."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from qualify import http
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
 from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
-from qualify.scenarios.lifecycle import FINAL_AFTER, FINAL_BEFORE, accepted, provider_calls
+from qualify.scenarios.lifecycle import (
+    FINAL_AFTER,
+    FINAL_BEFORE,
+    accepted,
+    provider_calls,
+    provider_cancellations,
+)
 
 
 def _cancel_with_hold(ctx: ScenarioContext, api: ManagedProcess, point: str, name: str) -> None:
@@ -147,12 +151,6 @@ def cancel_reaches_running_activity(ctx: ScenarioContext) -> None:
                run["state"], "R-EXEC-9", "R-Q34-1")
 
 
-def _step_cancellations(ctx: ScenarioContext, run_id: str) -> list[dict[str, Any]]:
-    path = ctx.control / "provider_cancellations.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [d for d in map(json.loads, lines) if d["run_id"] == run_id]
-
-
 @scenario(
     "cancel-stops-a-long-step",
     title="Cancel during one 30-second provider step with AGENT_CONCURRENCY_LIMIT=1 and a run "
@@ -177,9 +175,9 @@ def cancel_stops_a_long_step(ctx: ScenarioContext) -> None:
     cancel_t = float(ctx.sql("SELECT extract(epoch FROM at)::float8 FROM run_transitions"
                              " WHERE run_id = %s AND new_state = 'cancelled'", run_id)[0][0])
     stop_by = time.monotonic() + 10
-    while not _step_cancellations(ctx, run_id) and time.monotonic() < stop_by:
+    while not provider_cancellations(ctx, run_id) and time.monotonic() < stop_by:
         time.sleep(0.02)
-    stopped = _step_cancellations(ctx, run_id)
+    stopped = provider_cancellations(ctx, run_id)
     took = round(stopped[0]["t"] - cancel_t, 3) if stopped else None
     ctx.figures["step_stopped_after_cancel_s"] = took if took is not None else -1.0
     ctx.expect("the provider step was cancelled within 1 s of the cancel commit",

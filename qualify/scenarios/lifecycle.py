@@ -15,7 +15,7 @@ from qimpl.lifecycle import workflow_id
 from qualify import http
 from qualify.checkers import PROVIDER_CLOCK_SLACK_S
 from qualify.errors import HarnessError
-from qualify.fakes.synthetic import make_prompt
+from qualify.fakes.synthetic import ENDS_FILE, make_prompt
 from qualify.processes import ManagedProcess
 from qualify.procs import wait_until
 from qualify.scenarios.base import ScenarioContext, scenario
@@ -29,10 +29,21 @@ FINAL_AFTER = "activity.after_final_commit"
 CLAIMED = "activity.after_claim"
 
 
-def provider_calls(ctx: ScenarioContext, run_id: str) -> list[dict[str, Any]]:
-    path = ctx.control / "provider_calls.jsonl"
+def _records(ctx: ScenarioContext, name: str, run_id: str) -> list[dict[str, Any]]:
+    path = ctx.control / name
     lines = path.read_text().splitlines() if path.exists() else []
     return [d for d in map(json.loads, lines) if d["run_id"] == run_id]
+
+
+def provider_calls(ctx: ScenarioContext, run_id: str) -> list[dict[str, Any]]:
+    """The synthetic provider's record of each call of ``run_id``, made as it began."""
+    return _records(ctx, "provider_calls.jsonl", run_id)
+
+
+def provider_cancellations(ctx: ScenarioContext, run_id: str) -> list[dict[str, Any]]:
+    """The provider calls of ``run_id`` cancelled before they returned (``t``: the host's
+    true time, epoch s; ``attempt``: the attempt that made the call)."""
+    return [d for d in _records(ctx, ENDS_FILE, run_id) if d["how"] == "cancelled"]
 
 
 def writes_by_others_until(ctx: ScenarioContext, run_id: str, token: str, until: float) -> list[tuple[Any, ...]]:
@@ -312,16 +323,8 @@ def lock_session_killed(ctx: ScenarioContext) -> None:
     ctx.expect("the worker survived (only its session was killed)", worker.alive, worker.name)
 
 
-def _cancellations_of(ctx: ScenarioContext, run_id: str) -> list[dict[str, Any]]:
-    """The provider calls of ``run_id`` cancelled before they returned (``t``: the host's
-    true time, epoch s)."""
-    path = ctx.control / "provider_cancellations.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [d for d in map(json.loads, lines) if d["run_id"] == run_id]
-
-
 def _cancellations(ctx: ScenarioContext, run_id: str, attempt: int) -> list[dict[str, Any]]:
-    return [d for d in _cancellations_of(ctx, run_id) if d["attempt"] == attempt]
+    return [d for d in provider_cancellations(ctx, run_id) if d["attempt"] == attempt]
 
 
 def _failure_events_and_terminal(ctx: ScenarioContext, api: ManagedProcess, run: dict[str, Any],
@@ -553,7 +556,7 @@ def expiry_mid_run(ctx: ScenarioContext) -> None:
                0 <= late <= 0.5 and str(writer or "").startswith(f"{run_id}:"),
                f"expired {late:.3f} s after the deadline by writer {writer!r}", "R-EXEC-8")
     offset = ctx.db_clock_offset()
-    cut = [round(c["t"] + offset - deadline, 3) for c in _cancellations_of(ctx, run_id)]
+    cut = [round(c["t"] + offset - deadline, 3) for c in provider_cancellations(ctx, run_id)]
     ctx.expect("the step in flight at the deadline was cancelled within 0.5 s of it",
                len(cut) == 1 and 0 <= cut[0] + PROVIDER_CLOCK_SLACK_S and cut[0] <= 0.5,
                f"provider calls cancelled at deadline + {cut} s", "R-EXEC-8")

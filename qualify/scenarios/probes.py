@@ -277,6 +277,10 @@ def owner_cut_off_from_temporal(ctx: ScenarioContext) -> None:
                "attempt(s) seen trying the lock meanwhile", "R-EXEC-2", "R-EXEC-7", judged=len(contenders))
 
 
+#: How many times kill-at-random-moments strikes its run's owner.
+RANDOM_KILLS = 5
+
+
 @scenario(
     "kill-at-random-moments",
     title="SIGKILL the owner of a 150-step run with fast steps at five seeded random moments "
@@ -294,7 +298,7 @@ def kill_at_random_moments(ctx: ScenarioContext) -> None:
     workers = [ctx.processes.worker("worker-1")]
     run_id = accepted(ctx, api, prompt=make_prompt(steps=150, delay_ms=3, answer="random moments"))
     kills = 0
-    for i in range(5):
+    for i in range(RANDOM_KILLS):
         # Wait (bounded) for a live owner that is past its claim, then strike at a moment
         # drawn from the scenario's seed: the moment, not a point in the code, is the fault.
         stop_by = time.monotonic() + 30
@@ -313,6 +317,13 @@ def kill_at_random_moments(ctx: ScenarioContext) -> None:
         workers.append(ctx.processes.spawn_worker(f"worker-{len(workers) + 1}"))
     done = ctx.wait_terminal(api, run_id, timeout_s=120)
     ctx.figures["random_kills"] = float(kills)
+    # The kills are the probe: had the run completed before they all struck, or a kill hit
+    # a worker that did not own the run, every check below would pass having survived less.
+    owners = ctx.sql("SELECT count(DISTINCT owner_attempt) FROM run_transitions"
+                     " WHERE run_id = %s AND owner_attempt IS NOT NULL", run_id)[0][0]
+    ctx.expect(f"all {RANDOM_KILLS} seeded kills struck the run's owner mid-run, and a new attempt "
+               "claimed the run after each", kills == RANDOM_KILLS and owners == RANDOM_KILLS + 1,
+               f"{kills} kills, {owners} owner attempts", "R-Q-2", judged=kills)
     ctx.expect("the run completed with its answer after the kills",
                done["state"] == "completed" and done["result_json"] == {"answer": "random moments"},
                f"{done['state']} after {kills} kills", "R-EXEC-4")

@@ -303,6 +303,21 @@ def test_catches_progress_after_the_deadline() -> None:
     assert ck.deadline_respected(expired).ok is True
 
 
+@pytest.mark.req("R-EXEC-8")
+def test_catches_a_provider_call_left_running_past_the_deadline() -> None:
+    def ended(at: float, how: str) -> dict[str, Any]:
+        return {"type": "provider_call_end", "run_id": R, "step": 3, "attempt": 1, "how": how, "t": at}
+
+    expired = [*[{**e, "deadline_t": 7.5} if e["type"] == "run" else e for e in good()][:-1],
+               tr(8, "running", "expired", 8, 3)]
+    # Asked before the deadline (t=7), cancelled 0.1 s after it: what the owner does.
+    cancelled = ck.deadline_respected(merge(expired, [ended(7.6, "cancelled")]))
+    assert cancelled.ok is True and cancelled.judged >= 2
+    # Left running: its end comes when the provider answers, 2 s past the deadline.
+    ran_on = ck.deadline_respected(merge(expired, [ended(9.5, "answered")]))
+    assert ran_on.ok is False and "ran until 2.000 s after the deadline (answered)" in ran_on.detail
+
+
 @pytest.mark.req("R-EXEC-12")
 def test_catches_an_expiry_before_the_deadline() -> None:
     def with_deadline(t: float) -> list[dict[str, Any]]:
