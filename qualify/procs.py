@@ -17,13 +17,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, Protocol, TypeVar
 
 import psutil
 
 from qualify.errors import HarnessError
 
-__all__ = ["Child", "Restartable", "free_port", "kill_tree", "quiet_port", "spawn", "wait_until"]
+__all__ = ["Child", "Restartable", "free_port", "kill_tree", "poll", "quiet_port", "spawn", "wait_until"]
+
+T = TypeVar("T")
 
 
 class Child(Protocol):
@@ -166,6 +168,18 @@ def quiet_port(rng: random.Random | None = None) -> int:
                 continue
             return port
     raise HarnessError("no free port below the ephemeral range")
+
+
+def poll(what: Callable[[], T], timeout_s: float, interval_s: float = 0.05) -> T:
+    """``what()``'s first truthy value within ``timeout_s`` seconds, polled every
+    ``interval_s``; else its last value (falsy). Never raises on the timeout: the caller
+    judges the value. ``what``'s own exceptions propagate."""
+    deadline = time.monotonic() + timeout_s
+    value = what()
+    while not value and time.monotonic() < deadline:
+        time.sleep(interval_s)
+        value = what()
+    return value
 
 
 def wait_until(

@@ -37,6 +37,7 @@ from qualify.faults import Nemesis
 from qualify.forkserver import ENTRY_POINTS
 from qualify.history import HistoryRecorder
 from qualify.processes import Deployment, ManagedProcess, Processes
+from qualify.procs import poll
 from qualify.run_notices import RunNotices
 from qualify.timing import spends, spent
 
@@ -244,6 +245,16 @@ class ScenarioContext:
         self.history.record("client", op="create", phase=phase, key=key, status=resp.status_code,
                             run_id=run_id, code=doc.get("code"))
         return resp
+
+    def create_until_accepted(self, api: ManagedProcess, *, prompt: str, key: str,
+                              timeout_s: float = 20.0) -> httpx.Response | None:
+        """The same create (``key``) repeated every 0.2 s until it answers 202 (a dependency
+        that came back may take a moment to answer again); the 202, or None after
+        ``timeout_s`` seconds."""
+        def attempt() -> httpx.Response | None:
+            resp = self.create_run(api, prompt=prompt, key=key)
+            return resp if resp is not None and resp.status_code == 202 else None
+        return poll(attempt, timeout_s, interval_s=0.2)
 
     def read_run(self, api: ManagedProcess, run_id: str, agent_id: str = "agent-1",
                  *, retry_s: float = 10.0) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from qualify.checkers import slot_holders
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
-from qualify.procs import free_port
+from qualify.procs import free_port, poll
 from qualify.scenarios.approvals import _decide, _side_effects
 from qualify.scenarios.base import API_KEY, TERMINAL, ScenarioContext, json_object, scenario
 from qualify.scenarios.lifecycle import accepted, provider_calls
@@ -64,16 +64,6 @@ def _receipt_is_the_runs(ctx: ScenarioContext, run_id: str, receipt: dict[str, A
     ctx.expect("each resume answer carries the run's own receipt (run, stream key, deadline_at) "
                "and its state", not differ and receipt.get("state") == state,
                f"differs {differ}; state {receipt.get('state')}, want {state}", "R-RESUME-1", "R-CREATE-5")
-
-
-def _eventually(check: Any, timeout_s: float) -> bool:
-    """Poll ``check`` until it holds or ``timeout_s`` passes; returns whether it held."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def _transitions(ctx: ScenarioContext, run_id: str) -> list[tuple[Any, ...]]:
@@ -168,7 +158,7 @@ def vanished_workflow(ctx: ScenarioContext) -> None:
                repr(message)[:200], "R-OPS-8")
     ctx.expect("B completed within 20 s: A's tenant slot was freed",
                b["state"] == "completed", b["state"], "R-EXEC-9", "R-OPS-8")
-    _eventually(lambda: _warnings(port, "workflow_vanished") >= 2, timeout_s=5)
+    poll(lambda: _warnings(port, "workflow_vanished") >= 2, timeout_s=5)
     counted = _warnings(port, "workflow_vanished")
     ctx.expect("the worker counts >= 2 qimpl_reconcile_warnings_total{kind=\"workflow_vanished\"}",
                counted >= 2, f"{counted}", "R-OPS-6", "R-OPS-8")
@@ -280,7 +270,7 @@ def reconciler_grace_after_resume(ctx: ScenarioContext) -> None:
             # the resume was sent (a stale stamp is judged below, not trusted here).
             requested = max(stamped, sent)
             # Hold about 2 s (at least 3 sweeps), and release well before the grace ends.
-            _eventually(lambda: (held_s := ctx.db_now() - requested) >= grace_s - 0.6
+            poll(lambda: (held_s := ctx.db_now() - requested) >= grace_s - 0.6
                         or (held_s >= 2.0 and len(sweep_rows_between(ctx, requested)) >= 3),
                         timeout_s=grace_s)
             state = ctx.sql("SELECT state, generation, dispatch_confirmed_at FROM runs WHERE run_id = %s",
@@ -456,7 +446,7 @@ def reconciler_holds_no_lock_over_temporal(ctx: ScenarioContext) -> None:
                    not stuck, f"{len(stuck)} of {samples} samples: {stuck[:2]}", "R-OPS-3")
         # Cancel while the reconciler is inside its call to Temporal: its session last read
         # the runs table and has been idle (in a transaction or not) for a while since.
-        calling = _eventually(lambda: bool(ctx.sql(
+        calling = poll(lambda: bool(ctx.sql(
             "SELECT 1 FROM pg_stat_activity WHERE application_name = 'qimpl-reconciler'"
             " AND state IN ('idle', 'idle in transaction') AND query ILIKE 'SELECT%%FROM runs%%'"
             " AND clock_timestamp() - state_change > interval '300 milliseconds'")), timeout_s=20)

@@ -17,6 +17,7 @@ import httpx
 from qimpl.lifecycle import workflow_id
 from qualify import http
 from qualify.fakes.synthetic import make_prompt
+from qualify.procs import poll
 from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted, session_ended_after, writes_by_others_until
 from qualify.scenarios.takeover import (
@@ -59,16 +60,6 @@ def _agent_retry(ctx: ScenarioContext, wf_id: str) -> dict[str, Any]:
     return result
 
 
-def _until(what: Any, timeout_s: float, interval_s: float = 0.05) -> Any:
-    """``what()``'s first truthy value within ``timeout_s``, else its last value."""
-    deadline = time.monotonic() + timeout_s
-    value = what()
-    while not value and time.monotonic() < deadline:
-        time.sleep(interval_s)
-        value = what()
-    return value
-
-
 @scenario(
     "owner-partitioned-from-postgres",
     title=f"Partition the owner's worker from PostgreSQL (both ways, Temporal still reachable) mid-step, "
@@ -90,7 +81,7 @@ def owner_partitioned_from_postgres(ctx: ScenarioContext) -> None:
     ctx.nemesis.partition(proxy, "both", run_id=run_id, attempt=held["attempt"])
     cut_at = ctx.db_now()
     ctx.release_barrier("cut")  # the owner goes on: its checkpoint is held in the partition
-    rows = _until(lambda: ctx.sql(
+    rows = poll(lambda: ctx.sql(
         "SELECT attempt, extract(epoch FROM created_at)::float8 FROM run_checkpoints"
         " WHERE run_id = %s AND step = 2", run_id), WITHIN_S)
     gone = not (before & _owner_sessions(ctx, run_id))
@@ -169,7 +160,7 @@ def owner_partitioned_from_temporal(ctx: ScenarioContext) -> None:
                f"owner attempt {held['attempt']}; at the end of the partition Temporal's pending attempt "
                f"{contest.get('attempt')}, its last failure {contest.get('last_failure')}", "R-EXEC-2")
     ctx.release_barrier("cut")
-    _until(lambda: not alive(), 60)
+    poll(lambda: not alive(), 60)
     run = ctx.wait_terminal(api, run_id, timeout_s=60)
     ctx.expect("the run completed", run["state"] == "completed", run["state"], "R-EXEC-2")
     token = f"{run_id}:1:{held['attempt']}"
@@ -203,7 +194,7 @@ def reconciler_sees_one_not_found(ctx: ScenarioContext) -> None:
             c["method"] == "DescribeWorkflowExecution" and not c["struck"] and c["t"] > armed.struck["t"]
             and wf.encode() in c["request"] for c in list(proxy.calls))
 
-    again = _until(looked_again, 20)
+    again = poll(looked_again, 20)
     ctx.nemesis.rpc_error_struck(proxy, rule, run_id=run_id)
     state = ctx.sql("SELECT state, error_code FROM runs WHERE run_id = %s", run_id)[0]
     ctx.expect("the reconciler looked at the workflow again after the NOT_FOUND, the run still live",
@@ -212,7 +203,7 @@ def reconciler_sees_one_not_found(ctx: ScenarioContext) -> None:
     # A second NOT_FOUND, after the open answer: two sweeps that are not in a row do not agree
     # (a run that meets a transient NOT_FOUND now and then is not ended for it).
     second = ctx.nemesis.rpc_error_once(proxy, "DescribeWorkflowExecution", wf, "NOT_FOUND")
-    again = _until(lambda: looked_again(second) or ctx.sql(
+    again = poll(lambda: looked_again(second) or ctx.sql(
         "SELECT state <> 'running' FROM runs WHERE run_id = %s", run_id)[0][0], 20)
     ctx.nemesis.rpc_error_struck(proxy, second, run_id=run_id)
     state = ctx.sql("SELECT state, error_code FROM runs WHERE run_id = %s", run_id)[0]
@@ -303,8 +294,7 @@ def api_cut_off_inside_a_create(ctx: ScenarioContext) -> None:
                    " (SELECT count(*) FROM idempotency_records WHERE key = 'inside')", cut_run)[0]
     ctx.expect("nothing of the cut create was committed: no run, no key record",
                tuple(half) == (0, 0), f"runs {half[0]}, key records {half[1]}", "R-CREATE-1", "R-CREATE-2")
-    again = _until(lambda: (r := ctx.create_run(api, prompt=make_prompt(steps=1, answer="once"), key="inside"))
-                   is not None and r.status_code == 202 and r, 20, interval_s=0.2)
+    again = ctx.create_until_accepted(api, prompt=make_prompt(steps=1, answer="once"), key="inside")
     final = ctx.wait_terminal(api, str(again.json()["run_id"]), timeout_s=30) if again else {}
     keyed = ctx.sql("SELECT count(*) FROM idempotency_records WHERE key = 'inside'")[0][0]
     ctx.expect("the same request after the heal was accepted: one run for its key, completed",
@@ -383,9 +373,7 @@ def api_partitioned_from_postgres_mid_create(ctx: ScenarioContext) -> None:
 
     finals = {}
     for key, via_api in (("between-requests", api), ("mid-create", api2)):
-        again = _until(lambda via_api=via_api, key=key: (
-            r := ctx.create_run(via_api, prompt=make_prompt(steps=1, answer="once"), key=key))
-            is not None and r.status_code == 202 and r, 20, interval_s=0.2)
+        again = ctx.create_until_accepted(via_api, prompt=make_prompt(steps=1, answer="once"), key=key)
         if again:
             finals[key] = ctx.wait_terminal(via_api, str(again.json()["run_id"]), timeout_s=30)
     receipt_run = (body2.get("receipt") or {}).get("run_id")

@@ -4,11 +4,10 @@ settings, its sweep record (``reconciler_sweeps``) and a bounded poll (R-OPS-3).
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from qualify.errors import HarnessError
-from qualify.procs import free_port
+from qualify.procs import free_port, poll
 from qualify.scenarios.base import ScenarioContext
 
 __all__ = [
@@ -37,12 +36,9 @@ def poll_until(ctx: ScenarioContext, what: str, check: Any, timeout_s: float = 3
                kind: str = "wait_sweep") -> None:
     """Poll ``check()`` every 50 ms until it holds, counted as a wait of ``kind`` in the
     scenario's time ledger. HarnessError naming ``what`` after ``timeout_s`` seconds."""
-    deadline = time.monotonic() + timeout_s
     with ctx.waiting(kind):
-        while not check():
-            if time.monotonic() > deadline:
-                raise HarnessError(f"{what}: not within {timeout_s} s")
-            time.sleep(0.05)
+        if not poll(check, timeout_s):
+            raise HarnessError(f"{what}: not within {timeout_s} s")
 
 
 def sweep_rows(ctx: ScenarioContext) -> list[tuple[Any, ...]]:
