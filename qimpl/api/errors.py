@@ -114,10 +114,13 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 400:
             # A body that cannot even be parsed (not JSON, a broken encoding) is answered
             # like invalid JSON: 422 ``malformed_body``, a code every route documents.
-            # Same shape as a validation error's: ``errors`` lists the one problem.
+            # Same shape as a validation error's: ``errors`` lists the one problem. FastAPI
+            # raises this 400 from the parser's own error: a body nested past the decoder's
+            # recursion limit is said as such, not as "not JSON".
+            why = ("the body's JSON is nested too deeply to parse" if isinstance(exc.__cause__, RecursionError)
+                   else "the body is not JSON in UTF-8")
             return JSONResponse(_body("malformed_body", "the request body could not be parsed",
-                                      errors=[{"loc": ["body"], "code": "malformed_body",
-                                               "msg": "the body is not JSON in UTF-8"}]),
+                                      errors=[{"loc": ["body"], "code": "malformed_body", "msg": why}]),
                                 status_code=422)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         headers = dict(getattr(exc, "headers", None) or {})
