@@ -103,8 +103,11 @@ def same_key_twenty_requests(ctx: ScenarioContext) -> None:
 def concurrent_resumes(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
     ctx.processes.worker()
-    run_id = accepted(ctx, api, prompt=make_prompt(steps=3, answer="resumed",
-                                                   park={"step": 1, "kind": "input"}))
+    # The resumed generation holds at step 2 until every resume is answered: the losers
+    # meet a live run (a generation of two instant steps had completed before the last of
+    # them under load, and run_terminal was then the right answer to it).
+    run_id = accepted(ctx, api, prompt=make_prompt(steps=3, answer="resumed", park={"step": 1, "kind": "input"},
+                                                   barrier={"step": 2, "name": "resumed"}))
     parked = ctx.wait_state(api, run_id, "awaiting_input")
     ctx.expect("pending_input has a kind", (parked["result_json"] or {}).get("pending_input", {}).get("kind")
                == "input", str(parked["result_json"]), "R-READ-2")
@@ -114,8 +117,11 @@ def concurrent_resumes(ctx: ScenarioContext) -> None:
                           json={"additional_prompt": f"input {i}"},
                           headers={**AUTH, "Idempotency-Key": f"resume-{i}"})
 
-    with ThreadPoolExecutor(max_workers=10) as pool:
-        answers = list(pool.map(resume, range(10)))
+    try:
+        with ThreadPoolExecutor(max_workers=10) as pool:
+            answers = list(pool.map(resume, range(10)))
+    finally:
+        ctx.release_barrier("resumed")
     codes = Counter(r.status_code for r in answers)
     ctx.history.record("client", op="resume x10", phase="ok", statuses=dict(codes))
     ctx.expect("exactly one 202 and nine 409", codes == Counter({202: 1, 409: 9}), str(dict(codes)),
