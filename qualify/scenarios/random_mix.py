@@ -189,18 +189,21 @@ def _strike_mid_sweep(ctx: ScenarioContext, fault: FaultPlan, prompt: str, worke
     return run_id
 
 
-def _expect_reconciled(ctx: ScenarioContext, api: ManagedProcess, i: int, run_id: str) -> None:
+def _expect_reconciled(ctx: ScenarioContext, api: ManagedProcess, i: int, run_id: str, *,
+                       also_parked: frozenset[str] = frozenset()) -> None:
     """A ``kill-sink`` run: the spec's one allowed course (R-TOOL-3, R-RESUME-3). It parks
     ``side_effect_outcome_unknown``; the sink executed the call once; an operator records
     ``succeeded`` with the sink's receipt and an empty resume completes the run, fed that
-    result (``r<i> [charge:succeeded]``), the call still executed once."""
+    result (``r<i> [charge:succeeded]``), the call still executed once. ``also_parked``:
+    the schedule's other ``kill-sink`` runs not reconciled yet, which the operator's
+    listing may show beside it."""
     from qualify.scenarios.tools import _parked_unknown, _reconcile_and_finish, sink_lines
 
     _parked_unknown(ctx, api, run_id)
     ctx.expect(f"run {i}: the sink executed the call once before reconciliation",
                len(sink_lines(ctx, "executions", run_id)) == 1,
                str(sink_lines(ctx, "executions", run_id)), "R-TOOL-3")
-    final = _reconcile_and_finish(ctx, api, run_id, answer_has="charge:succeeded")
+    final = _reconcile_and_finish(ctx, api, run_id, answer_has="charge:succeeded", also_parked=also_parked)
     ctx.expect(f"run {i} completed with its answer, fed the reconciled result",
                final["state"] == "completed" and final["result_json"] == {"answer": f"r{i} [charge:succeeded]"},
                f"{final['state']} {final['result_json']}", "R-EXEC-4", "R-TOOL-2")
@@ -247,9 +250,11 @@ def run_schedule(ctx: ScenarioContext, schedule: Schedule) -> None:
         held = ctx.wait_barrier(f"f{fault.run}", timeout_s=60)
         _strike(ctx, fault, run_ids[fault.run], workers, held)
         ctx.release_barrier(f"f{fault.run}")
+    unreconciled = {r for i, r in run_ids.items() if i in by_run and by_run[i].action == "kill-sink"}
     for i, run_id in sorted(run_ids.items()):
-        if i in by_run and by_run[i].action == "kill-sink":
-            _expect_reconciled(ctx, api, i, run_id)
+        if run_id in unreconciled:
+            unreconciled.discard(run_id)
+            _expect_reconciled(ctx, api, i, run_id, also_parked=frozenset(unreconciled))
             continue
         final = ctx.wait_terminal(api, run_id, timeout_s=90)
         ctx.expect(f"run {i} completed with its answer",
