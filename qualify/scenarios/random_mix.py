@@ -80,6 +80,23 @@ def _owner(workers: list[ManagedProcess], pid: int) -> ManagedProcess:
     raise HarnessError(f"no live worker with pid {pid}")
 
 
+def _struck(ctx: ScenarioContext, point: str, workers: list[ManagedProcess], run_id: str, *,
+            timeout_s: float) -> tuple[ManagedProcess, dict[str, Any]]:
+    """The live worker that struck ``point`` for ``run_id``, and its evidence line
+    (HarnessError after ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    with ctx.waiting("wait_crash_point"):
+        while True:
+            live = {w.pid: w for w in workers if w.alive}
+            found = [e for e in ctx.crash_evidence(point)
+                     if e.get("context", {}).get("run_id") == run_id and e["pid"] in live]
+            if found:
+                return live[found[-1]["pid"]], found[-1]
+            if time.monotonic() > deadline:
+                raise HarnessError(f"no live worker reached crash point {point} for run {run_id} in {timeout_s} s")
+            time.sleep(0.01)
+
+
 def _wait_execution(ctx: ScenarioContext, run_id: str, timeout_s: float) -> dict[str, Any]:
     """The sink's executions line for ``run_id`` once it appears (HarnessError after ``timeout_s``)."""
     path = ctx.control / "sink" / "executions.jsonl"
@@ -147,7 +164,10 @@ def _strike(ctx: ScenarioContext, fault: FaultPlan, run_id: str, workers: _Worke
     elif fault.action == "pause-in-transaction":
         ctx.arm_crash_point(CKPT_TXN, {"run_id": run_id, "step": fault.step})
         ctx.release_barrier(f"f{fault.run}")
-        evidence = ctx.wait_crash_point(CKPT_TXN, owner, timeout_s=60)
+        # The run's owner at that checkpoint, whichever worker it is: the barrier's holder
+        # may have lost the run meanwhile (Temporal timed its attempt out after a slow
+        # claim, at this mix's 1 s heartbeat timeout), and its successor then reaches it.
+        owner, evidence = _struck(ctx, CKPT_TXN, workers.live, run_id, timeout_s=60)
         ctx.nemesis.paused_in_transaction(owner, evidence, ctx.deployment.dsn, **where)
     elif fault.action == "kill-sink":
         ctx.release_barrier(f"f{fault.run}")
