@@ -920,6 +920,12 @@ CATALOG: tuple[Mutant, ...] = (
                "async with asyncio.timeout(owner.seconds_left()) as deadline:",
                "async with asyncio.timeout(owner.seconds_left() + 5) as deadline:"),),
         "resume-at-the-deadline", "deadline respected"),
+    Mutant(
+        "checkout-waits-between-dead-sessions", "a pooled session that died with the server is "
+        "replaced and the next tried at once, not after 1 s, 2 s ... (R-Q-2)",
+        (Patch("qimpl/db/checkout.py", "            skipped += 1\n",
+               "            skipped += 1\n            await asyncio.sleep(2 ** (skipped - 1))\n"),),
+        "postgres-restart-mid-run", "the API answered its first read after the restart within 0.5 s"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).

@@ -22,6 +22,7 @@ from qimpl.api.auth import Authenticator, DbKeyAuthenticator, Principal, StaticK
 from qimpl.api.errors import ApiError
 from qimpl.api.event_hub import EventHub
 from qimpl.db import runs as repo
+from qimpl.db.checkout import checkout
 from qimpl.db.sessions import bound_session, cut_after, keepalive_params
 from qimpl.legacy import run_inline
 from qimpl.logs import temporal_runtime
@@ -78,9 +79,11 @@ class Services:
             # Every session waits at most api_lock_timeout_s for a run's row and is ended by
             # PostgreSQL if this process stalls inside a transaction that long (R-EXEC-11).
             configure=functools.partial(bound_session, lock_timeout_s=settings.api_lock_timeout_s),
-            # A connection that died while idle (server restart) is replaced on checkout
-            # instead of failing the request; none carries an earlier request's tenant.
-            check=_check_and_forget_tenant,
+            # Checked on checkout by ``connection`` (``_check_and_forget_tenant``): a
+            # connection that died while idle (a server restart) is replaced instead of
+            # failing the request, and the next tried at once (``qimpl.db.checkout``; the
+            # pool's own ``check=`` waits 1 s, 2 s, 4 s ... between dead ones); none
+            # carries an earlier request's tenant.
         )
         self.authenticator: Authenticator = (
             StaticKeyAuthenticator(settings.api_keys) if settings.auth == "static"
@@ -118,8 +121,13 @@ class Services:
         """A pooled connection (autocommit) whose use inside the block is bounded by
         ``api_db_timeout_s`` (``qimpl.db.sessions.cut_after``): a database that stops
         answering costs a request that long, then 503 ``database_unavailable``."""
-        async with self.pool.connection() as conn, cut_after(conn, self.settings.api_db_timeout_s):
-            yield conn
+        conn = await checkout(self.pool, self.settings.api_pool_timeout_s, check=_check_and_forget_tenant)
+        try:
+            # As the pool's own connection(): commit, or roll back on an error, then return.
+            async with conn, cut_after(conn, self.settings.api_db_timeout_s):
+                yield conn
+        finally:
+            await self.pool.putconn(conn)
 
     @asynccontextmanager
     async def tenant(self, tenant_id: str) -> AsyncIterator[Any]:

@@ -26,7 +26,8 @@ What a pooled session carries between leases, and why that is safe:
   its session.
 * **Checked on the way out.** Each checkout checks the session with an empty query (one
   round trip); one that PostgreSQL ended while it waited (a server restart, a
-  terminated backend) is replaced before any lease statement runs on it.
+  terminated backend) is replaced before any lease statement runs on it, and the next
+  is tried at once (``qimpl.db.checkout``: after a restart every waiting session is dead).
 
 A paused worker's pooled sessions hold no lock, so they delay no takeover; its leased
 sessions are ended by their timeouts as before. The pool holds at most one session per
@@ -43,6 +44,7 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from qimpl.db.checkout import checkout
 from qimpl.db.server_settings import at_most_sql
 from qimpl.errors import LeaseSessionUnavailable
 
@@ -87,7 +89,9 @@ class LeaseSessions:
         self.lease_s = lease_s
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             dsn, min_size=min(min_size, max_size), max_size=max_size, open=False,
-            name="qimpl-lease-sessions", check=AsyncConnectionPool.check_connection,
+            # Checked on checkout by ``checkout`` (not the pool's ``check=``, which waits
+            # 1 s, 2 s, 4 s ... between sessions that died with a server restart).
+            name="qimpl-lease-sessions",
             configure=_bound,
             # The pool closes its extra idle sessions itself before the server's bound does.
             max_idle=WAITING_BOUND_S * 0.8,
@@ -112,8 +116,8 @@ class LeaseSessions:
         within ``timeout_s`` seconds (the database refuses connections, or every session
         is in use)."""
         try:
-            return await self._pool.getconn(timeout=timeout_s)
-        except PoolTimeout:
+            return await checkout(self._pool, timeout_s, check=AsyncConnectionPool.check_connection)
+        except (PoolTimeout, psycopg.Error):
             raise LeaseSessionUnavailable(
                 f"no lease session ready within {timeout_s:g} s (at most {self._pool.max_size}:"
                 " the database refuses connections, or every session is in use)") from None
