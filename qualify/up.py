@@ -24,6 +24,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -168,6 +169,20 @@ def curl_command(ready: Ready, prompt: str = "hello") -> str:
         "-d", shlex.quote(body)])
 
 
+def check_port_free(port: int) -> None:
+    """UsageError unless the API could listen on 127.0.0.1:``port`` (bound as uvicorn binds,
+    ``SO_REUSEADDR``). A port another server holds made ``qualify up --port`` print "qimpl is
+    up" with that server's URL and its own key: its readiness probe (``/healthz``) was
+    answered by the other server while its own API failed to bind and exited."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise UsageError(f"--port {port}: 127.0.0.1:{port} is in use ({exc.strerror or exc}); "
+                             "choose another, or omit --port for a free one") from None
+
+
 def _owner(data_dir: Path) -> int | None:
     """The pid of a live ``qualify up`` holding ``data_dir``, else None."""
     try:
@@ -184,6 +199,8 @@ class UpEnvironment:
     def __init__(self, opts: UpOptions) -> None:
         self.opts = opts
         provider_env(opts.provider, opts.provider_config, Path())  # UsageError before any I/O
+        if opts.port:
+            check_port_free(opts.port)
         self.persistent = opts.data_dir is not None
         if opts.data_dir is not None:
             self.root = opts.data_dir.resolve()
