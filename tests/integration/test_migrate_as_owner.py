@@ -103,3 +103,24 @@ def test_migrate_usage() -> None:
     unreachable = _migrate("postgresql://nobody:pw-secret@127.0.0.1:1/db")
     assert unreachable.returncode == 2 and "OperationalError" in unreachable.stderr
     assert "pw-secret" not in unreachable.stderr and "Traceback" not in unreachable.stderr
+
+
+@pytest.mark.req("R-OPS-1")
+def test_an_application_role_is_sent_to_the_schema_owner_not_told_to_bypass_rls(
+        stack: Any, readme_owner: str) -> None:
+    """A tester ran migrate with the API's DSN and was told "ALTER ROLE qimpl_api
+    BYPASSRLS, as a superuser": advice that would end the API's tenant isolation. A role
+    that does not own the database is sent to the schema owner instead."""
+    app = f"app_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(stack.postgres.dsn(), autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {app} LOGIN PASSWORD 'app-secret' IN ROLE qimpl_app")
+    try:
+        owner = readme_owner.split("//", 1)[1].split(":", 1)[0]
+        out = _migrate(readme_owner.replace(f"{owner}:owner-secret", f"{app}:app-secret"))
+        assert out.returncode == 2, (out.stdout, out.stderr)
+        assert "neither a superuser nor BYPASSRLS" in out.stderr and "Traceback" not in out.stderr
+        assert f"migrate as the schema owner, {owner}" in out.stderr, out.stderr
+        assert f"ALTER ROLE {app} BYPASSRLS" not in out.stderr and "app-secret" not in out.stderr
+    finally:
+        with psycopg.connect(stack.postgres.dsn(), autocommit=True) as conn:
+            conn.execute(f"DROP ROLE {app}")
