@@ -124,3 +124,18 @@ def test_an_application_role_is_sent_to_the_schema_owner_not_told_to_bypass_rls(
     finally:
         with psycopg.connect(stack.postgres.dsn(), autocommit=True) as conn:
             conn.execute(f"DROP ROLE {app}")
+
+
+def test_an_unknown_revision_or_a_dsn_that_is_no_url_is_a_usage_error() -> None:
+    """A tester's ``--downgrade nosuch`` was 'migrate: failed: CommandError' and a DSN
+    ``notadsn`` 'migrate: failed: ArgumentError', both exit 2 (as if the database had
+    refused): now usage errors (64) that say what to change, before any connection."""
+    unknown = _migrate("--downgrade", "nosuch", "postgresql://nobody:pw-secret@127.0.0.1:1/db")
+    assert unknown.returncode == 64, (unknown.stdout, unknown.stderr)
+    assert "--downgrade nosuch: no such revision" in unknown.stderr and "pw-secret" not in unknown.stderr
+    for dsn in ("notadsn", "127.0.0.1:5432"):
+        bad = _migrate(dsn)
+        assert bad.returncode == 64 and "must be a PostgreSQL URL" in bad.stderr, (dsn, bad.stderr)
+    for revision in (BASELINE, "base", HEAD):  # known ones still reach the database
+        known = _migrate("--downgrade", revision, "postgresql://nobody:pw-secret@127.0.0.1:1/db")
+        assert known.returncode == 2 and "OperationalError" in known.stderr, (revision, known.stderr)
