@@ -139,3 +139,10 @@ def test_an_unknown_revision_or_a_dsn_that_is_no_url_is_a_usage_error() -> None:
     for revision in (BASELINE, "base", HEAD):  # known ones still reach the database
         known = _migrate("--downgrade", revision, "postgresql://nobody:pw-secret@127.0.0.1:1/db")
         assert known.returncode == 2 and "OperationalError" in known.stderr, (revision, known.stderr)
+
+
+def test_a_postgres_scheme_dsn_migrates_like_a_postgresql_one(readme_owner: str) -> None:
+    """``postgres://`` is a DSN the settings and libpq take, but migrate failed on it with
+    'migrate: failed: NoSuchModuleError' (SQLAlchemy has no ``postgres`` dialect)."""
+    up = _migrate(readme_owner.replace("postgresql://", "postgres://", 1))
+    assert (up.returncode, up.stdout.strip()) == (0, f"migrated to {HEAD}"), up.stderr

@@ -10,8 +10,11 @@ config = context.config
 
 def _url() -> str:
     url = config.get_main_option("sqlalchemy.url") or ""
-    if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    # Both schemes libpq and the settings take (``qimpl.settings``): SQLAlchemy knows no
+    # ``postgres`` dialect, and a ``postgres://`` DSN failed with NoSuchModuleError.
+    for scheme in ("postgresql://", "postgres://"):
+        if url.startswith(scheme):
+            return "postgresql+psycopg://" + url.removeprefix(scheme)
     return url
 
 
