@@ -207,13 +207,17 @@ class UpEnvironment:
             holder = _owner(self.root)
             if holder is not None:
                 raise UsageError(f"{self.root} is in use by qualify up (pid {holder})")
+            # A new directory under one others cannot enter is refused before it is made
+            # (the check below, after mkdir, left it behind).
+            nearest = next(d for d in self.root.parents if d.exists())
+            if os.geteuid() == 0 and not self.root.exists() and not _traversable_by_others(nearest):
+                self._refuse_untraversable()
             self.root.mkdir(parents=True, exist_ok=True)
         else:
             self.root = Path(tempfile.mkdtemp(dir=SHM, prefix="qualify-up-"))
         os.chmod(self.root, 0o755)
         if os.geteuid() == 0 and not _traversable_by_others(self.root.parent):
-            raise UsageError(f"PostgreSQL runs as an unprivileged user and cannot reach {self.root}: "
-                             "choose a --data-dir whose parent directories others may enter (o+x)")
+            self._refuse_untraversable()
         (self.root / "up.pid").write_text(str(os.getpid()))
         self.logs_dir = self.root / "logs"
         self.control_dir = self.root / "control"
@@ -225,6 +229,10 @@ class UpEnvironment:
                                        logs_dir=self.logs_dir)
         self.temporal = TemporalServer(workdir=self.root / "temporal", logs_dir=self.logs_dir)
         self.processes: Processes | None = None
+
+    def _refuse_untraversable(self) -> None:
+        raise UsageError(f"PostgreSQL runs as an unprivileged user and cannot reach {self.root}: "
+                         "choose a --data-dir whose parent directories others may enter (o+x)")
 
     # -- start ------------------------------------------------------------------
     def start(self) -> Ready:
