@@ -64,7 +64,9 @@ async def run_inline(conn: psycopg.AsyncConnection[Any], provider: Provider, run
         return row["state"] if row else "missing"
     if row["state"] == RunState.ACCEPTED:
         await _move(conn, run_id, RunState.QUEUED)
-    if not await _move(conn, run_id, RunState.RUNNING):
+    # started_at as a durable run's claim stamps it (R-READ-1): a legacy run that ran read
+    # ``started_at: null`` beside its ``completed_at``.
+    if not await _move(conn, run_id, RunState.RUNNING, started_at=_now()):
         return "cancelled"
     try:
         grant = await workspace_grant(conn, tenant_id=row["tenant_id"], principal_id=row["principal_id"],

@@ -202,12 +202,24 @@ def slices_for(cpus: int, cpu_per_slice: float | None = None, *, most_per_cpu: f
 def main(argv: Sequence[str]) -> int:
     """``python -m qualify.timing SUMMARY``: print the catalog's seconds per scenario of
     that full run as JSON (for ``SECONDS_PATH``); ``--load SUMMARY``: its load (for
-    ``LOAD_PATH``), with the git commit it was measured at."""
-    if argv and argv[0] == "--load":
-        summary = json.loads(Path(argv[1]).read_text())
+    ``LOAD_PATH``), with the git commit it was measured at. A missing or unreadable
+    SUMMARY is a usage error (exit 64), never a traceback."""
+    from qimpl.scripts import UsageParser
+
+    parser = UsageParser(prog="python -m qualify.timing",
+                         description="Seconds per scenario (or, with --load, the load) of a full "
+                                     "qualify run, from its summary.json.")
+    parser.add_argument("--load", action="store_true",
+                        help="print the run's load (for qualify/data/slice_load.json) instead")
+    parser.add_argument("summary", metavar="SUMMARY", type=Path, help="a full run's summary.json")
+    args = parser.parse_args(list(argv))
+    try:
+        summary = json.loads(args.summary.read_text())
+    except (OSError, ValueError) as exc:
+        parser.error(f"{args.summary}: not a readable summary.json ({type(exc).__name__})")
+    if args.load:
         print(json.dumps({**summary["load"], "git_sha": summary.get("git_sha")}, indent=1))
         return 0
-    summary = json.loads(Path(argv[0]).read_text())
     out = {sc["id"]: round(float(sc["duration_s"]), 1) for sc in summary["scenarios"]
            if sc.get("schedule") is None}
     print(json.dumps(dict(sorted(out.items())), indent=1))

@@ -24,6 +24,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -168,6 +169,20 @@ def curl_command(ready: Ready, prompt: str = "hello") -> str:
         "-d", shlex.quote(body)])
 
 
+def check_port_free(port: int) -> None:
+    """UsageError unless the API could listen on 127.0.0.1:``port`` (bound as uvicorn binds,
+    ``SO_REUSEADDR``). A port another server holds made ``qualify up --port`` print "qimpl is
+    up" with that server's URL and its own key: its readiness probe (``/healthz``) was
+    answered by the other server while its own API failed to bind and exited."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise UsageError(f"--port {port}: 127.0.0.1:{port} is in use ({exc.strerror or exc}); "
+                             "choose another, or omit --port for a free one") from None
+
+
 def _owner(data_dir: Path) -> int | None:
     """The pid of a live ``qualify up`` holding ``data_dir``, else None."""
     try:
@@ -184,19 +199,25 @@ class UpEnvironment:
     def __init__(self, opts: UpOptions) -> None:
         self.opts = opts
         provider_env(opts.provider, opts.provider_config, Path())  # UsageError before any I/O
+        if opts.port:
+            check_port_free(opts.port)
         self.persistent = opts.data_dir is not None
         if opts.data_dir is not None:
             self.root = opts.data_dir.resolve()
             holder = _owner(self.root)
             if holder is not None:
                 raise UsageError(f"{self.root} is in use by qualify up (pid {holder})")
+            # A new directory under one others cannot enter is refused before it is made
+            # (the check below, after mkdir, left it behind).
+            nearest = next(d for d in self.root.parents if d.exists())
+            if os.geteuid() == 0 and not self.root.exists() and not _traversable_by_others(nearest):
+                self._refuse_untraversable()
             self.root.mkdir(parents=True, exist_ok=True)
         else:
             self.root = Path(tempfile.mkdtemp(dir=SHM, prefix="qualify-up-"))
         os.chmod(self.root, 0o755)
         if os.geteuid() == 0 and not _traversable_by_others(self.root.parent):
-            raise UsageError(f"PostgreSQL runs as an unprivileged user and cannot reach {self.root}: "
-                             "choose a --data-dir whose parent directories others may enter (o+x)")
+            self._refuse_untraversable()
         (self.root / "up.pid").write_text(str(os.getpid()))
         self.logs_dir = self.root / "logs"
         self.control_dir = self.root / "control"
@@ -208,6 +229,10 @@ class UpEnvironment:
                                        logs_dir=self.logs_dir)
         self.temporal = TemporalServer(workdir=self.root / "temporal", logs_dir=self.logs_dir)
         self.processes: Processes | None = None
+
+    def _refuse_untraversable(self) -> None:
+        raise UsageError(f"PostgreSQL runs as an unprivileged user and cannot reach {self.root}: "
+                         "choose a --data-dir whose parent directories others may enter (o+x)")
 
     # -- start ------------------------------------------------------------------
     def start(self) -> Ready:

@@ -117,9 +117,10 @@ def follow_run(base_urls: Sequence[str], agent_id: str, run_id: str, *, stream_k
     """Follow ``run_id``'s stream to its terminal event across ``base_urls`` (tried in
     turn, starting with the first, reconnecting with ``Last-Event-ID`` after a drop);
     ``on_event(event, base_url)`` sees each event as it arrives. The client's read timeout
-    should exceed the API's keep-alive interval. Raises ``StreamError`` when the API
-    refuses the stream (404, 401: reconnecting will not help) and ``ValueError`` when
-    ``base_urls`` is empty."""
+    should exceed the API's keep-alive interval. A 5xx or 429 answer (a database outage's
+    503, a proxy's 502 for a dead instance, ``too_many_streams``) is followed like a
+    dropped connection. Raises ``StreamError`` when the API refuses the stream (404, 401:
+    reconnecting will not help) and ``ValueError`` when ``base_urls`` is empty."""
     if not base_urls:
         raise ValueError("follow_run needs at least one base URL")
     own = client is None
@@ -153,10 +154,13 @@ def follow_run(base_urls: Sequence[str], agent_id: str, run_id: str, *, stream_k
                             return result
                         delay = backoff_s[0]  # progress: the next reconnect is quick again
             except StreamError as exc:
-                if exc.code != "event_stream_pruned":
+                if exc.code == "event_stream_pruned":
+                    result.ended = "pruned"
+                    break
+                if not _passing(exc.status):
                     raise
-                result.ended = "pruned"
-                break
+                # 503 database_unavailable, a proxy's 502/504 for a dead instance, 429
+                # too_many_streams: the next instance, or this one a moment later, may serve it
             except (httpx.HTTPError, ValueError):
                 pass  # dropped or garbled: reconnect (elsewhere) after the last event seen
             if time.monotonic() + delay > stop_at:
@@ -170,6 +174,12 @@ def follow_run(base_urls: Sequence[str], agent_id: str, run_id: str, *, stream_k
     finally:
         if own:
             http.close()
+
+
+def _passing(status: int) -> bool:
+    """Whether a refusal with this status may pass: a server error (a 503 with
+    ``Retry-After``, a load balancer's 502 or 504) or 429, unlike a 401, 404 or 422."""
+    return status >= 500 or status == 429
 
 
 def _read_run(http: httpx.Client, base_urls: Sequence[str], agent_id: str, run_id: str,

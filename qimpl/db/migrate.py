@@ -57,6 +57,18 @@ def failure_line(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+def _known_revision(revision: str) -> bool:
+    """Whether alembic resolves ``revision`` among qimpl's migrations (read from the
+    scripts, without a database)."""
+    from alembic.script import ScriptDirectory
+
+    try:
+        ScriptDirectory.from_config(alembic_config("postgresql://")).get_revisions(revision)
+    except Exception:  # noqa: BLE001 - alembic's CommandError or ResolutionError: unknown
+        return False
+    return True
+
+
 def _parser() -> argparse.ArgumentParser:
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> NoReturn:
@@ -91,6 +103,12 @@ def main(argv: list[str]) -> int:
     if args.discard_keys and not args.downgrade:
         parser.error("--discard-keys goes with --downgrade")
     dsn = args.dsn or load_or_exit(AdminSettings, "migrate").admin_database_url
+    # Usage errors, before any connection: they were 'migrate: failed: ArgumentError' and
+    # 'migrate: failed: CommandError' (exit 2), which said nothing of what to change.
+    if not dsn.startswith(("postgresql://", "postgres://")):
+        parser.error("DSN must be a PostgreSQL URL postgresql://user:password@host:port/database")
+    if args.downgrade and not _known_revision(args.downgrade):
+        parser.error(f"--downgrade {args.downgrade}: no such revision (e.g. {BASELINE}, or base)")
     try:
         if args.downgrade:
             downgrade(dsn, args.downgrade, discard_keys=args.discard_keys)

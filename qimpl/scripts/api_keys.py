@@ -37,7 +37,24 @@ from qimpl.scripts import UsageParser, piped
 from qimpl.settings import MIN_DISTINCT_CHARS, AdminSettings, key_is_secret, load_or_exit
 from qimpl.settings import MIN_STATIC_KEY_CHARS as MIN_CHOSEN_KEY_CHARS
 
-__all__ = ["main"]
+__all__ = ["MAX_TENANT_BYTES", "main", "tenant_problem"]
+
+
+#: The longest tenant id a key may name, in UTF-8 bytes. A run's stream token carries its
+#: tenant (base64), and the events route takes tokens of at most 400 characters: a key of a
+#: 1,000-character tenant was created, and every stream token minted for its runs was
+#: refused (422). 128 bytes, like an agent or workspace id's 128 characters, leave a token
+#: of at most 267 characters.
+MAX_TENANT_BYTES = 128
+
+
+def tenant_problem(tenant: str) -> str | None:
+    """Why ``tenant`` cannot name a new key's, grant's or assignment's tenant, or None."""
+    if len(tenant.encode()) > MAX_TENANT_BYTES:
+        return f"is longer than {MAX_TENANT_BYTES} bytes (UTF-8)"
+    if not tenant.isprintable():
+        return "holds a control character"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--grant-token is empty: give the credential the worker hands the provider")
     if args.command in ("create", "grant", "revoke") and (not args.tenant.strip() or not args.principal.strip()):
         parser.error("--tenant and --principal must not be empty")
+    if args.command in ("create", "grant", "assign") and (problem := tenant_problem(args.tenant)):
+        parser.error(f"--tenant {problem}")
     if args.command == "rotate" and not 0 <= args.grace_seconds <= 30 * 86400:
         parser.error("--grace-seconds must be between 0 and 2592000 (30 days)")
     if args.command == "audit" and not 1 <= args.limit <= 10000:

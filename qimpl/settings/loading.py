@@ -54,8 +54,9 @@ def env_name(model: type[BaseSettings], field: str) -> str:
     return f"{model.model_config.get('env_prefix', '')}{field}".upper()
 
 
-#: The login role each process's example DSN names (``qimpl_app`` members, R-AUTH-4).
-_EXAMPLE_ROLE = {"WorkerSettings": "qimpl_worker"}
+#: The login role each process's example DSN names (``qimpl_app`` members, R-AUTH-4): the
+#: one-shot sweep (``Settings``) connects as the workers do, the API as ``qimpl_api``.
+_EXAMPLE_ROLE = {"WorkerSettings": "qimpl_worker", "Settings": "qimpl_worker"}
 
 
 def _example_of(model: type[BaseSettings], field: str) -> str:

@@ -103,3 +103,46 @@ def test_migrate_usage() -> None:
     unreachable = _migrate("postgresql://nobody:pw-secret@127.0.0.1:1/db")
     assert unreachable.returncode == 2 and "OperationalError" in unreachable.stderr
     assert "pw-secret" not in unreachable.stderr and "Traceback" not in unreachable.stderr
+
+
+@pytest.mark.req("R-OPS-1")
+def test_an_application_role_is_sent_to_the_schema_owner_not_told_to_bypass_rls(
+        stack: Any, readme_owner: str) -> None:
+    """A tester ran migrate with the API's DSN and was told "ALTER ROLE qimpl_api
+    BYPASSRLS, as a superuser": advice that would end the API's tenant isolation. A role
+    that does not own the database is sent to the schema owner instead."""
+    app = f"app_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(stack.postgres.dsn(), autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {app} LOGIN PASSWORD 'app-secret' IN ROLE qimpl_app")
+    try:
+        owner = readme_owner.split("//", 1)[1].split(":", 1)[0]
+        out = _migrate(readme_owner.replace(f"{owner}:owner-secret", f"{app}:app-secret"))
+        assert out.returncode == 2, (out.stdout, out.stderr)
+        assert "neither a superuser nor BYPASSRLS" in out.stderr and "Traceback" not in out.stderr
+        assert f"migrate as the schema owner, {owner}" in out.stderr, out.stderr
+        assert f"ALTER ROLE {app} BYPASSRLS" not in out.stderr and "app-secret" not in out.stderr
+    finally:
+        with psycopg.connect(stack.postgres.dsn(), autocommit=True) as conn:
+            conn.execute(f"DROP ROLE {app}")
+
+
+def test_an_unknown_revision_or_a_dsn_that_is_no_url_is_a_usage_error() -> None:
+    """A tester's ``--downgrade nosuch`` was 'migrate: failed: CommandError' and a DSN
+    ``notadsn`` 'migrate: failed: ArgumentError', both exit 2 (as if the database had
+    refused): now usage errors (64) that say what to change, before any connection."""
+    unknown = _migrate("--downgrade", "nosuch", "postgresql://nobody:pw-secret@127.0.0.1:1/db")
+    assert unknown.returncode == 64, (unknown.stdout, unknown.stderr)
+    assert "--downgrade nosuch: no such revision" in unknown.stderr and "pw-secret" not in unknown.stderr
+    for dsn in ("notadsn", "127.0.0.1:5432"):
+        bad = _migrate(dsn)
+        assert bad.returncode == 64 and "must be a PostgreSQL URL" in bad.stderr, (dsn, bad.stderr)
+    for revision in (BASELINE, "base", HEAD):  # known ones still reach the database
+        known = _migrate("--downgrade", revision, "postgresql://nobody:pw-secret@127.0.0.1:1/db")
+        assert known.returncode == 2 and "OperationalError" in known.stderr, (revision, known.stderr)
+
+
+def test_a_postgres_scheme_dsn_migrates_like_a_postgresql_one(readme_owner: str) -> None:
+    """``postgres://`` is a DSN the settings and libpq take, but migrate failed on it with
+    'migrate: failed: NoSuchModuleError' (SQLAlchemy has no ``postgres`` dialect)."""
+    up = _migrate(readme_owner.replace("postgresql://", "postgres://", 1))
+    assert (up.returncode, up.stdout.strip()) == (0, f"migrated to {HEAD}"), up.stderr

@@ -258,3 +258,18 @@ def test_a_cors_origin_is_one_a_browser_sends(env: pytest.MonkeyPatch, origin: s
     with pytest.raises(ConfigError) as caught:
         load(ApiSettings)
     assert caught.value.variable == "QIMPL_CORS_ORIGINS"
+
+
+def test_each_process_is_shown_the_login_role_it_connects_as(env: pytest.MonkeyPatch) -> None:
+    """The one-shot sweep connects as the workers do (docs/operations.md, "The one-shot
+    sweep"), but its missing-DSN message showed the API's role ``qimpl_api``; and the
+    documented example of the worker's message showed ``qimpl_api`` where it says
+    ``qimpl_worker``."""
+    env.delenv("QIMPL_DATABASE_URL", raising=False)
+    for model, role in ((WorkerSettings, "qimpl_worker"), (Settings, "qimpl_worker"),
+                        (ApiSettings, "qimpl_api")):
+        with pytest.raises(ConfigError) as caught:
+            load(model)
+        assert f"postgresql://{role}:" in caught.value.example, model.__name__
+    ops = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    assert "\"msg\": \"worker: QIMPL_DATABASE_URL is not set; for example QIMPL_DATABASE_URL='postgresql://qimpl_worker:" in ops

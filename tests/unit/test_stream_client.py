@@ -99,3 +99,40 @@ def test_204_means_the_terminal_event_was_already_seen() -> None:
     with httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(204))) as client:
         result = follow_run(["http://x"], "a", RUN, stream_key="k", last_event_id=9, client=client)
     assert result.ended == "done" and result.events == []
+
+
+@pytest.mark.req("R-EVENT-2")
+@pytest.mark.req("R-EVENT-3")
+def test_a_passing_refusal_is_followed_elsewhere_not_raised() -> None:
+    """A tester's finding: an instance whose database was down answers 503
+    ``database_unavailable`` (retryable, ``Retry-After: 1``), a load balancer answers 502 for
+    an instance that died, an instance at its per-run stream bound 429 ``too_many_streams``:
+    follow_run raised StreamError at the first, though the next base URL (or the same one
+    a moment later) serves the stream. It reconnects instead, as after a dropped connection."""
+    for status, code in ((503, "database_unavailable"), (502, None), (429, "too_many_streams")):
+        tried: list[str] = []
+
+        def handler(request: httpx.Request, status: int = status, code: str | None = code,
+                    tried: list[str] = tried) -> httpx.Response:
+            tried.append(request.url.host)
+            if request.url.host == "sick":
+                return (httpx.Response(status, json={"code": code, "message": "later"}, headers={"Retry-After": "1"})
+                        if code else httpx.Response(status, text="Bad Gateway"))
+            body = [sse(1, "state"), sse(2, "terminal", "completed")]
+            return httpx.Response(200, stream=Dropping(body, drop=False))
+
+        with httpx.Client(transport=httpx.MockTransport(handler)) as client:
+            result = follow_run(["http://sick", "http://well"], "a", RUN, stream_key="k", client=client,
+                                backoff_s=(0.0, 0.0))
+        assert result.ended == "terminal" and [e.id for e in result.events] == [1, 2], status
+        assert tried == ["sick", "well"], status
+
+    def always_busy(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/events"):
+            return httpx.Response(503, json={"code": "database_unavailable", "message": "later"})
+        return httpx.Response(200, json={"state": "running"})
+
+    with httpx.Client(transport=httpx.MockTransport(always_busy)) as client:
+        gave_up = follow_run(["http://x"], "a", RUN, stream_key="k", api_key="key", client=client,
+                             max_reconnects=2, backoff_s=(0.0, 0.0))
+    assert gave_up.ended == "gave_up" and len(gave_up.connections) == 3 and gave_up.run == {"state": "running"}

@@ -3,8 +3,10 @@ not at all, and the kinds add up to the wall time."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -134,3 +136,26 @@ def test_every_catalog_scenario_has_an_expected_duration() -> None:
 
     seconds = expected_seconds()
     assert sorted(set(REGISTRY) - set(seconds)) == []
+
+
+def test_the_command_answers_a_bad_command_line_with_usage_not_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m qualify.timing --help`` read ``--help`` as a file name and raised
+    FileNotFoundError; no argument raised IndexError. Now: help, and usage errors (64)."""
+    from qualify.timing import main
+
+    with pytest.raises(SystemExit) as helped:
+        main(["--help"])
+    assert helped.value.code == 0 and "SUMMARY" in capsys.readouterr().out
+    for argv in ([], ["--load"], [str(tmp_path / "missing.json")], ["--load", str(tmp_path)]):
+        with pytest.raises(SystemExit) as refused:
+            main(argv)
+        assert refused.value.code == 64, argv
+        assert "Traceback" not in capsys.readouterr().err
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"git_sha": "abc", "load": {"slices": 5},
+                                   "scenarios": [{"id": "a", "duration_s": 1.24}]}))
+    assert main([str(summary)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"a": 1.2}
+    assert main(["--load", str(summary)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"slices": 5, "git_sha": "abc"}

@@ -3,6 +3,9 @@ as the CORS allow-list: the environment's ``QIMPL_*`` are not passed on)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 
@@ -28,3 +31,38 @@ def test_set_refuses_a_setting_no_process_reads_and_names_the_nearest() -> None:
         parse_settings(["QIMPL_X=1"])
     # Aliases are settings too.
     assert parse_settings(["QIMPL_CONCURRENCY_LIMIT=2"]) == {"QIMPL_CONCURRENCY_LIMIT": "2"}
+
+
+def test_a_port_in_use_is_a_usage_error_before_anything_starts(tmp_path: Path) -> None:
+    """``qualify up --port P`` with P held by another server printed "qimpl is up" with that
+    server's URL and a key it does not know: the API's readiness probe was answered by the
+    other server while the API itself failed to bind and exited (3), twice, and then
+    everything stopped (exit 2). Now a usage error, before any directory or process."""
+    import socket
+
+    from qualify.errors import UsageError
+    from qualify.up import UpEnvironment, UpOptions
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        data_dir = tmp_path / "up"
+        with pytest.raises(UsageError, match=rf"--port {port}: 127.0.0.1:{port} is in use"):
+            UpEnvironment(UpOptions(port=port, data_dir=data_dir))
+        assert not data_dir.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the o+x rule applies to root only")
+def test_an_unreachable_data_dir_is_refused_without_being_made(tmp_path: Path) -> None:
+    """As root, ``qualify up --data-dir`` under a 0700 directory was refused (PostgreSQL
+    runs as another user) but left the new, empty directory behind."""
+    from qualify.errors import UsageError
+    from qualify.up import UpEnvironment, UpOptions
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    os.chmod(tmp_path, 0o755)
+    with pytest.raises(UsageError, match="others may enter"):
+        UpEnvironment(UpOptions(data_dir=private / "a" / "d"))
+    assert list(private.iterdir()) == []

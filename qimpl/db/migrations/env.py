@@ -10,8 +10,11 @@ config = context.config
 
 def _url() -> str:
     url = config.get_main_option("sqlalchemy.url") or ""
-    if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    # Both schemes libpq and the settings take (``qimpl.settings``): SQLAlchemy knows no
+    # ``postgres`` dialect, and a ``postgres://`` DSN failed with NoSuchModuleError.
+    for scheme in ("postgresql://", "postgres://"):
+        if url.startswith(scheme):
+            return "postgresql+psycopg://" + url.removeprefix(scheme)
     return url
 
 
@@ -22,13 +25,20 @@ def _refuse_a_role_under_row_security(connection: Connection) -> None:
     migrations would skip every row and the guard would count no live run."""
     from qimpl.errors import MigrationRefused
 
-    bypass, role = connection.exec_driver_sql(
-        "SELECT rolsuper OR rolbypassrls, rolname FROM pg_catalog.pg_roles WHERE rolname = current_user").one()
+    bypass, role, owner = connection.exec_driver_sql(
+        "SELECT r.rolsuper OR r.rolbypassrls, r.rolname, pg_catalog.pg_get_userbyid(d.datdba)"
+        " FROM pg_catalog.pg_roles r, pg_catalog.pg_database d"
+        " WHERE r.rolname = current_user AND d.datname = pg_catalog.current_database()").one()
     if not bypass:
+        # Only the database's owner is told to take BYPASSRLS: a tester who migrated with the
+        # API's DSN was told "ALTER ROLE qimpl_api BYPASSRLS", which would end tenant
+        # isolation for the API (and make it refuse to start, database_role_unsafe).
+        advice = (f"ALTER ROLE {role} BYPASSRLS, as a superuser" if role == owner else
+                  f"{role} does not own the database: migrate as the schema owner, {owner}"
+                  " (QIMPL_ADMIN_DATABASE_URL); an application role must never bypass row-level security")
         raise MigrationRefused(
             f"role {role} is neither a superuser nor BYPASSRLS: the tables force row-level security on"
-            f" their owner, so migrations would not see the tenants' rows (ALTER ROLE {role} BYPASSRLS,"
-            " as a superuser)")
+            f" their owner, so migrations would not see the tenants' rows ({advice})")
 
 
 def run_migrations_online() -> None:
