@@ -147,9 +147,9 @@ def finish(summary: dict[str, Any], report_dir: Path, code: int) -> int:
     if summary.get("error"):
         console.print(f"  [red]{esc(summary['error'])}[/]")
     if summary.get("full_run") is False:
-        n, size = len(summary["scenarios"]), summary.get("catalog_size")
-        of = f" of the catalog's {size}" if size else ""
-        console.print(f"  [yellow]a selection of {n}{of} scenarios: not a release sign-off[/]")
+        from qualify.report import selection_words
+
+        console.print(f"  [yellow]{selection_words(summary)}: not a release sign-off[/]")
     for s in summary["scenarios"]:
         if s["status"] != "pass":
             console.print(f"  repro: {s['repro']}")

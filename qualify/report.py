@@ -339,14 +339,25 @@ def requirement_rows(summary: dict[str, Any]) -> tuple[dict[str, Any], list[dict
     return judged, rows
 
 
+def selection_words(summary: dict[str, Any]) -> str:
+    """"a selection of 3 scenarios of the catalog's 100 and 2 random schedules" (pure): a
+    random schedule (``random-<i>``) or a saved one is not one of the catalog's."""
+    ids = [str(s["id"]) for s in summary["scenarios"]]
+    drawn = sum(1 for i in ids if i == "schedule" or (i.startswith("random-") and i[7:].isdigit()))
+    n = len(ids) - drawn
+    of = f" of the catalog's {summary['catalog_size']}" if summary.get("catalog_size") else ""
+    parts = [f"{n} scenario{'' if n == 1 else 's'}{of}"] if n or not drawn else []
+    if drawn:
+        parts.append(f"{drawn} random schedule{'' if drawn == 1 else 's'}")
+    return "a selection of " + " and ".join(parts)
+
+
 def partial_selection(summary: dict[str, Any]) -> str | None:
     """What a run of a selection (``-s``, ``--random``, a schedule, one shard) says in
     place of a sign-off; None for a full run, or a summary that does not say."""
     if summary.get("full_run", True):
         return None
-    of = f" of the catalog's {summary['catalog_size']}" if summary.get("catalog_size") else ""
-    n = len(summary["scenarios"])
-    return (f"Not a release sign-off: a selection of {n} scenario{'' if n == 1 else 's'}{of}. A full "
+    return (f"Not a release sign-off: {selection_words(summary)}. A full "
             "run's gates (every crash point struck, every requirement covered) were not applied; "
             "sign off on a full `qualify run`.")
 

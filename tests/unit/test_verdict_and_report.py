@@ -241,3 +241,14 @@ def test_figures_read_as_figures_and_a_negative_one_as_did_not_happen() -> None:
 
     assert figure_text({"takeover_s": 2.973, "takeover_after_sigkill_s": -1.0, "n": 3}) == (
         "takeover_s = 2.973; takeover_after_sigkill_s = did not happen; n = 3")
+
+
+def test_a_random_schedule_is_not_called_one_of_the_catalogs_scenarios() -> None:
+    """A tester's finding: ``qualify run --random 1`` said "a selection of 1 of the
+    catalog's 100 scenarios"; a random schedule is not one of them."""
+    from qualify.report import selection_words
+
+    assert selection_words({"scenarios": [{"id": "random-0"}], "catalog_size": 100}) == \
+        "a selection of 1 random schedule"
+    both = {"scenarios": [{"id": "happy-path"}, {"id": "random-3"}, {"id": "schedule"}], "catalog_size": 100}
+    assert selection_words(both) == "a selection of 1 scenario of the catalog's 100 and 2 random schedules"
