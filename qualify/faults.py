@@ -92,6 +92,26 @@ class Nemesis:
         return self._record("postgres_restart", "postgres", not psutil.pid_exists(old) and new != old,
                             {"old_pid": old, "new_pid": new, "mode": "immediate", **context})
 
+    def stop_postgres(self, stack: Any, **context: Any) -> dict[str, Any]:
+        """Immediate-mode stop of PostgreSQL (SIGQUIT): an outage until ``start_postgres``;
+        landed when the postmaster is gone."""
+        import psutil
+
+        assert stack.postgres.proc is not None
+        old = stack.postgres.proc.pid
+        stack.postgres.stop()
+        return self._record("postgres_down", "postgres", not psutil.pid_exists(old),
+                            {"old_pid": old, "port": stack.postgres.port, **context})
+
+    def start_postgres(self, stack: Any, **context: Any) -> dict[str, Any]:
+        """Start PostgreSQL again after ``stop_postgres``, on the same port: landed when it
+        accepts connections there."""
+        port = stack.postgres.port
+        stack.postgres.start()
+        assert stack.postgres.proc is not None
+        return self._record("postgres_up", "postgres", stack.postgres.port == port,
+                            {"new_pid": stack.postgres.proc.pid, "port": stack.postgres.port, **context})
+
     def restart_temporal(self, stack: Any, **context: Any) -> dict[str, Any]:
         """Restart the Temporal dev server on the same ports and database file
         (``context``: where it struck, kept with the evidence)."""

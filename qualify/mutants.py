@@ -737,7 +737,9 @@ CATALOG: tuple[Mutant, ...] = (
         "could (qimpl.takeover.watcher_margin_s)"),
     Mutant(
         "pool-hands-out-dead-connections", "the API's pool replaces dead connections on checkout",
-        (Patch("qimpl/api/deps.py", "            check=_check_and_forget_tenant,\n", "            check=None,\n"),),
+        (Patch("qimpl/api/deps.py",
+               "conn = await checkout(self.pool, self.settings.api_pool_timeout_s, check=_check_and_forget_tenant)",
+               "conn = await self.pool.getconn(timeout=self.settings.api_pool_timeout_s)"),),
         "api-pool-connections-killed", "none failed: the pool replaced every dead connection on checkout"),
     Mutant(
         "stream-ends-before-its-terminal-event", "a stream ends with its terminal event (R-EVENT-3)",
@@ -803,8 +805,8 @@ CATALOG: tuple[Mutant, ...] = (
     Mutant(
         "api-work-unbounded", "the API's work bound on a checked-out connection (R-Q-11)",
         (Patch("qimpl/api/deps.py",
-               "async with self.pool.connection() as conn, cut_after(conn, self.settings.api_db_timeout_s):",
-               "async with self.pool.connection() as conn:"),),
+               "async with conn, cut_after(conn, self.settings.api_db_timeout_s):",
+               "async with conn:"),),
         "api-cut-off-inside-a-create",
         "it was answered within the API's work bound (3 s, QIMPL_API_DB_TIMEOUT_S) of the release"),
     Mutant(
@@ -926,6 +928,11 @@ CATALOG: tuple[Mutant, ...] = (
         (Patch("qimpl/db/checkout.py", "            skipped += 1\n",
                "            skipped += 1\n            await asyncio.sleep(2 ** (skipped - 1))\n"),),
         "postgres-restart-mid-run", "the API answered its first read after the restart within 0.5 s"),
+    Mutant(
+        "pool-reconnects-on-its-own-backoff", "after an outage the API's pool connects as soon as the "
+        "server is back, not seconds later (R-Q-2)",
+        (Patch("qimpl/api/deps.py", "            reconnect_timeout=RECONNECT_TIMEOUT_S,\n", ""),),
+        "postgres-down-then-back", "the API accepted a create within 2.5 s of the server's return"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).

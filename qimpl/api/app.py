@@ -81,7 +81,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         try:
             # Wait for one connection: an unreachable database stops the start here, in
             # seconds, with one line naming it (not a pool timeout at the first request).
-            await services.pool.open(wait=True, timeout=DB_START_TIMEOUT_S)
+            await services.open(DB_START_TIMEOUT_S)
         except PoolTimeout:
             log.error("the API cannot reach the database (QIMPL_DATABASE_URL) within %s s",
                       DB_START_TIMEOUT_S, extra={"event": "api.database_unreachable"})

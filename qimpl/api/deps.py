@@ -15,14 +15,14 @@ from typing import Annotated, Any
 import psycopg
 from fastapi import Depends, Path, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from temporalio.client import Client
 
 from qimpl.api.auth import Authenticator, DbKeyAuthenticator, Principal, StaticKeyAuthenticator
 from qimpl.api.errors import ApiError
 from qimpl.api.event_hub import EventHub
 from qimpl.db import runs as repo
-from qimpl.db.checkout import checkout
+from qimpl.db.checkout import RECONNECT_TIMEOUT_S, checkout
 from qimpl.db.sessions import bound_session, cut_after, keepalive_params
 from qimpl.legacy import run_inline
 from qimpl.logs import temporal_runtime
@@ -74,6 +74,8 @@ class Services:
             settings.database_url, min_size=1, max_size=settings.api_pool_size, open=False,
             # A request waits at most this long for a connection: then 503, not a hang.
             timeout=settings.api_pool_timeout_s,
+            # After an outage, connections as soon as the server is back (RECONNECT_TIMEOUT_S).
+            reconnect_timeout=RECONNECT_TIMEOUT_S,
             kwargs={"autocommit": True, "application_name": "qimpl-api",
                     **keepalive_params(settings.api_lock_timeout_s)},
             # Every session waits at most api_lock_timeout_s for a run's row and is ended by
@@ -102,6 +104,26 @@ class Services:
         #: Per-tenant bound on legacy inline runs executing in this process.
         self._legacy_slots: dict[str, asyncio.Semaphore] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def open(self, timeout_s: float) -> None:
+        """Open the pool and wait until a connection works, at most ``timeout_s`` seconds;
+        raises ``PoolTimeout``. Each try waits at most 1 s: with RECONNECT_TIMEOUT_S a slot
+        that met a refusing server is given up within 2 s, and only a new wait opens
+        another (so a database that comes up within ``timeout_s`` is still found)."""
+        await self.pool.open(wait=False)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            try:
+                conn = await checkout(self.pool, min(1.0, max(deadline - loop.time(), 0.0)),
+                                      check=_check_and_forget_tenant)
+            except (PoolTimeout, psycopg.Error):
+                if loop.time() >= deadline:
+                    raise PoolTimeout(f"no database connection within {timeout_s:g} s") from None
+                await asyncio.sleep(0.1)  # a check that fails on a live connection is not retried hot
+                continue
+            await self.pool.putconn(conn)
+            return
 
     @property
     def provider(self) -> Provider:

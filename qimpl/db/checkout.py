@@ -27,7 +27,16 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-__all__ = ["checkout"]
+__all__ = ["RECONNECT_TIMEOUT_S", "checkout"]
+
+#: A pool's ``reconnect_timeout``, seconds: how long one connection slot keeps retrying a
+#: server that refuses it before the pool gives it up. psycopg_pool retries 1 s, 2 s, 4 s
+#: ... apart, for 300 s by default: after an outage of 10 s the next try came up to 5.7 s
+#: after the server was back, and every request meanwhile was a 503. With 2 s a slot gives
+#: up within 2 s, and the next request that waits opens a new one at once (a try or two a
+#: second per pool while the server is down). Measured on the embedded stack, 10 s down:
+#: the first checkout 0.45 s after the server was back (3.9-5.7 s with the default).
+RECONNECT_TIMEOUT_S = 2.0
 
 
 async def checkout(pool: AsyncConnectionPool[Any], timeout_s: float, *,

@@ -44,7 +44,7 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from qimpl.db.checkout import checkout
+from qimpl.db.checkout import RECONNECT_TIMEOUT_S, checkout
 from qimpl.db.server_settings import at_most_sql
 from qimpl.errors import LeaseSessionUnavailable
 
@@ -95,6 +95,9 @@ class LeaseSessions:
             configure=_bound,
             # The pool closes its extra idle sessions itself before the server's bound does.
             max_idle=WAITING_BOUND_S * 0.8,
+            # After an outage, a new session as soon as the server is back (not up to
+            # half a minute later, psycopg_pool's backoff).
+            reconnect_timeout=RECONNECT_TIMEOUT_S,
             kwargs={"autocommit": True, "application_name": IDLE_APPLICATION_NAME,
                     **(connect_params or {})})
 

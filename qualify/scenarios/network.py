@@ -373,7 +373,9 @@ def api_partitioned_from_postgres_mid_create(ctx: ScenarioContext) -> None:
 
     finals = {}
     for key, via_api in (("between-requests", api), ("mid-create", api2)):
+        sent = time.monotonic()
         again = ctx.create_until_accepted(via_api, prompt=make_prompt(steps=1, answer="once"), key=key)
+        ctx.figures[f"accepted_after_heal_{key.replace('-', '_')}_s"] = round(time.monotonic() - sent, 3)
         if again:
             finals[key] = ctx.wait_terminal(via_api, str(again.json()["run_id"]), timeout_s=30)
     receipt_run = (body2.get("receipt") or {}).get("run_id")
