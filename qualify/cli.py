@@ -277,8 +277,11 @@ def up(
         raise typer.BadParameter("--provider-config must be a JSON object") from None
     if not isinstance(config, dict):
         raise typer.BadParameter("--provider-config must be a JSON object")
+    from qimpl.settings import tenant_problem
     from qualify.up import parse_settings
 
+    if problem := tenant_problem(tenant):  # as api_keys: a stream token must carry it
+        raise typer.BadParameter(f"--tenant {problem}")
     try:
         given = parse_settings(settings or [])
     except UsageError as exc:

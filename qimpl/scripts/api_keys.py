@@ -34,27 +34,16 @@ import psycopg
 
 from qimpl.db import admin
 from qimpl.scripts import UsageParser, piped
-from qimpl.settings import MIN_DISTINCT_CHARS, AdminSettings, key_is_secret, load_or_exit
+from qimpl.settings import (
+    MIN_DISTINCT_CHARS,
+    AdminSettings,
+    key_is_secret,
+    load_or_exit,
+    tenant_problem,
+)
 from qimpl.settings import MIN_STATIC_KEY_CHARS as MIN_CHOSEN_KEY_CHARS
 
-__all__ = ["MAX_TENANT_BYTES", "main", "tenant_problem"]
-
-
-#: The longest tenant id a key may name, in UTF-8 bytes. A run's stream token carries its
-#: tenant (base64), and the events route takes tokens of at most 400 characters: a key of a
-#: 1,000-character tenant was created, and every stream token minted for its runs was
-#: refused (422). 128 bytes, like an agent or workspace id's 128 characters, leave a token
-#: of at most 267 characters.
-MAX_TENANT_BYTES = 128
-
-
-def tenant_problem(tenant: str) -> str | None:
-    """Why ``tenant`` cannot name a new key's, grant's or assignment's tenant, or None."""
-    if len(tenant.encode()) > MAX_TENANT_BYTES:
-        return f"is longer than {MAX_TENANT_BYTES} bytes (UTF-8)"
-    if not tenant.isprintable():
-        return "holds a control character"
-    return None
+__all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,14 @@ validators in ``_fields`` and the loading in ``loading``; import from ``qimpl.se
 
 from qimpl.settings._fields import EXIT_CONFIG, PROVIDER_SHORTCUTS
 from qimpl.settings.admin import AdminSettings
-from qimpl.settings.api import MIN_DISTINCT_CHARS, MIN_STATIC_KEY_CHARS, ApiSettings, key_is_secret
+from qimpl.settings.api import (
+    MAX_TENANT_BYTES,
+    MIN_DISTINCT_CHARS,
+    MIN_STATIC_KEY_CHARS,
+    ApiSettings,
+    key_is_secret,
+    tenant_problem,
+)
 from qimpl.settings.base import Settings
 from qimpl.settings.loading import (
     PROCESSES,
@@ -42,6 +49,7 @@ from qimpl.settings.worker import WorkerSettings
 
 __all__ = [
     "EXIT_CONFIG",
+    "MAX_TENANT_BYTES",
     "MIN_DISTINCT_CHARS",
     "MIN_STATIC_KEY_CHARS",
     "PROCESSES",
@@ -62,5 +70,6 @@ __all__ = [
     "plugin_error",
     "setting_names",
     "settings_table",
+    "tenant_problem",
     "warn_no_watcher_margin",
 ]

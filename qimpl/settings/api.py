@@ -11,13 +11,29 @@ from pydantic_settings import NoDecode
 from qimpl.settings._fields import _example, _json_value
 from qimpl.settings.base import Settings, _ProviderSettings
 
-__all__ = ["MIN_DISTINCT_CHARS", "MIN_STATIC_KEY_CHARS", "ApiSettings", "key_is_secret"]
+__all__ = ["MAX_TENANT_BYTES", "MIN_DISTINCT_CHARS", "MIN_STATIC_KEY_CHARS", "ApiSettings", "key_is_secret", "tenant_problem"]
 
 #: Shortest key ``QIMPL_API_KEYS`` (and ``api_keys create --key``) accepts, and how many
 #: different characters it must hold: keys are stored as plain SHA-256, so a chosen key
 #: must carry its own entropy.
 MIN_STATIC_KEY_CHARS = 24
 MIN_DISTINCT_CHARS = 12
+
+#: The longest tenant id a key may name, in UTF-8 bytes. A run's stream token carries its
+#: tenant (base64), and the events route takes tokens of at most 400 characters: a key of a
+#: 1,000-character tenant was created, and every stream token minted for its runs was
+#: refused (422). 128 bytes, like an agent or workspace id's 128 characters, leave a token
+#: of at most 267 characters.
+MAX_TENANT_BYTES = 128
+
+
+def tenant_problem(tenant: str) -> str | None:
+    """Why ``tenant`` cannot name a new key's, grant's or assignment's tenant, or None."""
+    if len(tenant.encode()) > MAX_TENANT_BYTES:
+        return f"is longer than {MAX_TENANT_BYTES} bytes (UTF-8)"
+    if not tenant.isprintable():
+        return "holds a control character"
+    return None
 
 
 def key_is_secret(key: str) -> bool:
@@ -114,6 +130,8 @@ class ApiSettings(_ProviderSettings, Settings):
                                  f"{MIN_DISTINCT_CHARS} of them different")
             if not who.get("tenant") or not who.get("principal"):
                 raise ValueError("every key needs a non-empty tenant and principal")
+            if problem := tenant_problem(who["tenant"]):
+                raise ValueError(f"a key's tenant {problem}")
             if who.get("role", "client") not in ("client", "operator"):
                 raise ValueError("role must be client or operator")
         return value

@@ -273,3 +273,20 @@ def test_each_process_is_shown_the_login_role_it_connects_as(env: pytest.MonkeyP
         assert f"postgresql://{role}:" in caught.value.example, model.__name__
     ops = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
     assert "\"msg\": \"worker: QIMPL_DATABASE_URL is not set; for example QIMPL_DATABASE_URL='postgresql://qimpl_worker:" in ops
+
+
+@pytest.mark.req("R-AUTH-1")
+@pytest.mark.parametrize(("tenant", "says"), [("t" * 129, "longer than 128 bytes"), ("t\x07", "control character")])
+def test_a_static_keys_tenant_is_bounded_as_api_keys_are(env: pytest.MonkeyPatch, tenant: str, says: str) -> None:
+    """A new user's finding: ``api_keys`` refuses a tenant of more than 128 bytes (its
+    runs' stream tokens would be refused by the events route) or with a control character,
+    and ``QIMPL_API_KEYS`` took one. It is a configuration error too."""
+    key = "k-" + "0123456789abcdefghijklmnop"
+    env.setenv("QIMPL_DATABASE_URL", DSN)
+    env.setenv("QIMPL_AUTH", "static")
+    env.setenv("QIMPL_API_KEYS", json.dumps({key: {"tenant": "t" * 128, "principal": "p"}}))
+    assert load(ApiSettings).api_keys[key]["tenant"] == "t" * 128
+    env.setenv("QIMPL_API_KEYS", json.dumps({key: {"tenant": tenant, "principal": "p"}}))
+    with pytest.raises(ConfigError) as caught:
+        load(ApiSettings)
+    assert caught.value.variable == "QIMPL_API_KEYS" and says in caught.value.reason

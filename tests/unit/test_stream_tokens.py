@@ -38,7 +38,8 @@ def test_a_key_names_only_a_tenant_whose_stream_tokens_the_events_route_takes(
     """A tester created a key of a 1,000-character tenant (and one with a control
     character): its runs worked, but every stream token minted for them was 1,429
     characters and the events route (``stream_token`` at most 400) refused it, 422."""
-    from qimpl.scripts.api_keys import MAX_TENANT_BYTES, main
+    from qimpl.scripts.api_keys import main
+    from qimpl.settings import MAX_TENANT_BYTES
 
     longest = "é" * (MAX_TENANT_BYTES // 2)  # two bytes each
     token = mint(stream_key="k" * 32, tenant_id=longest, run_id=str(uuid.uuid4()), expires=2**40)

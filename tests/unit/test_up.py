@@ -66,3 +66,15 @@ def test_an_unreachable_data_dir_is_refused_without_being_made(tmp_path: Path) -
     with pytest.raises(UsageError, match="others may enter"):
         UpEnvironment(UpOptions(data_dir=private / "a" / "d"))
     assert list(private.iterdir()) == []
+
+
+def test_a_tenant_api_keys_would_refuse_is_a_usage_error(tmp_path: Path) -> None:
+    """``api_keys`` refuses a tenant of more than 128 bytes (its runs' stream tokens would
+    be refused by the events route); ``qualify up --tenant`` made a key for one anyway."""
+    from typer.testing import CliRunner
+
+    from qualify.cli import app
+
+    result = CliRunner().invoke(app, ["up", "--tenant", "t" * 129, "--data-dir", str(tmp_path / "up")])
+    assert result.exit_code == 2 and "--tenant is longer than 128 bytes" in result.output
+    assert not (tmp_path / "up").exists()
