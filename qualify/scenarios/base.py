@@ -247,14 +247,14 @@ class ScenarioContext:
         return resp
 
     def create_until_accepted(self, api: ManagedProcess, *, prompt: str, key: str,
-                              timeout_s: float = 20.0) -> httpx.Response | None:
-        """The same create (``key``) repeated every 0.2 s until it answers 202 (a dependency
-        that came back may take a moment to answer again); the 202, or None after
-        ``timeout_s`` seconds."""
+                              timeout_s: float = 20.0, interval_s: float = 0.2) -> httpx.Response | None:
+        """The same create (``key``) repeated every ``interval_s`` until it answers 202 (a
+        dependency that came back may take a moment to answer again); the 202, or None
+        after ``timeout_s`` seconds."""
         def attempt() -> httpx.Response | None:
             resp = self.create_run(api, prompt=prompt, key=key)
             return resp if resp is not None and resp.status_code == 202 else None
-        return poll(attempt, timeout_s, interval_s=0.2)
+        return poll(attempt, timeout_s, interval_s=interval_s)
 
     def read_run(self, api: ManagedProcess, run_id: str, agent_id: str = "agent-1",
                  *, retry_s: float = 10.0) -> dict[str, Any]:

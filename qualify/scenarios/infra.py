@@ -11,7 +11,6 @@ from qualify import http
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.faults import owned_runs
-from qualify.procs import poll
 from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted, every_run_completed, provider_calls
 
@@ -122,11 +121,8 @@ def postgres_down_then_back(ctx: ScenarioContext) -> None:
     written = ctx.sql("SELECT count(*) FROM idempotency_records WHERE key LIKE 'outage-%%'")[0][0]
     ctx.expect("nothing of them was written", written == 0, f"{written} key records", "R-CREATE-1")
 
-    def created() -> Any:
-        resp = ctx.create_run(api, prompt=make_prompt(steps=1, answer="back"), key="back", timeout_s=15)
-        return resp if resp is not None and resp.status_code == 202 else None
-
-    first = poll(created, 30, interval_s=0.05)
+    first = ctx.create_until_accepted(api, prompt=make_prompt(steps=1, answer="back"), key="back",
+                                      timeout_s=30, interval_s=0.05)
     took = round(time.monotonic() - back, 3)
     ctx.figures["accepted_after_outage_s"] = took
     ctx.expect(f"the API accepted a create within {BACK_ACCEPT_S:g} s of the server's return",

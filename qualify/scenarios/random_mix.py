@@ -40,6 +40,7 @@ from typing import Any
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess, faketime_env
+from qualify.procs import poll
 from qualify.scenarios.base import Scenario, ScenarioContext
 from qualify.scenarios.lifecycle import accepted
 from qualify.schedule import (
@@ -84,17 +85,17 @@ def _struck(ctx: ScenarioContext, point: str, workers: list[ManagedProcess], run
             timeout_s: float) -> tuple[ManagedProcess, dict[str, Any]]:
     """The live worker that struck ``point`` for ``run_id``, and its evidence line
     (HarnessError after ``timeout_s``)."""
-    deadline = time.monotonic() + timeout_s
+    def reached() -> tuple[ManagedProcess, dict[str, Any]] | None:
+        live = {w.pid: w for w in workers if w.alive}
+        found = [e for e in ctx.crash_evidence(point)
+                 if e.get("context", {}).get("run_id") == run_id and e["pid"] in live]
+        return (live[found[-1]["pid"]], found[-1]) if found else None
+
     with ctx.waiting("wait_crash_point"):
-        while True:
-            live = {w.pid: w for w in workers if w.alive}
-            found = [e for e in ctx.crash_evidence(point)
-                     if e.get("context", {}).get("run_id") == run_id and e["pid"] in live]
-            if found:
-                return live[found[-1]["pid"]], found[-1]
-            if time.monotonic() > deadline:
-                raise HarnessError(f"no live worker reached crash point {point} for run {run_id} in {timeout_s} s")
-            time.sleep(0.01)
+        struck = poll(reached, timeout_s, interval_s=0.01)
+    if struck is None:
+        raise HarnessError(f"no live worker reached crash point {point} for run {run_id} in {timeout_s} s")
+    return struck
 
 
 def _wait_execution(ctx: ScenarioContext, run_id: str, timeout_s: float) -> dict[str, Any]:
