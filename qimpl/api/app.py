@@ -83,8 +83,11 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             # seconds, with one line naming it (not a pool timeout at the first request).
             await services.open(DB_START_TIMEOUT_S)
         except PoolTimeout:
-            log.error("the API cannot reach the database (QIMPL_DATABASE_URL) within %s s",
-                      DB_START_TIMEOUT_S, extra={"event": "api.database_unreachable"})
+            # The pool keeps no reason: one direct connect tells a refused login (a wrong
+            # password, role or database name) from a server out of reach.
+            problem = await services.connect_problem()
+            log.error("the API has no database connection (QIMPL_DATABASE_URL) within %s s: %s",
+                      DB_START_TIMEOUT_S, problem.summary, extra={"event": f"api.{problem.code}"})
             await services.pool.close()
             raise
         app.state.services = services

@@ -23,6 +23,7 @@ from qimpl.api.errors import ApiError
 from qimpl.api.event_hub import EventHub
 from qimpl.db import runs as repo
 from qimpl.db.checkout import RECONNECT_TIMEOUT_S, checkout
+from qimpl.db.connect_errors import ConnectProblem, connect_problem
 from qimpl.db.sessions import bound_session, cut_after, keepalive_params
 from qimpl.legacy import run_inline
 from qimpl.logs import temporal_runtime
@@ -124,6 +125,17 @@ class Services:
                 continue
             await self.pool.putconn(conn)
             return
+
+    async def connect_problem(self) -> ConnectProblem:
+        """Why the pool has no connection: one direct connect (at most 2 s) to the pool's
+        database, its failure classified (``qimpl.db.connect_errors``); a connect that
+        works now counts as ``database_unreachable`` (it did not within the wait)."""
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.settings.database_url, connect_timeout=2)
+        except Exception as exc:  # noqa: BLE001 - classified, never raised
+            return connect_problem(exc)
+        await conn.close()
+        return ConnectProblem("database_unreachable", "no connection came within the wait")
 
     @property
     def provider(self) -> Provider:

@@ -28,6 +28,7 @@ from typing import Any
 import psycopg
 from temporalio.client import Client
 
+from qimpl.db.connect_errors import connect_problem
 from qimpl.db.roles import refuse_unsafe_role
 from qimpl.errors import UnsafeDatabaseRole
 from qimpl.logs import temporal_runtime
@@ -59,7 +60,7 @@ async def _run(settings: Settings, tenants: list[str], limit: int) -> int:
                                                      connect_timeout=5,
                                                      application_name="qimpl-sweep")
     except psycopg.Error as exc:
-        print(f"agent_runs: cannot reach the database: {type(exc).__name__}", file=sys.stderr)
+        print(f"agent_runs: {connect_problem(exc).summary}", file=sys.stderr)
         return EXIT_DATABASE
     try:
         try:

@@ -33,6 +33,7 @@ from typing import Any
 import psycopg
 
 from qimpl.db import admin
+from qimpl.db.connect_errors import connect_problem
 from qimpl.scripts import UsageParser, piped
 from qimpl.settings import (
     MIN_DISTINCT_CHARS,
@@ -95,7 +96,12 @@ def main(argv: list[str] | None = None) -> int:
                      "them different: a chosen key must still be a secret (omit --key for a random one)")
     dsn = load_or_exit(AdminSettings, "api_keys").admin_database_url
     try:
-        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=5)
+    except psycopg.Error as exc:
+        print(f"api_keys: {connect_problem(exc).summary}", file=sys.stderr)
+        return 2
+    try:
+        with conn:
             return _run(conn, args)
     except psycopg.Error as exc:
         print(f"api_keys: database error: {type(exc).__name__}", file=sys.stderr)

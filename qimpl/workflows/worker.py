@@ -29,6 +29,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from qimpl import metrics
+from qimpl.db.connect_errors import connect_problem
 from qimpl.db.lease import client_params
 from qimpl.db.lease_sessions import LeaseSessions
 from qimpl.db.roles import refuse_unsafe_role
@@ -257,7 +258,9 @@ async def run(settings: WorkerSettings, plugins: tuple[Provider, ToolRegistry]) 
     try:
         await check_session_pooling(settings)
     except psycopg.OperationalError as exc:
-        raise SystemExit(_unreachable("the database", type(exc).__name__, EXIT_DATABASE)) from None
+        problem = connect_problem(exc)
+        log.error("worker: %s", problem.summary, extra={"event": f"worker.{problem.code}"})
+        raise SystemExit(EXIT_DATABASE) from None
     try:
         client = await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace,
                                       runtime=temporal_runtime())

@@ -60,3 +60,16 @@ def test_an_unreachable_database_stops_the_api_with_one_json_line() -> None:
     docs = _docs(log)
     assert any(d.get("event") == "api.database_unreachable" for d in docs), docs
     assert "Traceback" not in log.read_text()
+
+
+def test_a_refused_login_stops_the_api_naming_the_servers_reason(stack: Any) -> None:
+    """A wrong role or password is not "cannot reach the database" (a new user's finding)."""
+    log = Path(tempfile.mkdtemp(prefix="qimpl-api-log-")) / "api.log"
+    proc = _api(with_user(stack.create_database(), "no_such_role"), log, free_port())
+    try:
+        assert proc.wait(timeout=60) != 0
+    finally:
+        kill_tree(proc)
+    lines = [d for d in _docs(log) if d.get("event") == "api.database_refused"]
+    assert len(lines) == 1 and 'role "no_such_role" does not exist' in lines[0]["msg"], _docs(log)
+    assert "Traceback" not in log.read_text()

@@ -84,6 +84,16 @@ def test_sweep_says_when_the_database_is_unreachable() -> None:
 
 
 @pytest.mark.req("R-OPS-4")
+def test_sweep_says_when_the_database_refuses_the_login(stack: Any) -> None:
+    """A server that answers and refuses (here an unknown role; a wrong password alike) is
+    not "cannot reach": the server's own reason is quoted (a new user's finding)."""
+    done = _sweep({"QIMPL_DATABASE_URL": with_user(stack.create_database(), "no_such_role")}, "t1")
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert done.stderr == ('agent_runs: the database refused the connection: role "no_such_role" '
+                           "does not exist\n"), done.stderr
+
+
+@pytest.mark.req("R-OPS-4")
 def test_sweep_says_when_temporal_is_unreachable(stack: Any) -> None:
     done = _sweep({"QIMPL_DATABASE_URL": with_user(stack.create_database(), WORKER_ROLE),
                    "QIMPL_TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}", "QIMPL_DISPATCH_TIMEOUT_S": "2"},
