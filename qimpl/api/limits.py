@@ -25,20 +25,36 @@
 - a request of any method that sends ``Authorization``, ``Idempotency-Key``,
   ``Last-Event-ID`` or ``X-Stream-Key`` more than once is answered 400 ``duplicate_header`` before anything
   else: the API would read the first, a proxy or a log in front of it perhaps the last,
-  and the two would disagree on who asked or what was asked (R-AUTH-1, R-CREATE-2).
+  and the two would disagree on who asked or what was asked (R-AUTH-1, R-CREATE-2);
+- a request whose query string names a parameter more than once, but for those a route
+  takes as a list (``REPEATABLE_QUERY``), is answered 400 ``duplicate_parameter``: FastAPI
+  would keep the last value of ``?tenant=a&tenant=b`` and answer for ``b`` alone, a
+  caller who meant both would never know;
+- a request whose headers (names and values) exceed ``MAX_HEADER_BYTES`` is answered 431
+  ``request_headers_too_large`` before anything else (httptools, uvicorn's parser here,
+  bounds nothing; h11's own bound is the same 16 KiB). The server has read them by then:
+  a proxy in front bounds what it buffers.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from typing import Any
+from urllib.parse import parse_qsl
 
 import psycopg
 
 from qimpl.api.errors import UNAUTHENTICATED_HEADERS, database_unavailable
 
-__all__ = ["RequestLimits"]
+__all__ = ["MAX_HEADER_BYTES", "REPEATABLE_QUERY", "RequestLimits"]
+
+#: Bytes of a request's header names and values, all headers together.
+MAX_HEADER_BYTES = 16 * 1024
+#: Query parameters a route takes as a list (``?state=queued&state=running``); every other
+#: one may be sent once. A unit test holds this equal to the OpenAPI document's arrays.
+REPEATABLE_QUERY = frozenset({"state"})
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -57,9 +73,18 @@ class RequestLimits:
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and (twice := _sent_twice(scope.get("headers") or [])):
-            await _answer(send, 400, "duplicate_header", f"the {twice} header is sent more than once")
-            return
+        if scope["type"] == "http":
+            if sum(len(n) + len(v) for n, v in scope.get("headers") or []) > MAX_HEADER_BYTES:
+                await _answer(send, 431, "request_headers_too_large",
+                              f"the request's headers exceed {MAX_HEADER_BYTES} bytes")
+                return
+            if twice := _sent_twice(scope.get("headers") or []):
+                await _answer(send, 400, "duplicate_header", f"the {twice} header is sent more than once")
+                return
+            if again := _repeated_parameter(scope.get("query_string") or b""):
+                await _answer(send, 400, "duplicate_parameter",
+                              f"the {again} query parameter is sent more than once")
+                return
         if scope["type"] != "http" or scope["method"] not in _WRITES:
             await self.app(scope, receive, send)
             return
@@ -129,6 +154,13 @@ def _is_json(media: bytes) -> bool:
     FastAPI parses a body: ``application/json`` or ``application/<anything>+json``."""
     kind, _, sub = media.partition(b"/")
     return kind == b"application" and (sub == b"json" or sub.endswith(b"+json"))
+
+
+def _repeated_parameter(query: bytes) -> str | None:
+    """The first query parameter named more than once that is not ``REPEATABLE_QUERY``'s;
+    None when there is none. Names are compared as FastAPI reads them (percent-decoded)."""
+    counts = Counter(name for name, _ in parse_qsl(query.decode("latin-1"), keep_blank_values=True))
+    return next((name for name, n in counts.items() if n > 1 and name not in REPEATABLE_QUERY), None)
 
 
 def _sent_twice(headers: list[tuple[bytes, bytes]]) -> str | None:

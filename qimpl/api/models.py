@@ -99,6 +99,11 @@ class ResumeRequest(StrictBody):
     additional_prompt: Prompt | None = None
 
 
+class CancelRequest(StrictBody):
+    """R-CANCEL-1: a cancel takes no input; a body, if sent, is an empty object (a field
+    such as ``reason`` is refused as ``unknown_field``, never silently dropped)."""
+
+
 class ApprovalDecision(StrictBody):
     """R-APPROVAL-1: the decision, bound to the exact ``action_version`` it was taken on."""
 

@@ -156,7 +156,7 @@ READ_LINKS: dict[int | str, dict[str, Any]] = {200: {"description": "Successful 
     "CancelRun": _link("cancel_run_v1_agents__agent_id__runs__run_id__cancel_post",
                        agent_id="$request.path.agent_id", run_id="$request.path.run_id"),
 }}}
-CANCEL_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s404=_NOT_FOUND, s422=PARAMETER_ERRORS)
+CANCEL_ERRORS = errors(s401=_AUTH, s403=CLIENT_ONLY, s404=_NOT_FOUND, s422=body_errors())
 RESUME_ERRORS: dict[int | str, dict[str, Any]] = {202: {"description": "Successful Response",
                                                         "headers": REPLAYED_HEADER}, **errors(
     s400="idempotency_key_required", s401=_AUTH,

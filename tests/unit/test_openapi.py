@@ -16,6 +16,7 @@ from fastapi import FastAPI, Response
 from qimpl.api import models
 from qimpl.api.app import create_app
 from qimpl.api.deps import Services
+from qimpl.api.limits import MAX_HEADER_BYTES, REPEATABLE_QUERY
 from qimpl.api.routers import runs as runs_module
 from qimpl.api.validation import VALIDATION_CODES, code_for
 from qimpl.settings import ApiSettings
@@ -55,7 +56,7 @@ def test_every_route_lists_its_error_codes() -> None:
 VALID_BODIES: dict[str, dict[str, Any]] = {
     "CreateRunRequest": {"prompt": "x"}, "ResumeRequest": {}, "AnswerIn": {"prompt": "x"},
     "ApprovalDecision": {"approved": True, "action_version": "ab"}, "ToolResult": {"result": {}},
-    "Resolution": {"outcome": "succeeded", "note": "n"}, "StreamTokenRequest": {},
+    "Resolution": {"outcome": "succeeded", "note": "n"}, "StreamTokenRequest": {}, "CancelRequest": {},
 }
 SPOILERS: tuple[Any, ...] = (5, "", " ", "a\x00", "x" * 40_000, -1, 10**9, 1.5, None, True, {}, [], "zz")
 
@@ -386,6 +387,79 @@ def test_a_header_read_once_sent_twice_is_400_before_anything_runs(app: FastAPI,
                 assert spelt in resp.json()["message"]
             once = await client.request(method, path, headers=single, content=b'{"prompt": "hi"}')
             assert once.status_code != 400 or once.json()["code"] != "duplicate_header"
+
+    asyncio.run(calls())
+
+
+@pytest.mark.req("R-AUTH-1", "R-READ-5")
+def test_a_query_parameter_read_once_sent_twice_is_400(app: FastAPI) -> None:
+    """``?tenant=a&tenant=b`` was answered for ``b`` alone (FastAPI keeps the last value; a
+    new user's finding). A parameter sent twice is 400 ``duplicate_parameter`` before
+    anything runs, the same value twice too; a list parameter (``state``) repeats freely."""
+    ops = {"Authorization": "Bearer nope"}
+
+    async def calls() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
+            for query in ("tenant=a&tenant=b", "tenant=a&tenant=a", "limit=1&limit=2", "t%65nant=a&tenant=b"):
+                resp = await client.get(f"/v1/operator/runs?{query}", headers=ops)
+                assert (resp.status_code, resp.json()["code"]) == (400, "duplicate_parameter"), (query, resp.text)
+                assert "query parameter is sent more than once" in resp.json()["message"]
+            listing = "/v1/agents/a-1/runs?state=queued&state=running"
+            resp = await client.get(listing, headers={"Authorization": f"Bearer {KEY}"})
+            assert resp.status_code != 400, resp.text
+
+    asyncio.run(calls())
+
+
+def test_the_repeatable_query_parameters_are_the_documented_lists() -> None:
+    """``REPEATABLE_QUERY`` names exactly the query parameters a route takes as a list."""
+    doc = create_app(ApiSettings(database_url=DSN)).openapi()
+    arrays = set()
+    for methods in doc["paths"].values():
+        for op in methods.values():
+            for param in op.get("parameters", []):
+                schema = param.get("schema", {})
+                kinds = [schema, *schema.get("anyOf", [])]
+                if param["in"] == "query" and any(k.get("type") == "array" for k in kinds):
+                    arrays.add(param["name"])
+    assert arrays == set(REPEATABLE_QUERY)
+
+
+@pytest.mark.req("R-CANCEL-1")
+def test_cancel_refuses_a_body_it_would_ignore(app: FastAPI) -> None:
+    """``{"reason": ...}`` was accepted and dropped (a new user's finding): now 422
+    ``unknown_field`` and nothing cancelled; no body or ``{}`` reach the route."""
+    cancel = f"/v1/agents/a-1/runs/{uuid.uuid4()}/cancel"
+    auth = {"Authorization": f"Bearer {KEY}"}
+
+    async def calls() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
+            for body in ({"reason": "user asked"}, {"cancelled": True}):
+                resp = await client.post(cancel, headers=auth, json=body)
+                assert (resp.status_code, resp.json()["code"]) == (422, "unknown_field"), resp.text
+            for content in (None, b"{}"):
+                resp = await client.post(cancel, headers={**auth, "Content-Type": "application/json"},
+                                         content=content)  # the route runs: no database here
+                assert resp.status_code == 503 and resp.json()["code"] == "database_unavailable", resp.text
+
+    asyncio.run(calls())
+
+
+@pytest.mark.req("R-AUTH-1")
+def test_headers_past_the_bound_are_431_before_anything_runs(app: FastAPI) -> None:
+    """A 300 KB header was accepted (a new user's finding; httptools bounds nothing)."""
+
+    async def calls() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
+            for headers in ({"X-Padding": "x" * 300_000},
+                            {f"X-Pad-{i}": "x" * 1000 for i in range(20)}):
+                resp = await client.post(RUNS, headers={"Authorization": f"Bearer {KEY}", **headers},
+                                         json={"prompt": "hi"})
+                assert (resp.status_code, resp.json()["code"]) == (431, "request_headers_too_large"), resp.text
+            near = {"X-Padding": "x" * (MAX_HEADER_BYTES - 2000)}
+            resp = await client.post(RUNS, headers={"Authorization": f"Bearer {KEY}", **near},
+                                     json={"prompt": "hi", "durable_temporal": True})
+            assert (resp.status_code, resp.json()["code"]) == (400, "idempotency_key_required"), resp.text
 
     asyncio.run(calls())
 

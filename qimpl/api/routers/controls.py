@@ -15,7 +15,14 @@ from fastapi import APIRouter, Path, Response
 
 from qimpl.api.deps import AgentId, CurrentPrincipal, Svc, owned_run
 from qimpl.api.errors import ApiError
-from qimpl.api.models import ApprovalAnswer, ApprovalDecision, CancelAnswer, Receipt, ResumeRequest
+from qimpl.api.models import (
+    ApprovalAnswer,
+    ApprovalDecision,
+    CancelAnswer,
+    CancelRequest,
+    Receipt,
+    ResumeRequest,
+)
 from qimpl.api.openapi import (
     APPROVAL_ERRORS,
     CANCEL_ERRORS,
@@ -215,10 +222,12 @@ async def cancel_run(
     run_id: uuid.UUID,
     svc: Svc,
     principal: CurrentPrincipal,
+    body: CancelRequest | None = None,
 ) -> CancelAnswer:
     """Cancel (R-CANCEL-1): persisted first, then Temporal told, best effort.
     ``cancelled`` is true also when already cancelled, false for completed, failed
-    and expired runs."""
+    and expired runs. No body or ``{}``; any field is 422 ``unknown_field``."""
+    del body  # validated only: a cancel takes no input
     async with svc.tenant(principal.tenant_id) as conn:
         await owned_run(conn, agent_id, run_id, principal)
         cancelled, row = await repo.cancel(conn, str(run_id))
