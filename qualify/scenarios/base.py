@@ -351,24 +351,20 @@ class ScenarioContext:
     @spends("wait_crash_point")
     def wait_crash_point(self, point: str, proc: ManagedProcess, *, timeout_s: float = 30.0) -> dict[str, Any]:
         """Wait until ``proc`` struck ``point``; returns its evidence line."""
-        pid = proc.pid
-        deadline = time.monotonic() + timeout_s
-        while not (found := self.crash_evidence(point, pid)):
-            if time.monotonic() > deadline:
-                raise HarnessError(f"{proc.name} did not reach crash point {point} in {timeout_s} s")
-            time.sleep(0.01)
+        if not (found := poll(lambda: self.crash_evidence(point, proc.pid), timeout_s, interval_s=0.01)):
+            raise HarnessError(f"{proc.name} did not reach crash point {point} in {timeout_s} s")
         return found[-1]
 
     def wait_crash_point_for(self, point: str, proc: ManagedProcess, *, timeout_s: float = 30.0,
                              **context: str) -> dict[str, Any]:
         """Wait until ``proc`` struck ``point`` at a reach whose context has ``context``'s
         values (an armed point strikes once per arming); returns that evidence line."""
-        deadline = time.monotonic() + timeout_s
-        while not (found := [e for e in self.crash_evidence(point, proc.pid)
-                             if all(e.get("context", {}).get(k) == str(v) for k, v in context.items())]):
-            if time.monotonic() > deadline:
-                raise HarnessError(f"{proc.name} did not reach crash point {point} for {context} in {timeout_s} s")
-            time.sleep(0.01)
+        def matching() -> list[dict[str, Any]]:
+            return [e for e in self.crash_evidence(point, proc.pid)
+                    if all(e.get("context", {}).get(k) == str(v) for k, v in context.items())]
+
+        if not (found := poll(matching, timeout_s, interval_s=0.01)):
+            raise HarnessError(f"{proc.name} did not reach crash point {point} for {context} in {timeout_s} s")
         return found[-1]
 
     def lock_waiters(self, *, want: int, timeout_s: float = 3.0, application_name: str | None = None,
