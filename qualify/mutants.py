@@ -933,6 +933,13 @@ CATALOG: tuple[Mutant, ...] = (
         "server is back, not seconds later (R-Q-2)",
         (Patch("qimpl/api/deps.py", "            reconnect_timeout=RECONNECT_TIMEOUT_S,\n", ""),),
         "postgres-down-then-back", "the API accepted a create within 2.5 s of the server's return"),
+    Mutant(
+        "lease-pool-reconnects-on-its-own-backoff", "after an outage the worker's lease sessions come "
+        "back as soon as the server does: a session lost while it was down is not retried on "
+        "psycopg_pool's backoff (1, 2, 4, 8 s ...) while a run waits for it (R-Q-2, R-EXEC-2)",
+        (Patch("qimpl/db/lease_sessions.py", "            reconnect_timeout=RECONNECT_TIMEOUT_S,\n", ""),),
+        "postgres-down-with-runs-in-flight",
+        "each run checkpointed again within 3 s of the server's start (the database's clock)"),
 )
 
 #: The mutants CI runs on every change (the whole catalog runs with ``qualify selftest``).
