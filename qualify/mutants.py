@@ -150,6 +150,12 @@ CATALOG: tuple[Mutant, ...] = (
         (Patch("qimpl/reconciler.py", "            (res.tenant, grace_s, limit),", "            (res.tenant, 0, limit),"),),
         "reconciler-dispatches-orphan", "dispatched by the reconciler after the grace period, within two sweeps of it"),
     Mutant(
+        "reconciler-grace-cut-short", "the reconciler leaves the API's own dispatch its whole grace, not "
+        "0.85 of it (R-OPS-3)",
+        (Patch("qimpl/reconciler.py", "            (res.tenant, grace_s, limit),", "            (res.tenant, grace_s * 0.85, limit),"),),
+        "reconciler-grace-after-resume",
+        "the reconciler dispatched nothing: its grace runs from the generation's dispatch request, not from acceptance"),
+    Mutant(
         "cancel-without-the-row-lock", "a cancel serialises with the final commit: the run's row lock (R-CANCEL-1)",
         (Patch("qimpl/db/runs.py", """                          " WHERE run_id = %s FOR UPDATE", (run_id,))
         row = await cur.fetchone()

@@ -235,18 +235,27 @@ def slow_confirmation_names_its_generation(ctx: ScenarioContext) -> None:
         ctx.cancel_run(api1, run_id)
 
 
+#: reconciler-grace-after-resume: seconds between its reconciler's sweeps, and how long
+#: before the grace's end (s, the database's clock) the held dispatch is released.
+GRACE_SWEEP_S = 0.1
+GRACE_MARGIN_S = 0.3
+
+
 @scenario(
     "reconciler-grace-after-resume",
-    title="A run resumed long after its acceptance, its dispatch held in the API for 2 s: the "
-          "reconciler's grace runs from the generation's dispatch request, so it never "
-          "dispatches the run itself",
+    title="A run resumed long after its acceptance, its dispatch held in the API until "
+          f"{GRACE_MARGIN_S:g} s before the grace ends, the reconciler sweeping every "
+          f"{GRACE_SWEEP_S:g} s: the grace runs from the generation's dispatch request, so it "
+          "never dispatches the run itself",
     requirements=("R-OPS-3", "R-RESUME-1"),
     crash_points=(AFTER_DISPATCH,),
 )
 def reconciler_grace_after_resume(ctx: ScenarioContext) -> None:
     grace_s = float(FAST_RECONCILE["QIMPL_RECONCILE_GRACE_S"])
     api = ctx.processes.api("api-1")
-    ctx.processes.worker("worker-1", **FAST_RECONCILE)
+    # Sweeps every 0.1 s: a grace shorter than the hold by more than that is caught by the
+    # sweeps that fall in between (every 0.5 s, the hold's last 0.4 s met one sweep or none).
+    ctx.processes.worker("worker-1", **{**FAST_RECONCILE, "QIMPL_RECONCILE_INTERVAL_S": str(GRACE_SWEEP_S)})
     run_id = accepted(ctx, api, prompt=make_prompt(steps=3, answer="resumed",
                                                    park={"step": 1, "kind": "input"}))
     ctx.wait_state(api, run_id, "awaiting_input", timeout_s=30)
@@ -269,10 +278,10 @@ def reconciler_grace_after_resume(ctx: ScenarioContext) -> None:
             # The hold is timed from the resume's own dispatch request, and never from before
             # the resume was sent (a stale stamp is judged below, not trusted here).
             requested = max(stamped, sent)
-            # Hold about 2 s (at least 3 sweeps), and release well before the grace ends.
-            poll(lambda: (held_s := ctx.db_now() - requested) >= grace_s - 0.6
-                        or (held_s >= 2.0 and len(sweep_rows_between(ctx, requested)) >= 3),
-                        timeout_s=grace_s)
+            # Hold until GRACE_MARGIN_S before the grace ends (the database's clock): a
+            # reconciler whose grace is shorter by more than a sweep's interval dispatches.
+            poll(lambda: ctx.db_now() - requested >= grace_s - GRACE_MARGIN_S, timeout_s=grace_s,
+                 interval_s=0.02)
             state = ctx.sql("SELECT state, generation, dispatch_confirmed_at FROM runs WHERE run_id = %s",
                             run_id)
         finally:
