@@ -246,6 +246,7 @@ def _child(request: dict[str, Any], close: Sequence[int]) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        _hold_marker(request["env"].get("QIMPL_CONTROL_DIR"))
         sys.argv = list(request["argv"])
         _forget_process_state()
         import runpy
@@ -264,6 +265,22 @@ def _child(request: dict[str, Any], close: Sequence[int]) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+#: A file in the scenario's control directory that every forked child holds open for its
+#: whole life. Its descendants forked without an exec inherit the descriptor but not an
+#: environment ``/proc/<pid>/environ`` shows (a fork's is the server's, whatever
+#: ``os.environ`` says), so ``qualify.runner.stray_processes`` finds them by it.
+STRAY_MARKER = "processes.marker"
+
+
+def _hold_marker(control_dir: str | None) -> None:
+    """Open ``STRAY_MARKER`` in ``control_dir`` and never close it (no control dir: none)."""
+    if control_dir:
+        try:
+            os.open(os.path.join(control_dir, STRAY_MARKER), os.O_RDONLY | os.O_CREAT, 0o644)
+        except OSError:
+            pass  # a scenario without its directory: its exec'd descendants still carry the env
 
 
 def _forget_process_state() -> None:

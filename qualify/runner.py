@@ -32,7 +32,7 @@ from qualify.collect import (
 )
 from qualify.errors import HarnessError, InvariantViolation
 from qualify.faults import Nemesis
-from qualify.forkserver import ForkServer
+from qualify.forkserver import STRAY_MARKER, ForkServer
 from qualify.history import Event, HistoryRecorder, merge
 from qualify.processes import Deployment, Processes, SinkProcess
 from qualify.scenarios import Scenario, ScenarioContext
@@ -154,17 +154,23 @@ def no_stream_key_in_logs(logs: Mapping[str, str], keys: Sequence[str]) -> Check
 def stray_processes(control_dir: str) -> list[str]:
     """Processes still alive after the teardown that were started with the scenario's own
     ``QIMPL_CONTROL_DIR`` in their environment (``Deployment.env``, inherited by anything a
-    qimpl process execs): a descendant that left its process group and its parent (a
-    double fork, ``setsid``) escapes ``kill_tree`` and ``poll()``. Each is SIGKILLed here,
-    so none outlives its scenario; ``"<name> (pid <pid>)"`` for each."""
+    qimpl process execs), or that hold the scenario's ``STRAY_MARKER`` open (inherited by
+    anything a forked qimpl process forks without an exec, ``qualify.forkserver``): a
+    descendant that left its process group and its parent (a double fork, ``setsid``)
+    escapes ``kill_tree`` and ``poll()``. Each is SIGKILLed here, so none outlives its
+    scenario; ``"<name> (pid <pid>)"`` for each."""
     import psutil
 
+    marker = os.path.join(control_dir, STRAY_MARKER)
     found = []
     for proc in psutil.process_iter(["name"]):
         if proc.pid == os.getpid():
             continue
         try:
-            if proc.environ().get("QIMPL_CONTROL_DIR") != control_dir or proc.status() == psutil.STATUS_ZOMBIE:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if (proc.environ().get("QIMPL_CONTROL_DIR") != control_dir
+                    and not any(f.path == marker for f in proc.open_files())):
                 continue
             found.append(f"{proc.info['name']} (pid {proc.pid})")
             proc.kill()

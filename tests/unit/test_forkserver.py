@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from qualify.forkserver import ForkServer, forkable
+from qualify.procs import poll
 
 pytestmark = pytest.mark.req("R-Q-10")
 
@@ -25,6 +26,12 @@ CHILD = textwrap.dedent("""
     print("pgid", os.getpgid(0) == os.getpid(), flush=True)
     if sys.argv[1:] == ["sleep"]:
         time.sleep(60)
+    if sys.argv[1:] == ["fork-away"]:  # a plain fork that leaves the session, no exec
+        if os.fork() == 0:
+            os.setsid()
+            print("grandchild", os.getpid(), flush=True)
+            time.sleep(60)
+            os._exit(0)
     sys.exit(int(os.environ.get("FS_CODE", "0")))
 """)
 
@@ -135,3 +142,33 @@ def test_kill_tree_leaves_alone_a_group_whose_leader_pid_was_reused() -> None:
     finally:
         other.kill()
         other.wait()
+
+
+@pytest.mark.req("R-Q-2")
+def test_a_plain_fork_of_a_forked_child_is_found_as_a_stray(server: ForkServer, tmp_path: Path) -> None:
+    """A forked child's ``/proc/<pid>/environ`` is the server's, so a descendant it forks
+    without an exec carried no ``QIMPL_CONTROL_DIR`` the stray check could see (stop 54's
+    note); it inherits the child's ``STRAY_MARKER`` descriptor instead, and is found and
+    killed by it."""
+    from qualify.runner import stray_processes
+
+    control = tmp_path / "control"
+    control.mkdir()
+    log = tmp_path / "f.log"
+    child = server.spawn("fs_child", ["fork-away"], env={**server.env, "QIMPL_CONTROL_DIR": str(control)},
+                         log_path=log)
+    assert child.wait(timeout=20) == 0
+
+    def grandchild_pid() -> int | None:
+        lines = [ln for ln in log.read_text().splitlines() if ln.startswith("grandchild ")]
+        return int(lines[0].split()[1]) if lines else None
+
+    grandchild = poll(grandchild_pid, timeout_s=20)
+    assert grandchild is not None and psutil.pid_exists(grandchild), log.read_text()
+    assert psutil.Process(grandchild).environ().get("QIMPL_CONTROL_DIR") != str(control)  # the hole
+    strays = stray_processes(str(control))
+    assert [s for s in strays if s.endswith(f"(pid {grandchild})")] == strays and strays, strays
+    gone = poll(lambda: not psutil.pid_exists(grandchild)
+                or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE, timeout_s=10)
+    assert gone
+    assert stray_processes(str(control)) == []
