@@ -203,7 +203,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
               f"that covers them (it cites them and judged at least one item; a check that restates "
               f"a database guard covers nothing, R-Q-12); {len(judged['waived'])} are waived (reason given); "
               f"{len(judged['uncovered'])} have neither"
-              + (" — a full run fails on these (R-Q-8)." if judged["uncovered"] else "."), "",
+              + (" (the gate is not applied to a selection; a full run applies it)." if partial else
+                 " — a full run fails on these (R-Q-8)." if judged["uncovered"] else "."), "",
               "| requirement | passing checks | scenarios citing it (passed / failed) |", "|---|---|---|"]
     for r in rows:
         cited = f"{', '.join(r['passed']) or '-'} / {', '.join(r['failed']) or '-'}"

@@ -252,3 +252,24 @@ def test_a_random_schedule_is_not_called_one_of_the_catalogs_scenarios() -> None
         "a selection of 1 random schedule"
     both = {"scenarios": [{"id": "happy-path"}, {"id": "random-3"}, {"id": "schedule"}], "catalog_size": 100}
     assert selection_words(both) == "a selection of 1 scenario of the catalog's 100 and 2 random schedules"
+
+
+@pytest.mark.req("R-Q-6", "R-Q-8")
+@pytest.mark.parametrize("full", [True, False])
+def test_a_selections_gate_section_says_not_applied_not_fail(tmp_path: Path, full: bool) -> None:
+    """A new user's finding: a passing selection's page said, under "Requirement gate", in
+    red, "gate FAIL ... uncovered — a full run fails on these", while its banner said the
+    gate is not applied to a selection. A selection's page says what it covers, no FAIL."""
+    doc = scenario_doc(_result(tmp_path, "one", Verdict.PASS, [Check("x", True, requirements=("R-EXEC-1",), judged=1)]),
+                       report_dir=tmp_path, stack_kind="embedded")
+    summary = build_summary(scenarios=[doc], seed=5, duration_s=1.0, stack={"kind": "embedded", "boot_s": 0.5},
+                            provenance={"git_sha": "abc"}, report_dir=tmp_path, crash_catalog=[])
+    summary.update(full_run=full, catalog_size=98)
+    write_report(tmp_path, summary)
+    html = (tmp_path / "report.html").read_text()
+    gate = html.split('<h2 id="gate">', 1)[1].split("<table", 1)[0]
+    assert ("gate FAIL" in gate) is full
+    assert ("a full run fails on these" in gate) is full
+    assert ("not applied" in gate) is not full
+    md = (tmp_path / "report.md").read_text().split("## Requirement coverage", 1)[1].split("|", 1)[0]
+    assert ("a full run fails on these" in md) is full and ("not applied" in md) is not full
