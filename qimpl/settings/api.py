@@ -29,7 +29,11 @@ MAX_TENANT_BYTES = 128
 
 def tenant_problem(tenant: str) -> str | None:
     """Why ``tenant`` cannot name a new key's, grant's or assignment's tenant, or None."""
-    if len(tenant.encode()) > MAX_TENANT_BYTES:
+    try:
+        encoded = tenant.encode()
+    except UnicodeEncodeError:  # bytes that were not UTF-8, held as lone surrogates
+        return "is not valid UTF-8"
+    if len(encoded) > MAX_TENANT_BYTES:
         return f"is longer than {MAX_TENANT_BYTES} bytes (UTF-8)"
     if not tenant.isprintable():
         return "holds a control character"
