@@ -120,9 +120,20 @@ def follow_run(base_urls: Sequence[str], agent_id: str, run_id: str, *, stream_k
     should exceed the API's keep-alive interval. A 5xx or 429 answer (a database outage's
     503, a proxy's 502 for a dead instance, ``too_many_streams``) is followed like a
     dropped connection. Raises ``StreamError`` when the API refuses the stream (404, 401:
-    reconnecting will not help) and ``ValueError`` when ``base_urls`` is empty."""
+    reconnecting will not help) and ``ValueError`` when ``base_urls`` is empty, a string
+    rather than a list of them, or names one that is not an ``http(s)://host`` URL (a
+    mistake of the caller's, not a dropped connection to retry until the deadline)."""
+    if isinstance(base_urls, (str, bytes)):
+        raise ValueError(f"follow_run takes a list of base URLs, not one string: [{base_urls!r}]")
     if not base_urls:
         raise ValueError("follow_run needs at least one base URL")
+    for base in base_urls:
+        try:
+            parsed = httpx.URL(base)
+        except (httpx.InvalidURL, TypeError):
+            parsed = None
+        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(f"not a base URL (http://host[:port]): {base!r}")
     own = client is None
     http = client or httpx.Client(timeout=httpx.Timeout(10.0, read=60.0))
     result = FollowResult()

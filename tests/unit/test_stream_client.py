@@ -136,3 +136,23 @@ def test_a_passing_refusal_is_followed_elsewhere_not_raised() -> None:
         gave_up = follow_run(["http://x"], "a", RUN, stream_key="k", api_key="key", client=client,
                              max_reconnects=2, backoff_s=(0.0, 0.0))
     assert gave_up.ended == "gave_up" and len(gave_up.connections) == 3 and gave_up.run == {"state": "running"}
+
+
+@pytest.mark.parametrize("bases", ["http://api:8000", ["127.0.0.1:8000"], ["ftp://api"], ["http://"]])
+def test_base_urls_that_cannot_be_followed_are_refused_at_once(bases: object) -> None:
+    """A new user's finding: ``follow_run("http://api:8000", …)`` (one URL, not a list)
+    tried ``h``, ``t``, ``t``, ``p``, … as base URLs and a URL without a scheme was
+    retried like a dropped connection, each until the deadline (300 s by default), to end
+    ``gave_up`` without an event. A mistake of the caller's is a ValueError at once, no
+    request made."""
+    asked: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request)
+        return httpx.Response(204)
+
+    with httpx.Client(transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(ValueError, match="base URL"):
+            follow_run(bases, "a", RUN, stream_key="k", client=client, deadline_s=2,  # type: ignore[arg-type]
+                       backoff_s=(0.0, 0.0))
+    assert asked == []
