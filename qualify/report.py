@@ -129,7 +129,9 @@ def build_summary(*, scenarios: Sequence[dict[str, Any]], seed: int, duration_s:
 
 def render_junit(summary: dict[str, Any]) -> str:
     """JUnit XML: one testcase per scenario; fail -> <failure>, crashed/unknown -> <error>,
-    vacuous -> <skipped> (it proved nothing)."""
+    vacuous -> <skipped> (it proved nothing); and a testcase ``session`` when the session
+    itself failed (``summary.error``: a full run's gates, a crash), so that the file is
+    never all passing for a verdict that is not."""
     scenarios = summary["scenarios"]
     suite = ET.Element("testsuite", name="qualify", tests=str(len(scenarios)),
                        time=str(summary["duration_s"]))
@@ -148,6 +150,15 @@ def render_junit(summary: dict[str, Any]) -> str:
             counts["skipped"] += 1
             ET.SubElement(case, "skipped", message="vacuous: a fault hit nothing")
         ET.SubElement(case, "system-out").text = "requirements: " + " ".join(s["requirements"])
+    if summary.get("error"):
+        # The session's own failure (a full run's gates, a crashed session): every scenario
+        # may have passed, and the verdict is still not pass.
+        case = ET.SubElement(suite, "testcase", classname="qualify", name="session",
+                             time=str(summary["duration_s"]))
+        tag = "failure" if summary["verdict"] == "fail" else "error"
+        counts["failures" if tag == "failure" else "errors"] += 1
+        ET.SubElement(case, tag, message=f"verdict {summary['verdict']}").text = str(summary["error"])
+        suite.set("tests", str(len(scenarios) + 1))
     for k, v in counts.items():
         suite.set(k, str(v))
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)

@@ -273,3 +273,27 @@ def test_a_selections_gate_section_says_not_applied_not_fail(tmp_path: Path, ful
     assert ("not applied" in gate) is not full
     md = (tmp_path / "report.md").read_text().split("## Requirement coverage", 1)[1].split("|", 1)[0]
     assert ("a full run fails on these" in md) is full and ("not applied" in md) is not full
+
+
+@pytest.mark.req("R-Q-6", "R-Q-8")
+def test_junit_fails_when_the_full_runs_gates_fail_though_every_scenario_passed(tmp_path: Path) -> None:
+    """A new user's finding: a full run whose requirement gate failed (verdict fail, exit 1,
+    ``summary.error`` naming the uncovered requirements) wrote a junit.xml of passing
+    testcases only, so a CI dashboard that reads it showed the release green. The session's
+    own failure is a testcase of its own, with the reason."""
+    from qualify.session import full_run_gates
+
+    doc = scenario_doc(_result(tmp_path, "one", Verdict.PASS, [Check("x", True, requirements=("R-EXEC-1",), judged=1)]),
+                       report_dir=tmp_path, stack_kind="embedded")
+    summary = build_summary(scenarios=[doc], seed=5, duration_s=1.0, stack={"kind": "embedded", "boot_s": 0.5},
+                            provenance={"git_sha": "abc"}, report_dir=tmp_path, crash_catalog=[])
+    full_run_gates(summary, [doc])
+    assert summary["verdict"] == "fail" and "requirement without a passing check" in summary["error"]
+    suite = ET.fromstring(render_junit(summary))
+    assert int(suite.get("failures", "0")) + int(suite.get("errors", "0")) >= 1
+    reasons = [el.text or "" for case in suite.iter("testcase") for el in case if el.tag in ("failure", "error")]
+    assert any("requirement without a passing check" in text for text in reasons), reasons
+    assert suite.get("tests") == str(len(list(suite.iter("testcase"))))
+    crashed = dict(summary, verdict="crashed", error="the stack did not boot", scenarios=[])
+    suite = ET.fromstring(render_junit(crashed))
+    assert suite.get("errors") == "1" and "the stack did not boot" in ET.tostring(suite, encoding="unicode")
