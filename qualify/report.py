@@ -128,8 +128,8 @@ def build_summary(*, scenarios: Sequence[dict[str, Any]], seed: int, duration_s:
 
 
 def render_junit(summary: dict[str, Any]) -> str:
-    """JUnit XML: one testcase per scenario; fail -> <failure>, crashed/unknown -> <error>,
-    vacuous -> <skipped> (it proved nothing); and a testcase ``session`` when the session
+    """JUnit XML: one testcase per scenario; fail and flaky -> <failure>, crashed/unknown ->
+    <error>, vacuous -> <skipped> (it proved nothing); and a testcase ``session`` when the session
     itself failed (``summary.error``: a full run's gates, a crash), so that the file is
     never all passing for a verdict that is not."""
     scenarios = summary["scenarios"]
@@ -140,9 +140,13 @@ def render_junit(summary: dict[str, Any]) -> str:
         case = ET.SubElement(suite, "testcase", classname="qualify", name=s["id"], time=str(s["duration_s"]))
         bad = [c for c in s["checks"] if c["ok"] is not True]
         text = "\n".join(f"{c['name']}: {c['detail']}" for c in bad) or s["error"]
-        if s["status"] == "fail":
+        if s["status"] in ("fail", "flaky"):
+            # Flaky: a checker found a violation in some of its runs (the checks are the
+            # failing run's); it is not a pass.
             counts["failures"] += 1
-            ET.SubElement(case, "failure", message="invariant violated").text = f"{text}\nrepro: {s['repro']}"
+            flaky = " ".join(("flaky", str(s.get("reproduction") or ""))).strip()
+            message = "invariant violated" if s["status"] == "fail" else f"{flaky}: invariant violated in some runs"
+            ET.SubElement(case, "failure", message=message).text = f"{text}\nrepro: {s['repro']}"
         elif s["status"] in ("crashed", "unknown"):
             counts["errors"] += 1
             ET.SubElement(case, "error", message=s["status"]).text = f"{text}\nrepro: {s['repro']}"

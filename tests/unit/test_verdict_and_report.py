@@ -297,3 +297,20 @@ def test_junit_fails_when_the_full_runs_gates_fail_though_every_scenario_passed(
     crashed = dict(summary, verdict="crashed", error="the stack did not boot", scenarios=[])
     suite = ET.fromstring(render_junit(crashed))
     assert suite.get("errors") == "1" and "the stack did not boot" in ET.tostring(suite, encoding="unicode")
+
+
+@pytest.mark.req("R-Q-6")
+def test_junit_does_not_pass_a_flaky_scenario(tmp_path: Path) -> None:
+    """A flaky scenario's checker found a violation in some of its runs (its checks are the
+    failing run's, verdict flaky, exit 5), and junit.xml showed it as a passing testcase."""
+    r = _result(tmp_path, "wobbly", Verdict.FLAKY, [Check("no write after terminal", False, "run r written")])
+    r.reproduction = "1/2"
+    doc = scenario_doc(r, report_dir=tmp_path, stack_kind="embedded")
+    summary = build_summary(scenarios=[doc], seed=5, duration_s=1.0, stack={"kind": "embedded", "boot_s": 0.5},
+                            provenance={"git_sha": "abc"}, report_dir=tmp_path, crash_catalog=[])
+    assert summary["verdict"] == "flaky"
+    suite = ET.fromstring(render_junit(summary))
+    case = next(suite.iter("testcase"))
+    failure = case.find("failure")
+    assert suite.get("failures") == "1" and failure is not None
+    assert "flaky 1/2" in failure.get("message", "") and "run r written" in (failure.text or "")
