@@ -314,3 +314,25 @@ def test_junit_does_not_pass_a_flaky_scenario(tmp_path: Path) -> None:
     failure = case.find("failure")
     assert suite.get("failures") == "1" and failure is not None
     assert "flaky 1/2" in failure.get("message", "") and "run r written" in (failure.text or "")
+
+
+@pytest.mark.req("R-Q-6", "R-Q-12")
+def test_the_html_names_refused_scenarios_and_waived_crash_points(tmp_path: Path) -> None:
+    """A new user's finding: a staging run (``--stack existing``) refuses the scenarios that
+    restart PostgreSQL or Temporal and waives the crash points only they strike; report.md
+    said so ("Refused (not run)", "crash point … waived"), report.html, the page a reviewer
+    reads, said neither: its crash-point matrix showed such a point as never struck, with
+    no reason, and the refused scenarios appeared nowhere."""
+    doc = scenario_doc(_result(tmp_path, "one", Verdict.PASS, [Check("x", True)]), report_dir=tmp_path,
+                       stack_kind="existing")
+    summary = build_summary(scenarios=[doc], seed=5, duration_s=1.0, stack={"kind": "existing", "boot_s": 0.5},
+                            provenance={"git_sha": "abc"}, report_dir=tmp_path, crash_catalog=["p.only_restarts"])
+    summary["refused"] = ["postgres-restart-mid-run"]
+    summary["waived_crash_points"] = {"p.only_restarts": "refused on a stack the harness did not boot: "
+                                                         "postgres-restart-mid-run"}
+    write_report(tmp_path, summary)
+    md = (tmp_path / "report.md").read_text()
+    html = (tmp_path / "report.html").read_text()
+    assert "Refused (not run): postgres-restart-mid-run" in md and "crash point p.only_restarts waived" in md
+    assert "Refused (not run)" in html and "postgres-restart-mid-run" in html
+    assert "p.only_restarts" in html and "waived: refused on a stack the harness did not boot" in html
