@@ -282,6 +282,11 @@ def up(
 
     if problem := tenant_problem(tenant):  # as api_keys: a stream token must carry it
         raise typer.BadParameter(f"--tenant {problem}")
+    for option, value in (("--principal", principal), ("--workspace", workspace)):
+        try:
+            value.encode()
+        except UnicodeEncodeError:  # bytes that were not UTF-8: nothing could store them
+            raise typer.BadParameter(f"{option} is not valid UTF-8") from None
     try:
         given = parse_settings(settings or [])
     except UsageError as exc:

@@ -11,7 +11,6 @@ never a pass.
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections import Counter
 from collections.abc import Sequence
@@ -70,6 +69,7 @@ def merge_reports(shard_dirs: Sequence[Path], reports_root: Path) -> tuple[dict[
     directory, exit code). UsageError (nothing written) when a directory holds no finished
     report, holds the report of a run that was not a shard, or is given twice; shards that
     do not fit together are merged into a ``crashed`` report."""
+    from qualify.diff import load_summary
     from qualify.scenarios import REGISTRY
     from qualify.session import crash_point_catalog, full_run_gates, mark_selection, new_report_dir
 
@@ -81,9 +81,13 @@ def merge_reports(shard_dirs: Sequence[Path], reports_root: Path) -> tuple[dict[
         path = d / "summary.json"
         if not path.is_file():
             raise UsageError(f"{d}: no summary.json (not a finished qualify report)")
-        summary = json.loads(path.read_text())
-        if summary.get("shard") is None:
+        summary = load_summary(path)  # a file cut short, or no summary at all: UsageError
+        shard = summary.get("shard")
+        if shard is None:
             raise UsageError(f"{d}: not the report of a shard (qualify run --shard K/N)")
+        if (not isinstance(shard, dict) or not all(isinstance(shard.get(k), int) for k in ("index", "count"))
+                or not isinstance(shard.get("selection"), list) or not isinstance(summary.get("seed"), int)):
+            raise UsageError(f"{path}: not the report of a shard (its seed or shard fields are missing)")
         summaries.append(summary)
     docs, problems = merge_shards(summaries)
     first = summaries[0]

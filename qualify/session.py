@@ -53,9 +53,15 @@ def resolve(ids: Sequence[str], *, seed: int, random_n: int = 0, schedule_path: 
     out: list[Scenario] = []
     ids = list(dict.fromkeys(ids))  # a scenario named twice runs once: one report folder each
     if schedule_path is not None:
-        doc = json.loads(schedule_path.read_text())
-        out.append(schedule_scenario(Schedule.from_json(json.dumps(doc.get("schedule", doc))),
-                                     doc.get("scenario", "schedule")))
+        try:
+            doc = json.loads(schedule_path.read_text())
+            saved = Schedule.from_json(json.dumps(doc.get("schedule", doc)))
+            name = str(doc.get("scenario", "schedule"))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            # A report's summary.json given for its repro.json, a file cut short, ...
+            raise UsageError(f"{schedule_path}: not a saved schedule (qualify repro --shrink's repro.json): "
+                             f"{type(exc).__name__}") from None
+        out.append(schedule_scenario(saved, name))
     for i in ids:
         if i in REGISTRY:
             out.append(REGISTRY[i])

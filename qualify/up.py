@@ -18,6 +18,7 @@ settings, the printed curl) are functions of their inputs; ``UpEnvironment`` doe
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import json
 import os
 import secrets
@@ -157,6 +158,15 @@ def provider_env(provider: str, config: dict[str, Any], control_dir: Path) -> di
     return {"QIMPL_PROVIDER": path, "QIMPL_PROVIDER_CONFIG": json.dumps(config)}
 
 
+def _importable(module: str) -> bool:
+    """Whether ``module`` can be found on this interpreter's path (the API and the worker
+    run on it), without importing it (only its parent packages)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def curl_command(ready: Ready, prompt: str = "hello") -> str:
     """A ready-to-paste ``curl`` creating a durable run (R-CREATE-1); each paste makes a new
     ``Idempotency-Key`` (Linux's ``/proc`` UUID), so each paste is a new run."""
@@ -198,7 +208,9 @@ class UpEnvironment:
 
     def __init__(self, opts: UpOptions) -> None:
         self.opts = opts
-        provider_env(opts.provider, opts.provider_config, Path())  # UsageError before any I/O
+        module = provider_env(opts.provider, opts.provider_config, Path())["QIMPL_PROVIDER"].partition(":")[0]
+        if not _importable(module):  # else the whole stack boots for the API and worker to exit 64
+            raise UsageError(f"--provider {opts.provider!r}: cannot import module {module!r}")
         if opts.port:
             check_port_free(opts.port)
         self.persistent = opts.data_dir is not None

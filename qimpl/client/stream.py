@@ -116,13 +116,25 @@ def follow_run(base_urls: Sequence[str], agent_id: str, run_id: str, *, stream_k
                deadline_s: float = 300.0, client: httpx.Client | None = None) -> FollowResult:
     """Follow ``run_id``'s stream to its terminal event across ``base_urls`` (tried in
     turn, starting with the first, reconnecting with ``Last-Event-ID`` after a drop);
-    ``on_event(event, base_url)`` sees each event as it arrives. The client's read timeout
-    should exceed the API's keep-alive interval. A 5xx or 429 answer (a database outage's
+    ``on_event(event, base_url)`` sees each event as it arrives. ``deadline_s`` bounds the
+    whole follow, an open stream included (then ``ended`` is ``gave_up`` and the run is
+    read). The client's read timeout should exceed the API's keep-alive interval. A 5xx or 429 answer (a database outage's
     503, a proxy's 502 for a dead instance, ``too_many_streams``) is followed like a
     dropped connection. Raises ``StreamError`` when the API refuses the stream (404, 401:
-    reconnecting will not help) and ``ValueError`` when ``base_urls`` is empty."""
+    reconnecting will not help) and ``ValueError`` when ``base_urls`` is empty, a string
+    rather than a list of them, or names one that is not an ``http(s)://host`` URL (a
+    mistake of the caller's, not a dropped connection to retry until the deadline)."""
+    if isinstance(base_urls, (str, bytes)):
+        raise ValueError(f"follow_run takes a list of base URLs, not one string: [{base_urls!r}]")
     if not base_urls:
         raise ValueError("follow_run needs at least one base URL")
+    for base in base_urls:
+        try:
+            parsed = httpx.URL(base)
+        except (httpx.InvalidURL, TypeError):
+            parsed = None
+        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(f"not a base URL (http://host[:port]): {base!r}")
     own = client is None
     http = client or httpx.Client(timeout=httpx.Timeout(10.0, read=60.0))
     result = FollowResult()
@@ -135,13 +147,14 @@ def follow_run(base_urls: Sequence[str], agent_id: str, run_id: str, *, stream_k
             result.connections.append(base)
             url = base.rstrip("/") + EVENTS_PATH.format(agent_id=agent_id, run_id=run_id)
             try:
-                with http.stream("GET", url, headers=_headers(stream_key, last)) as resp:
+                with http.stream("GET", url, headers=_headers(stream_key, last),
+                                 timeout=_bounded(http.timeout, stop_at)) as resp:
                     if resp.status_code == 204:  # the terminal event was already delivered
                         result.ended = "done"
                         return result
                     if resp.status_code != 200:
                         raise _refusal(resp)
-                    for event in parse_sse(resp.iter_lines()):
+                    for event in parse_sse(_until(resp.iter_lines(), stop_at)):
                         if last is not None and event.id <= last:
                             result.resent.append(event.id)
                             continue  # never twice, whatever a server sends
@@ -174,6 +187,23 @@ def follow_run(base_urls: Sequence[str], agent_id: str, run_id: str, *, stream_k
     finally:
         if own:
             http.close()
+
+
+def _bounded(timeout: httpx.Timeout, stop_at: float) -> httpx.Timeout:
+    """``timeout`` with its read timeout cut to what is left until ``stop_at``: a stream
+    that sends nothing more ends by the deadline."""
+    left = max(stop_at - time.monotonic(), 0.001)
+    read = left if timeout.read is None else min(timeout.read, left)
+    return httpx.Timeout(connect=timeout.connect, read=read, write=timeout.write, pool=timeout.pool)
+
+
+def _until(lines: Iterable[str], stop_at: float) -> Iterator[str]:
+    """``lines`` until ``stop_at`` (monotonic): a stream kept open by keep-alive pings
+    ends at the deadline as if the server had ended it."""
+    for line in lines:
+        if time.monotonic() > stop_at:
+            return
+        yield line
 
 
 def _passing(status: int) -> bool:

@@ -4,6 +4,7 @@ rule for a chosen API key."""
 from __future__ import annotations
 
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import NoDecode
@@ -29,11 +30,37 @@ MAX_TENANT_BYTES = 128
 
 def tenant_problem(tenant: str) -> str | None:
     """Why ``tenant`` cannot name a new key's, grant's or assignment's tenant, or None."""
-    if len(tenant.encode()) > MAX_TENANT_BYTES:
+    try:
+        encoded = tenant.encode()
+    except UnicodeEncodeError:  # bytes that were not UTF-8, held as lone surrogates
+        return "is not valid UTF-8"
+    if len(encoded) > MAX_TENANT_BYTES:
         return f"is longer than {MAX_TENANT_BYTES} bytes (UTF-8)"
     if not tenant.isprintable():
         return "holds a control character"
     return None
+
+
+def _origin_as_sent(origin: str) -> str | None:
+    """``origin`` as a browser serialises it (the host in lower case), or None when no
+    browser sends it (a user, a query, a fragment, whitespace, no host, a bad port)."""
+    try:
+        parts = urlsplit(origin)
+        port = parts.port
+    except ValueError:
+        return None
+    host = parts.hostname
+    if (not host or port == 0 or parts.username is not None or parts.password is not None or parts.query
+            or parts.fragment or "?" in origin or "#" in origin or any(c.isspace() for c in origin)):
+        return None
+    if ":" in host:
+        host = f"[{host}]"
+    elif not host.isascii():
+        try:  # a browser sends an international name as its ASCII (punycode) form
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError:
+            return None
+    return f"{parts.scheme}://{host}{f':{port}' if port is not None else ''}"
 
 
 def key_is_secret(key: str) -> bool:
@@ -114,6 +141,11 @@ class ApiSettings(_ProviderSettings, Settings):
                 # would never match, and every preflight would be refused.
                 raise ValueError(f"{origin!r}: browsers send this origin without its default port; "
                                  f"write {scheme}://{host}")
+            if (sent := _origin_as_sent(origin)) != origin:
+                # Matched exactly: an entry a browser never sends matches no request.
+                raise ValueError(f"{origin!r} is not an origin as browsers send it"
+                                 + (f"; write {sent}" if sent else
+                                    " (scheme://host[:port]: no user, query, fragment or space, a port 1-65535)"))
         return value
 
     @field_validator("api_keys")

@@ -42,8 +42,15 @@ def _summary(tmp: Path) -> dict[str, object]:
                                 crash_points=[], figures={}, out_dir=out, logs=[],
                                 tables=tables if i % 10 == 0 else {})
         docs.append(scenario_doc(result, report_dir=tmp, stack_kind="embedded"))
-    return build_summary(scenarios=docs, seed=5, duration_s=300.0, stack={"kind": "embedded", "boot_s": 0.5},
-                         provenance={"git_sha": "abc"}, report_dir=tmp, crash_catalog=[])
+    summary = build_summary(scenarios=docs, seed=5, duration_s=300.0, stack={"kind": "embedded", "boot_s": 0.5},
+                            provenance={"git_sha": "abc"}, report_dir=tmp, crash_catalog=[])
+    # A staging run's refusals and waivers, as long as real ones.
+    refused = [f"a-scenario-that-restarts-postgres-or-temporal-number-{i:02d}" for i in range(12)]
+    summary["refused"] = refused
+    summary["waived_crash_points"] = {f"activity.a_long_crash_point_name_number_{i:02d}":
+                                      "refused on a stack the harness did not boot (it restarts or stops "
+                                      "PostgreSQL or Temporal): " + ", ".join(refused) for i in range(3)}
+    return summary
 
 
 @pytest.mark.req("R-Q-6")

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -92,3 +94,21 @@ def test_minimise_finds_the_minimal_failing_schedule() -> None:
     small = minimise(big, fails)
     assert fails(small)
     assert small.runs == (RunPlan(4, 0),) and small.faults == (FaultPlan(0, 4, "sigkill-worker"),)
+
+
+@pytest.mark.parametrize("text", ["garbage", "[1]", '{"x": 1}', '{"schedule": {"seed": 1, "runs": [{"nope": 1}], "faults": []}}',
+                                  '{"scenarios": [], "verdict": "pass", "seed": 3}'])
+def test_a_file_that_is_not_a_saved_schedule_is_a_usage_error(tmp_path: Path, text: str) -> None:
+    """A new user's finding: ``qualify repro --schedule`` given a report's summary.json
+    (instead of its repro.json), or a file cut short, printed a KeyError or JSONDecodeError
+    traceback and exited 1, the code of a ``fail`` verdict. A usage error names the file."""
+    from qualify.errors import UsageError
+    from qualify.session import resolve
+
+    path = tmp_path / "repro.json"
+    path.write_text(text)
+    with pytest.raises(UsageError, match="not a saved schedule"):
+        resolve([], seed=1, schedule_path=path)
+    saved = tmp_path / "good.json"
+    saved.write_text(generate(5).to_json())
+    assert len(resolve([], seed=1, schedule_path=saved)) == 1

@@ -290,3 +290,28 @@ def test_a_static_keys_tenant_is_bounded_as_api_keys_are(env: pytest.MonkeyPatch
     with pytest.raises(ConfigError) as caught:
         load(ApiSettings)
     assert caught.value.variable == "QIMPL_API_KEYS" and says in caught.value.reason
+
+
+@pytest.mark.req("R-EVENT-6")
+@pytest.mark.parametrize(("origin", "says"), [
+    ("https://App.Example.com", "https://app.example.com"), ("http://LOCALHOST:8000", "http://localhost:8000"),
+    ("https://app.example.com ", None), ("https://user@app.example.com", None),
+    ("https://app.example.com:abc", None), ("https://app.example.com:99999", None),
+    ("https://app.example.com?x=1", None), ("https://app.example.com#top", None), ("https://:8443", None),
+])
+def test_a_cors_origin_no_browser_sends_is_refused(env: pytest.MonkeyPatch, origin: str, says: str | None) -> None:
+    """A new user's finding: ``QIMPL_CORS_ORIGINS='["https://App.Example.com"]'`` was taken,
+    and browsers send their origin with the host in lower case (and never with a user,
+    a query, a space or a port that is not one): the entry matched no request, and every
+    preflight of that page was refused ``cors_preflight_refused`` with nothing at start to
+    say why. Like a default port, it is a configuration error naming what to write."""
+    env.setenv("QIMPL_DATABASE_URL", DSN)
+    env.setenv("QIMPL_CORS_ORIGINS", json.dumps([origin]))
+    with pytest.raises(ConfigError) as caught:
+        load(ApiSettings)
+    assert caught.value.variable == "QIMPL_CORS_ORIGINS"
+    if says:
+        assert f"write {says}" in caught.value.reason
+    for good in ("https://app.example.com", "http://[::1]:8000", "http://127.0.0.1:8000"):
+        env.setenv("QIMPL_CORS_ORIGINS", json.dumps([good]))
+        assert load(ApiSettings).cors_origins == [good]

@@ -90,3 +90,25 @@ def test_merging_what_is_not_a_set_of_shards_is_a_usage_error_and_writes_nothing
     with pytest.raises(UsageError, match=says):
         merge_reports(dirs * 2 if twice else dirs, out)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ('{"shard": ', "not a readable summary.json"),           # a shard's artifact cut short
+    ("[1]", "not a qualify summary"),
+    ('{"seed": 1, "scenarios": [], "shard": {"index": 1}}', "not the report of a shard"),
+    ('{"seed": 1, "shard": {"index": 1, "count": 1, "selection": []}}', "not a qualify summary"),
+])
+def test_a_summary_that_cannot_be_read_is_a_usage_error_not_a_traceback(tmp_path: Any, text: str, says: str) -> None:
+    """A new user's finding: ``qualify merge`` of a shard whose summary.json was cut short
+    (an upload interrupted, a full disk) printed a JSONDecodeError traceback and exited 1,
+    the code of a ``fail`` verdict; so did a summary without a shard's fields (KeyError).
+    It is a usage error (exit 64) naming the file, and nothing is written."""
+    from qualify.merge import merge_reports
+
+    d = tmp_path / "r0"
+    d.mkdir()
+    (d / "summary.json").write_text(text)
+    out = tmp_path / "reports"
+    with pytest.raises(UsageError, match=says):
+        merge_reports([d], out)
+    assert not out.exists()

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from qimpl.client.stream import StreamError, follow_run, parse_sse
+from qimpl.client.stream import FollowResult, StreamError, follow_run, parse_sse
 
 RUN = "00000000-0000-0000-0000-000000000001"
 
@@ -136,3 +136,68 @@ def test_a_passing_refusal_is_followed_elsewhere_not_raised() -> None:
         gave_up = follow_run(["http://x"], "a", RUN, stream_key="k", api_key="key", client=client,
                              max_reconnects=2, backoff_s=(0.0, 0.0))
     assert gave_up.ended == "gave_up" and len(gave_up.connections) == 3 and gave_up.run == {"state": "running"}
+
+
+@pytest.mark.parametrize("bases", ["http://api:8000", ["127.0.0.1:8000"], ["ftp://api"], ["http://"]])
+def test_base_urls_that_cannot_be_followed_are_refused_at_once(bases: object) -> None:
+    """A new user's finding: ``follow_run("http://api:8000", …)`` (one URL, not a list)
+    tried ``h``, ``t``, ``t``, ``p``, … as base URLs and a URL without a scheme was
+    retried like a dropped connection, each until the deadline (300 s by default), to end
+    ``gave_up`` without an event. A mistake of the caller's is a ValueError at once, no
+    request made."""
+    asked: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request)
+        return httpx.Response(204)
+
+    with httpx.Client(transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(ValueError, match="base URL"):
+            follow_run(bases, "a", RUN, stream_key="k", client=client, deadline_s=2,  # type: ignore[arg-type]
+                       backoff_s=(0.0, 0.0))
+    assert asked == []
+
+
+class Pinging(httpx.SyncByteStream):
+    """A live run's stream that only keeps the connection alive: one event, then pings."""
+
+    def __iter__(self) -> Iterator[bytes]:
+        import time
+
+        yield sse(1, "state")
+        for _ in range(600):  # a minute of keep-alives, no terminal event
+            time.sleep(0.1)
+            yield b": ping\n\n"
+
+
+@pytest.mark.req("R-EVENT-3")
+def test_the_deadline_bounds_a_stream_that_stays_open() -> None:
+    """A new user's finding: ``follow_run(…, deadline_s=3)`` on a run parked for input
+    (its stream open, kept alive by pings) was still following 20 s later, until the run
+    was cancelled: the deadline was checked only between reconnections. It bounds the
+    whole follow: the helper stops, says ``gave_up`` and reads the run."""
+    import threading
+    import time
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/events"):
+            return httpx.Response(200, stream=Pinging())
+        return httpx.Response(200, json={"run_id": RUN, "state": "awaiting_input"})
+
+    got: dict[str, object] = {}
+
+    def follow() -> None:
+        with httpx.Client(transport=httpx.MockTransport(handler)) as client:
+            got["result"] = follow_run(["http://x"], "a", RUN, stream_key="k", api_key="key", client=client,
+                                       deadline_s=1.0, backoff_s=(0.0, 0.0))
+
+    started = time.monotonic()
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    thread.join(15)
+    assert not thread.is_alive(), "still following a minute-long stream past its 1 s deadline"
+    result = got["result"]
+    assert isinstance(result, FollowResult)
+    assert result.ended == "gave_up" and [e.id for e in result.events] == [1]
+    assert result.run == {"run_id": RUN, "state": "awaiting_input"}
+    assert time.monotonic() - started < 5

@@ -78,3 +78,20 @@ def test_a_tenant_api_keys_would_refuse_is_a_usage_error(tmp_path: Path) -> None
     result = CliRunner().invoke(app, ["up", "--tenant", "t" * 129, "--data-dir", str(tmp_path / "up")])
     assert result.exit_code == 2 and "--tenant is longer than 128 bytes" in result.output
     assert not (tmp_path / "up").exists()
+
+
+def test_a_provider_module_that_does_not_exist_is_a_usage_error_before_anything_starts(tmp_path: Path) -> None:
+    """A new user's finding: ``qualify up --provider mypkg.myprovider:factory`` with a typo
+    in the module booted PostgreSQL and Temporal, migrated, started the API and the worker,
+    and only then stopped everything, exit 2 ("harness error: worker-1: process exited
+    with 64 before ready …"). A module that cannot be found is a usage error (exit 64) at
+    once, nothing started, nothing written."""
+    from typer.testing import CliRunner
+
+    from qualify.cli import app
+
+    result = CliRunner().invoke(app, ["up", "--provider", "nosuch_module_xyz.sub:factory",
+                                      "--data-dir", str(tmp_path / "up")])
+    assert result.exit_code == 64, result.output
+    assert "cannot import module 'nosuch_module_xyz.sub'" in result.output
+    assert not (tmp_path / "up").exists()

@@ -252,3 +252,87 @@ def test_a_random_schedule_is_not_called_one_of_the_catalogs_scenarios() -> None
         "a selection of 1 random schedule"
     both = {"scenarios": [{"id": "happy-path"}, {"id": "random-3"}, {"id": "schedule"}], "catalog_size": 100}
     assert selection_words(both) == "a selection of 1 scenario of the catalog's 100 and 2 random schedules"
+
+
+@pytest.mark.req("R-Q-6", "R-Q-8")
+@pytest.mark.parametrize("full", [True, False])
+def test_a_selections_gate_section_says_not_applied_not_fail(tmp_path: Path, full: bool) -> None:
+    """A new user's finding: a passing selection's page said, under "Requirement gate", in
+    red, "gate FAIL ... uncovered — a full run fails on these", while its banner said the
+    gate is not applied to a selection. A selection's page says what it covers, no FAIL."""
+    doc = scenario_doc(_result(tmp_path, "one", Verdict.PASS, [Check("x", True, requirements=("R-EXEC-1",), judged=1)]),
+                       report_dir=tmp_path, stack_kind="embedded")
+    summary = build_summary(scenarios=[doc], seed=5, duration_s=1.0, stack={"kind": "embedded", "boot_s": 0.5},
+                            provenance={"git_sha": "abc"}, report_dir=tmp_path, crash_catalog=[])
+    summary.update(full_run=full, catalog_size=98)
+    write_report(tmp_path, summary)
+    html = (tmp_path / "report.html").read_text()
+    gate = html.split('<h2 id="gate">', 1)[1].split("<table", 1)[0]
+    assert ("gate FAIL" in gate) is full
+    assert ("a full run fails on these" in gate) is full
+    assert ("not applied" in gate) is not full
+    md = (tmp_path / "report.md").read_text().split("## Requirement coverage", 1)[1].split("|", 1)[0]
+    assert ("a full run fails on these" in md) is full and ("not applied" in md) is not full
+
+
+@pytest.mark.req("R-Q-6", "R-Q-8")
+def test_junit_fails_when_the_full_runs_gates_fail_though_every_scenario_passed(tmp_path: Path) -> None:
+    """A new user's finding: a full run whose requirement gate failed (verdict fail, exit 1,
+    ``summary.error`` naming the uncovered requirements) wrote a junit.xml of passing
+    testcases only, so a CI dashboard that reads it showed the release green. The session's
+    own failure is a testcase of its own, with the reason."""
+    from qualify.session import full_run_gates
+
+    doc = scenario_doc(_result(tmp_path, "one", Verdict.PASS, [Check("x", True, requirements=("R-EXEC-1",), judged=1)]),
+                       report_dir=tmp_path, stack_kind="embedded")
+    summary = build_summary(scenarios=[doc], seed=5, duration_s=1.0, stack={"kind": "embedded", "boot_s": 0.5},
+                            provenance={"git_sha": "abc"}, report_dir=tmp_path, crash_catalog=[])
+    full_run_gates(summary, [doc])
+    assert summary["verdict"] == "fail" and "requirement without a passing check" in summary["error"]
+    suite = ET.fromstring(render_junit(summary))
+    assert int(suite.get("failures", "0")) + int(suite.get("errors", "0")) >= 1
+    reasons = [el.text or "" for case in suite.iter("testcase") for el in case if el.tag in ("failure", "error")]
+    assert any("requirement without a passing check" in text for text in reasons), reasons
+    assert suite.get("tests") == str(len(list(suite.iter("testcase"))))
+    crashed = dict(summary, verdict="crashed", error="the stack did not boot", scenarios=[])
+    suite = ET.fromstring(render_junit(crashed))
+    assert suite.get("errors") == "1" and "the stack did not boot" in ET.tostring(suite, encoding="unicode")
+
+
+@pytest.mark.req("R-Q-6")
+def test_junit_does_not_pass_a_flaky_scenario(tmp_path: Path) -> None:
+    """A flaky scenario's checker found a violation in some of its runs (its checks are the
+    failing run's, verdict flaky, exit 5), and junit.xml showed it as a passing testcase."""
+    r = _result(tmp_path, "wobbly", Verdict.FLAKY, [Check("no write after terminal", False, "run r written")])
+    r.reproduction = "1/2"
+    doc = scenario_doc(r, report_dir=tmp_path, stack_kind="embedded")
+    summary = build_summary(scenarios=[doc], seed=5, duration_s=1.0, stack={"kind": "embedded", "boot_s": 0.5},
+                            provenance={"git_sha": "abc"}, report_dir=tmp_path, crash_catalog=[])
+    assert summary["verdict"] == "flaky"
+    suite = ET.fromstring(render_junit(summary))
+    case = next(suite.iter("testcase"))
+    failure = case.find("failure")
+    assert suite.get("failures") == "1" and failure is not None
+    assert "flaky 1/2" in failure.get("message", "") and "run r written" in (failure.text or "")
+
+
+@pytest.mark.req("R-Q-6", "R-Q-12")
+def test_the_html_names_refused_scenarios_and_waived_crash_points(tmp_path: Path) -> None:
+    """A new user's finding: a staging run (``--stack existing``) refuses the scenarios that
+    restart PostgreSQL or Temporal and waives the crash points only they strike; report.md
+    said so ("Refused (not run)", "crash point … waived"), report.html, the page a reviewer
+    reads, said neither: its crash-point matrix showed such a point as never struck, with
+    no reason, and the refused scenarios appeared nowhere."""
+    doc = scenario_doc(_result(tmp_path, "one", Verdict.PASS, [Check("x", True)]), report_dir=tmp_path,
+                       stack_kind="existing")
+    summary = build_summary(scenarios=[doc], seed=5, duration_s=1.0, stack={"kind": "existing", "boot_s": 0.5},
+                            provenance={"git_sha": "abc"}, report_dir=tmp_path, crash_catalog=["p.only_restarts"])
+    summary["refused"] = ["postgres-restart-mid-run"]
+    summary["waived_crash_points"] = {"p.only_restarts": "refused on a stack the harness did not boot: "
+                                                         "postgres-restart-mid-run"}
+    write_report(tmp_path, summary)
+    md = (tmp_path / "report.md").read_text()
+    html = (tmp_path / "report.html").read_text()
+    assert "Refused (not run): postgres-restart-mid-run" in md and "crash point p.only_restarts waived" in md
+    assert "Refused (not run)" in html and "postgres-restart-mid-run" in html
+    assert "p.only_restarts" in html and "waived: refused on a stack the harness did not boot" in html
