@@ -66,8 +66,8 @@ def run(
     interrupt.install()
     if determinism_check:
         raise typer.Exit(_determinism(seed, stack, reports_dir))
-    if parallel != "auto" and not parallel.isdigit():
-        raise typer.BadParameter("-n takes a number of workers or 'auto'")
+    if parallel != "auto" and not (parallel.isdigit() and int(parallel) >= 1):
+        raise typer.BadParameter("-n takes a number of workers (1 or more) or 'auto'")
     # Slices boot stacks of their own: on a stack the harness does not boot, auto is one.
     n = (auto_slices(os.cpu_count() or 1) if stack in ("embedded", "system") else 1) if parallel == "auto" \
         else int(parallel)

@@ -24,6 +24,8 @@ def test_usage_errors_exit_64() -> None:
     assert done.returncode == 64 and "--random" in done.stdout + done.stderr
     assert _qualify("repro").returncode == 64
     assert _qualify("run", "-n", "abc").returncode == 64
+    done = _qualify("run", "-n", "0", "-s", "happy-path", "--reports-dir", "/tmp/qualify-x")  # was run as -n 1
+    assert done.returncode == 64 and "1 or more" in done.stdout + done.stderr
     assert _qualify("repro", "--schedule", "/nonexistent/repro.json").returncode == 64
     done = _qualify("run", "-s", "happy-path", "--stack", "existing", "--reports-dir", "/tmp/qualify-x")
     assert done.returncode == 64 and "--pg-dsn" in done.stdout
