@@ -191,6 +191,12 @@ CATALOG: tuple[Mutant, ...] = (
          Patch("qimpl/db/events.py", "min(limit, PRUNE_LIMIT)))", "100000))")),
         "event-streams-pruned", "at most 100 event streams pruned per tenant per sweep, only ended runs"),
     Mutant(
+        "event-prune-ignores-the-retention", "event streams kept for their retention (R-EVENT-5)",
+        (Patch("qimpl/db/events.py", "(float(retention_s), reconciler, min(limit, PRUNE_LIMIT))",
+               "(0.0, reconciler, min(limit, PRUNE_LIMIT))"),),
+        "event-streams-pruned",
+        "no stream pruned before its retention (2 s after its run ended, the database's clock)"),
+    Mutant(
         "reconciler-expires-nothing", "reconciler expiry (R-EXEC-8, R-OPS-3)",
         (Patch("qimpl/reconciler.py", 'AND deadline_at <= clock_timestamp()"', 'AND false"'),),
         "expiry-without-worker", "one-shot sweep exits 0 and reports one expiry"),
