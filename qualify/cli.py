@@ -277,16 +277,15 @@ def up(
         raise typer.BadParameter("--provider-config must be a JSON object") from None
     if not isinstance(config, dict):
         raise typer.BadParameter("--provider-config must be a JSON object")
+    from qimpl.scripts import not_utf8
     from qimpl.settings import tenant_problem
     from qualify.up import parse_settings
 
     if problem := tenant_problem(tenant):  # as api_keys: a stream token must carry it
         raise typer.BadParameter(f"--tenant {problem}")
     for option, value in (("--principal", principal), ("--workspace", workspace)):
-        try:
-            value.encode()
-        except UnicodeEncodeError:  # bytes that were not UTF-8: nothing could store them
-            raise typer.BadParameter(f"{option} is not valid UTF-8") from None
+        if not_utf8(value):  # bytes that were not UTF-8: nothing could store them
+            raise typer.BadParameter(f"{option} is not valid UTF-8")
     try:
         given = parse_settings(settings or [])
     except UsageError as exc:

@@ -74,11 +74,12 @@ class RequestLimits:
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            if sum(len(n) + len(v) for n, v in scope.get("headers") or []) > MAX_HEADER_BYTES:
+            sent = scope.get("headers") or []
+            if sum(len(n) + len(v) for n, v in sent) > MAX_HEADER_BYTES:
                 await _answer(send, 431, "request_headers_too_large",
                               f"the request's headers exceed {MAX_HEADER_BYTES} bytes")
                 return
-            if twice := _sent_twice(scope.get("headers") or []):
+            if twice := _sent_twice(sent):
                 await _answer(send, 400, "duplicate_header", f"the {twice} header is sent more than once")
                 return
             if again := _repeated_parameter(scope.get("query_string") or b""):
