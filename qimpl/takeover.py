@@ -207,12 +207,17 @@ class TakeoverTracker:
     unclaimed_s: float
     _runs: dict[tuple[str, int], _Seen] = field(default_factory=dict)
 
-    def look(self, orphans: Iterable[tuple[str, int]], now: float) -> None:
-        """Record one look's orphans ``(run_id, generation)``; forget runs that are no
-        longer orphaned (claimed, ended or parked)."""
+    def look(self, orphans: Iterable[tuple[str, int]], now: float, *, after: str | None = None,
+             upto: str | None = None) -> None:
+        """Record one look's orphans ``(run_id, generation)``, the page of run ids above
+        ``after`` up to ``upto`` included (None: from the first, to the last); forget the
+        runs of that page that are no longer orphaned (claimed, ended or parked). Runs of
+        other pages are kept as they were seen: the watcher lists a page a look."""
         current = set(orphans)
         for key in list(self._runs):
-            if key not in current:
+            run_id = key[0]
+            on_page = (after is None or run_id > after) and (upto is None or run_id <= upto)
+            if on_page and key not in current:
                 del self._runs[key]
         for key in current:
             self._runs.setdefault(key, _Seen(since=now))
@@ -235,12 +240,32 @@ class TakeoverTracker:
         been orphaned for a poll interval (its token, if any, had a chance to work), then
         at most every ``unclaimed_s / 4``."""
         seen = self._runs.get(key)
-        if seen is None or now - seen.since < poll_s:
-            return False
-        if seen.described is not None and now - seen.described < self.unclaimed_s / 4:
+        if seen is None or not self._due(seen, now, poll_s):
             return False
         seen.described = now
         return True
+
+    def _due(self, seen: _Seen, now: float, poll_s: float) -> bool:
+        return now - seen.since >= poll_s and (
+            seen.described is None or now - seen.described >= self.unclaimed_s / 4)
+
+    def to_describe(self, keys: Iterable[tuple[str, int]], now: float, poll_s: float,
+                    budget: int) -> list[tuple[str, int]]:
+        """The orphans among ``keys`` to ask Temporal about now, at most ``budget``
+        (R-EXEC-14: a look's cost stays bounded however many orphans there are): of those
+        ``wants_describe`` would ask about, the longest undescribed first (never described
+        first of all, then by the time since ``since``), so that every orphan is reached
+        within ``orphans / budget + 1`` looks. Marks the chosen ones described."""
+        waiting = []
+        for key in keys:
+            seen = self._runs.get(key)
+            if seen is None or not self._due(seen, now, poll_s):
+                continue
+            waiting.append((seen.described if seen.described is not None else float("-inf"), seen.since, key))
+        chosen = [key for _, _, key in sorted(waiting)[:max(budget, 0)]]
+        for key in chosen:
+            self._runs[key].described = now
+        return chosen
 
     def unclaimed(self, key: tuple[str, int], pending: Pending | None, now: float) -> bool:
         """Record what Temporal said; True when the same started attempt, silent (no

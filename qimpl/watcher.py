@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -58,6 +59,9 @@ ACTIVITY_TYPE = "run_agent_v2"
 _STAND_DOWN_S = 1.0
 #: While the database session stays lost, one log line per this many seconds.
 _LOST_LOG_EVERY_S = 10.0
+#: Temporal describes one look may make (issue 55: with 100 runs in backoff each was
+#: described at every look, about 990 calls a second); at a 0.1 s poll, 100 a second at most.
+DESCRIBES_PER_LOOK = 10
 AFTER_MOVE = declare("takeover.after_move",
                      "the watcher moved an orphan's activity to its takeover queue, the dead attempt not yet failed")
 _STATES = {PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED: "scheduled",
@@ -82,12 +86,17 @@ class LeaseWatcher:
     def __init__(self, client: Client, *, dsn: str, lease_s: float, poll_s: float,
                  unclaimed_s: float, limit: int = 100, task_queue: str | None = None,
                  takeover_queue: str | None = None,
-                 free_slots: Callable[[], int] | None = None) -> None:
+                 free_slots: Callable[[], int] | None = None,
+                 describes_per_look: int = DESCRIBES_PER_LOOK) -> None:
         self.client = client
         self.dsn = dsn
         self.lease_s = lease_s
         self.poll_s = poll_s
         self.limit = limit
+        #: At most this many Temporal describes per look (``TakeoverTracker.to_describe``).
+        self.describes_per_look = describes_per_look
+        #: Where the next look's page of orphans starts (``run_id``, exclusive); None: the first.
+        self._after: str | None = None
         self.task_queue = task_queue
         self.takeover_queue = takeover_queue
         self.free_slots = free_slots
@@ -146,32 +155,46 @@ class LeaseWatcher:
     async def look(self) -> None:
         """One look: elect, list the orphans, end what ``qimpl.takeover`` says."""
         conn = await self._session()
-        if not await db.hold_watch(conn):
+        if not await db.hold_watch(conn, self.task_queue or ""):
             return
         # Listed twice, in two statements: one statement's snapshot of ``runs`` may predate
         # the lock it sees free (an owner that committed its end and closed its session in
-        # between); a run orphaned, unchanged, in both is one whose owner is gone.
-        first = await self._orphans(conn)
-        orphans = {k: o for k, o in (await self._orphans(conn)).items() if first.get(k) == o}
+        # between); a run orphaned, unchanged, in both is one whose owner is gone. One page
+        # of ``limit`` a look, the next look going on from its last ``run_id`` (back to the
+        # first after a short page): every orphan is reached within ``orphans / limit + 1``
+        # looks, however many there are (issue 55: ordered by id with a fixed limit, the
+        # highest ids of 150 orphans were never listed).
+        after = self._after
+        first = await self._orphans(conn, after)
+        listed = await self._orphans(conn, after)
+        self._after = max(o.run_id for o in listed.values()) if len(listed) >= self.limit else None
+        orphans = {k: o for k, o in listed.items() if first.get(k) == o}
         now = time.monotonic()
-        self.tracker.look(orphans, now)
+        self.tracker.look(orphans, now, after=after, upto=self._after)
+        by_token = set()
         for key, orphan in orphans.items():
             token = self.tracker.token_to_fail(key, orphan.owner_task_token)
             if token is not None:
+                by_token.add(key)
                 await self._move(orphan, await self._pending(workflow_id(orphan.run_id, orphan.generation)))
                 await self._fail_token(orphan, token)
-            elif self.tracker.wants_describe(key, now, self.poll_s):
-                await self._unclaimed(conn, orphan)
+        for key in self.tracker.to_describe([k for k in orphans if k not in by_token], now, self.poll_s,
+                                            self.describes_per_look):
+            await self._unclaimed(conn, orphans[key])
 
-    async def _orphans(self, conn: psycopg.AsyncConnection[Any]) -> dict[tuple[str, int], db.Orphan]:
-        return {(o.run_id, o.generation): o for o in await db.lease_orphans(conn, limit=self.limit)}
+    async def _orphans(self, conn: psycopg.AsyncConnection[Any],
+                       after: str | None = None) -> dict[tuple[str, int], db.Orphan]:
+        return {(o.run_id, o.generation): o
+                for o in await db.lease_orphans(conn, limit=self.limit, after=after)}
 
     async def _still_orphaned(self, conn: psycopg.AsyncConnection[Any], orphan: db.Orphan) -> bool:
         """Re-read right before a call: the run is still ``running``, unclaimed since, and
         its lock free (and this session still the watcher)."""
-        if not await db.hold_watch(conn):
+        if not await db.hold_watch(conn, self.task_queue or ""):
             return False
-        return (await self._orphans(conn)).get((orphan.run_id, orphan.generation)) == orphan
+        # The page that starts just below it: one that holds the run when it is still orphaned.
+        return (await self._orphans(conn, _just_below(orphan.run_id))).get(
+            (orphan.run_id, orphan.generation)) == orphan
 
     async def _fail_token(self, orphan: db.Orphan, token: bytes) -> None:
         key = (orphan.run_id, orphan.generation)
@@ -318,6 +341,12 @@ async def move_home(client: Client, *, namespace: str, workflow_id: str, activit
                     extra={"event": "takeover.move_home_refused", "workflow_id": workflow_id})
         return False
     return True
+
+
+def _just_below(run_id: str) -> str:
+    """The UUID right below ``run_id``: a page that starts after it starts at ``run_id``."""
+    value = uuid.UUID(run_id).int
+    return str(uuid.UUID(int=max(value - 1, 0)))
 
 
 def _workflow_type(started: HistoryEvent | None) -> str | None:

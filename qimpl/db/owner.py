@@ -240,7 +240,7 @@ class RunOwner:
             await cur.execute(
                 """
                 UPDATE runs SET state = 'running', row_version = row_version + 1,
-                                owner_attempt = %s, owner_task_token = %s,
+                                owner_attempt = %s, owner_task_token = %s, retry_not_before = NULL,
                                 started_at = coalesce(started_at, clock_timestamp()),
                                 dispatch_confirmed_at = coalesce(dispatch_confirmed_at, clock_timestamp())
                 WHERE run_id = %s RETURNING *,
@@ -503,7 +503,7 @@ class RunOwner:
             return None
         return float(got[0]), None if got[1] is None else float(got[1])
 
-    async def count_failure(self, code: str) -> int:
+    async def count_failure(self, code: str, *, retry_in_s: float | None = None) -> int:
         """Count one failed step durably (R-EXEC-6) with its safe kind ``code`` (a
         ``qimpl.errors`` kind, never provider text: the run's ``last_failure_code``, shown
         on the run record and in its ``failure`` event); returns the run's failures so far.
@@ -513,12 +513,17 @@ class RunOwner:
         that sees the lease free in between has no token to fail it by, which would race
         that report and could lose the delay (R-EXEC-13; one whose report is lost, the
         worker dying right after this write, is failed by the watcher as a started attempt
-        that never claims: ``qimpl.takeover``)."""
+        that never claims: ``qimpl.takeover``).
+
+        ``retry_in_s``: the retry's delay, seconds, stored as ``retry_not_before`` (the
+        database's clock): until then the run is no orphan for the watcher, which would
+        otherwise take every run in backoff for a lost one (issue 55); None: none stored."""
         got = await self._write(
             f"UPDATE runs SET row_version = row_version + 1, provider_failures = provider_failures + 1,"
-            f" last_failure_code = %(failure_code)s, owner_task_token = NULL {_FENCE}"
+            f" last_failure_code = %(failure_code)s, owner_task_token = NULL,"
+            f" retry_not_before = clock_timestamp() + make_interval(secs => %(retry_in_s)s) {_FENCE}"
             f" RETURNING row_version, provider_failures",
-            self._params(failure_code=code), what=f"failure count of run {self.run_id}")
+            self._params(failure_code=code, retry_in_s=retry_in_s), what=f"failure count of run {self.run_id}")
         return int(got[1])
 
     async def _end(self, state: RunState, *, result: Mapping[str, Any] | None = None,

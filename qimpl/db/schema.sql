@@ -248,6 +248,7 @@ ALTER FUNCTION public.qimpl_authenticate_operator(p_key_hash text) OWNER TO post
 CREATE FUNCTION public.qimpl_lease_orphans(p_limit integer) RETURNS TABLE(run_id uuid, tenant_id text, generation integer, owner_attempt integer, owner_task_token bytea)
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    SET enable_nestloop TO 'off'
     AS $$
     WITH held AS (
         -- A bigint advisory key is stored as (classid, objid) = (high, low) 32 bits,
@@ -268,6 +269,33 @@ CREATE FUNCTION public.qimpl_lease_orphans(p_limit integer) RETURNS TABLE(run_id
 $$;
 
 ALTER FUNCTION public.qimpl_lease_orphans(p_limit integer) OWNER TO qimpl_lookup;
+
+CREATE FUNCTION public.qimpl_lease_orphans(p_limit integer, p_after uuid) RETURNS TABLE(run_id uuid, tenant_id text, generation integer, owner_attempt integer, owner_task_token bytea)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    SET enable_nestloop TO 'off'
+    AS $$
+    WITH held AS MATERIALIZED (
+        -- One read of the lock table: a bigint advisory key is (classid, objid) = (high,
+        -- low) 32 bits, objsubid 1; granted locks of this database only.
+        SELECT (l.classid::bigint << 32) | l.objid::bigint AS key
+        FROM pg_catalog.pg_locks l
+        WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+          AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                            WHERE d.datname = pg_catalog.current_database())
+    )
+    SELECT r.run_id, r.tenant_id, r.generation, r.owner_attempt, r.owner_task_token
+    FROM public.runs r
+    WHERE r.state = 'running' AND r.lifecycle_version = 2
+      AND (p_after IS NULL OR r.run_id > p_after)
+      AND (r.retry_not_before IS NULL OR r.retry_not_before <= pg_catalog.clock_timestamp())
+      AND NOT EXISTS (SELECT 1 FROM held
+                      WHERE held.key = pg_catalog.hashtextextended('qimpl-run:' || r.run_id::text, 0))
+    ORDER BY r.run_id
+    LIMIT greatest(1, least(p_limit, 1000))
+$$;
+
+ALTER FUNCTION public.qimpl_lease_orphans(p_limit integer, p_after uuid) OWNER TO qimpl_lookup;
 
 CREATE FUNCTION public.qimpl_operator_tenants(p_key_hash text) RETURNS SETOF text
     LANGUAGE sql STABLE SECURITY DEFINER
@@ -961,6 +989,7 @@ CREATE TABLE public.runs (
     owner_task_token bytea,
     last_failure_code text,
     updated_at timestamp with time zone,
+    retry_not_before timestamp with time zone,
     CONSTRAINT runs_durability_check CHECK (((durability)::text = ANY ((ARRAY['temporal'::character varying, 'legacy'::character varying])::text[]))),
     CONSTRAINT runs_generation_check CHECK ((generation >= 1)),
     CONSTRAINT runs_lifecycle_version_check CHECK ((lifecycle_version = ANY (ARRAY[1, 2]))),
@@ -1230,6 +1259,9 @@ GRANT ALL ON FUNCTION public.qimpl_authenticate_operator(p_key_hash text) TO qim
 REVOKE ALL ON FUNCTION public.qimpl_lease_orphans(p_limit integer) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.qimpl_lease_orphans(p_limit integer) TO qimpl_app;
 
+REVOKE ALL ON FUNCTION public.qimpl_lease_orphans(p_limit integer, p_after uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.qimpl_lease_orphans(p_limit integer, p_after uuid) TO qimpl_app;
+
 REVOKE ALL ON FUNCTION public.qimpl_operator_tenants(p_key_hash text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.qimpl_operator_tenants(p_key_hash text) TO qimpl_app;
 
@@ -1293,6 +1325,8 @@ GRANT SELECT(owner_attempt) ON TABLE public.runs TO qimpl_lookup;
 GRANT SELECT(stream_key) ON TABLE public.runs TO qimpl_lookup;
 
 GRANT SELECT(owner_task_token) ON TABLE public.runs TO qimpl_lookup;
+
+GRANT SELECT(retry_not_before) ON TABLE public.runs TO qimpl_lookup;
 
 GRANT SELECT,INSERT,UPDATE ON TABLE public.tool_invocations TO qimpl_app;
 

@@ -328,7 +328,7 @@ class AgentActivities:
         except DeadlinePassed:
             return repo.outcome(await owner.expire())
         except _StepFailed as failure:
-            return await self._count(owner, inp, failure)
+            return await self._count(owner, inp, failure, counted=int(row["provider_failures"]))
 
     async def _steps(self, owner: RunOwner, row: dict[str, Any], inp: RunInput) -> dict[str, Any]:
         checkpoint = await repo.latest_checkpoint(owner.conn, inp.run_id)
@@ -459,22 +459,30 @@ class AgentActivities:
                      extra={"event": "activity.backoff_resumed", "run_id": inp.run_id, "delay_s": left})
             await asyncio.sleep(left)
 
-    async def _count(self, owner: RunOwner, inp: RunInput, failure: _StepFailed) -> dict[str, Any]:
+    async def _count(self, owner: RunOwner, inp: RunInput, failure: _StepFailed, *, counted: int) -> dict[str, Any]:
         """Count a failed step durably; after ``max_provider_failures`` end the run
         ``failed`` with a safe code, else fail the attempt so Temporal retries it after the
         failure's backoff (``qimpl.backoff``: doubling from ``failure_backoff_s``, at least
         the provider's ``Retry-After``, never past the deadline), not at once: a model
-        server that is down for a while is waited out (issue 25, item 8)."""
+        server that is down for a while is waited out (issue 25, item 8).
+
+        ``counted``: the run's failures before this one (the claim's row: no other writer
+        counts while this attempt owns the run), so the count's own write stores when the
+        retry is due (``retry_not_before``) and the watcher leaves the run alone until then."""
+
+        def delay_after(failures: int) -> float:
+            return failure_delay(failures, base_s=inp.failure_backoff_s, max_s=inp.failure_backoff_max_s,
+                                 retry_after_s=failure.retry_after_s, deadline_left_s=owner.seconds_left())
+
         try:
-            failures = await owner.count_failure(failure.kind)
+            failures = await owner.count_failure(failure.kind, retry_in_s=delay_after(counted + 1))
             if failures >= inp.max_provider_failures:
                 code = "agent_attempts_exhausted"
                 return repo.outcome(await owner.fail(code, SAFE_MESSAGES[code]))
         except DeadlinePassed:
             return repo.outcome(await owner.expire())
         await AFTER_FAILURE_COUNT.areach(run_id=inp.run_id, attempt=owner.attempt)
-        delay = failure_delay(failures, base_s=inp.failure_backoff_s, max_s=inp.failure_backoff_max_s,
-                              retry_after_s=failure.retry_after_s, deadline_left_s=owner.seconds_left())
+        delay = delay_after(failures)
         log.info("run %s asks again in %.1f s (failure %s of %s: %s)", inp.run_id, delay, failures,
                  inp.max_provider_failures, failure.kind,
                  extra={"event": "activity.failure_backoff", "run_id": inp.run_id, "delay_s": delay})

@@ -254,3 +254,42 @@ def test_the_watcher_reads_the_workflow_version_from_the_start_event() -> None:
     assert _workflow_type(_start_event("AgentRunWorkflowV2")) == "AgentRunWorkflowV2"  # type: ignore[arg-type]
     assert _workflow_type(HistoryEvent(event_id=5)) is None
     assert _workflow_type(None) is None
+
+
+@pytest.mark.req("R-EXEC-14")
+def test_a_look_forgets_only_the_runs_of_its_own_page() -> None:
+    # The watcher lists one page of orphans a look (issue 55): a run on another page is
+    # not claimed for being absent, so its stretch (and its unclaimed bound) goes on.
+    t = TakeoverTracker(unclaimed_s=0.5)
+    low, mid, high = ("a", 1), ("m", 1), ("z", 1)
+    t.look([low, mid, high], now=0.0)
+    t.token_failed(high, b"tok")
+    t.look([low], now=0.1, after=None, upto="f")  # the page up to "f": mid and high elsewhere
+    assert t.token_to_fail(high, b"tok") is None  # still known: not failed twice
+    t.look([], now=0.2, after="f", upto=None)  # the rest: neither mid nor high is orphaned now
+    assert t.token_to_fail(high, b"tok") is None and t.token_to_fail(mid, b"t") is None
+    assert t.token_to_fail(low, b"t") == b"t"
+
+
+@pytest.mark.req("R-EXEC-14")
+def test_describes_are_bounded_per_look_and_reach_every_orphan() -> None:
+    # 100 orphans, a budget of 10 a look: never more than 10 describes in one look, the
+    # never-described first, and every orphan described within 10 looks (issue 55).
+    t = TakeoverTracker(unclaimed_s=0.4)
+    keys = [(f"run-{i:03d}", 1) for i in range(100)]
+    t.look(keys, now=0.0)
+    seen: set[tuple[str, int]] = set()
+    for n in range(1, 11):
+        chosen = t.to_describe(keys, now=0.1 * n, poll_s=0.1, budget=10)
+        assert len(chosen) == 10 and not seen & set(chosen)
+        seen |= set(chosen)
+    assert seen == set(keys)
+    # The next look goes back to the longest undescribed (the first ten).
+    assert t.to_describe(keys, now=1.1, poll_s=0.1, budget=10) == keys[:10]
+    # None before an orphan's first poll interval, nor twice within unclaimed_s / 4.
+    fresh = TakeoverTracker(unclaimed_s=0.4)
+    fresh.look([KEY], now=0.0)
+    assert fresh.to_describe([KEY], now=0.05, poll_s=0.1, budget=10) == []
+    assert fresh.to_describe([KEY], now=0.1, poll_s=0.1, budget=10) == [KEY]
+    assert fresh.to_describe([KEY], now=0.15, poll_s=0.1, budget=10) == []
+    assert fresh.to_describe([KEY], now=0.2, poll_s=0.1, budget=10) == [KEY]
