@@ -389,6 +389,14 @@ CATALOG: tuple[Mutant, ...] = (
         "retry-stranded-on-a-dead-takeover-queue",
         "the third worker's watcher moved the timed-out retry off the dead queue"),
     Mutant(
+        "one-watcher-election-per-database",
+        "each task queue elects its own takeover watcher (R-EXEC-13, issue 55)",
+        (Patch("qimpl/db/takeover.py",
+               "'qimpl-takeover-watcher:' || %(queue)s, 0)",
+               "'qimpl-takeover-watcher' || left(%(queue)s, 0), 0)"),),
+        "stranded-retry-beside-another-deployment",
+        "the third worker's watcher moved the timed-out retry off the dead queue"),
+    Mutant(
         "guard-skips-inserts", "the transition guard runs on INSERT too (R-STATE-1)",
         (_guard(
                "CREATE TRIGGER runs_transition_guard BEFORE INSERT OR UPDATE ON public.runs",
@@ -490,10 +498,10 @@ CATALOG: tuple[Mutant, ...] = (
         "(the shorter bound: unclaimed / 3)"),
     Mutant(
         "watcher-ignores-the-lock", "the watcher ends only owners whose lease is gone (R-EXEC-13)",
-        (Patch("qimpl/db/migrations/versions/20261204_090000_owner_task_token.py",
+        (Patch("qimpl/db/migrations/versions/20261213_100000_watcher_scale.py",
                "      AND NOT EXISTS (SELECT 1 FROM held\n",
                "      AND NOT EXISTS (SELECT 1 FROM held WHERE false AND\n"),
-         Patch("qimpl/db/migrations/versions/20261204_090000_owner_task_token.py",
+         Patch("qimpl/db/migrations/versions/20261213_100000_watcher_scale.py",
                "                      WHERE held.key = pg_catalog",
                "                      held.key = pg_catalog")),
         "watcher-never-ends-a-live-owner",
@@ -645,10 +653,17 @@ CATALOG: tuple[Mutant, ...] = (
         "Temporal held the 429's retry for its Retry-After: no later attempt claimed the run sooner"),
     Mutant(
         "failure-count-keeps-the-token",
-        "a counted failure takes its attempt's task token off the run before its report (R-EXEC-13, R-EXEC-6)",
+        # Two mechanisms guard this race since issue 55, each masking the other's absence:
+        # the count takes the token off the run, and the run is no orphan until its
+        # backoff has passed (retry_not_before). Either alone passes the scenario.
+        "a counted failure takes its attempt's task token off the run before its report, and the "
+        "run is no orphan during its backoff (R-EXEC-13, R-EXEC-6)",
         (Patch("qimpl/db/owner.py",
-               'f" last_failure_code = %(failure_code)s, owner_task_token = NULL {_FENCE}"',
-               'f" last_failure_code = %(failure_code)s {_FENCE}"'),),
+               'f" last_failure_code = %(failure_code)s, owner_task_token = NULL,"',
+               'f" last_failure_code = %(failure_code)s,"'),
+         Patch("qimpl/db/migrations/versions/20261213_100000_watcher_scale.py",
+               "      AND (r.retry_not_before IS NULL OR r.retry_not_before <= pg_catalog.clock_timestamp())\n",
+               "")),
         "failure-reported-after-the-lease",
         "Temporal held the retry for the 3 s Retry-After: no later attempt claimed the run sooner after "
         "the failed call ended, on the database's clock"),

@@ -42,11 +42,11 @@ class WorkerSettings(_ProviderSettings, Settings):
         json_schema_extra=_example("9464"))
     takeover_watch: bool = Field(
         default=True,
-        description="run the takeover watcher: fail the Temporal attempt of a `running` run whose lease is gone at once, instead of after Temporal's heartbeat timeout (R-EXEC-13). One worker at a time watches (a session advisory lock); any number may run it",
+        description="run the takeover watcher: fail the Temporal attempt of a `running` run whose lease is gone at once, instead of after Temporal's heartbeat timeout (R-EXEC-13). One worker at a time watches each task queue (a session advisory lock); any number may run it",
         json_schema_extra=_example("true"))
     takeover_poll_s: float = Field(
         default=0.1, ge=0.02, le=10,
-        description="seconds between the takeover watcher's looks for runs whose lease is gone (one query over `pg_locks`)",
+        description="seconds between the takeover watcher's looks for runs whose lease is gone (one query reading `pg_locks` once)",
         json_schema_extra=_example("0.1"))
     takeover_unclaimed_s: float = Field(
         default=0.3, ge=0.05, le=60,

@@ -468,6 +468,26 @@ STRANDED_WITHIN_S = 15.0
     crash_points=(AFTER_MOVE,),
 )
 def retry_stranded_on_a_dead_takeover_queue(ctx: ScenarioContext) -> None:
+    _stranded(ctx, beside_another_deployment=False)
+
+
+@scenario(
+    "stranded-retry-beside-another-deployment",
+    default_timers_because="a retry stranded by Temporal's heartbeat timeout, moved on the default timers",
+    title="retry-stranded-on-a-dead-takeover-queue with a second deployment on the same database: "
+          "a worker of another task queue is up before the third worker starts, so it would win a "
+          "database-wide watcher election and never move this queue's retry (a watcher moves only its "
+          "own queue's runs); with one election per task queue the third worker's watcher moves it "
+          f"and the run completes within {STRANDED_WITHIN_S:.0f} s of its start",
+    requirements=("R-EXEC-13",),
+    faults=("sigkill the owner at a barrier (step 2)", f"sigkill at {AFTER_MOVE}"),
+    crash_points=(AFTER_MOVE,),
+)
+def stranded_retry_beside_another_deployment(ctx: ScenarioContext) -> None:
+    _stranded(ctx, beside_another_deployment=True)
+
+
+def _stranded(ctx: ScenarioContext, *, beside_another_deployment: bool) -> None:
     api = ctx.processes.api()
     owner = ctx.processes.worker("worker-1")
     run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="unstranded",
@@ -491,6 +511,10 @@ def retry_stranded_on_a_dead_takeover_queue(ctx: ScenarioContext) -> None:
                "takeover queue (stranded: nobody polls it)",
                pending is not None and pending["state"] == "scheduled" and pending["timed_out"]
                and pending["task_queue"].startswith(stranded_on), json.dumps(pending), "R-EXEC-13")
+    if beside_another_deployment:
+        # Ready (started and polling) before the third worker, and the only live worker
+        # now: under one election per database it would be the watcher from here on.
+        ctx.processes.worker("worker-other", QIMPL_TASK_QUEUE=f"{ctx.deployment.task_queue}-other")
     rescuer = ctx.processes.worker("worker-3")
     started = ctx.db_now()
     run = _terminal_within(ctx, api, run_id, STRANDED_WITHIN_S)
