@@ -32,8 +32,8 @@ Figures: ``mb.<N>x<S>x<D>.<system>.<metric>`` (``bench.stats.mb_prefix``), syste
 ``qimpl``, ``qimpl_slots<K>``, ``floor``, ``dbos``; metrics ``runs``, ``completed``,
 ``wall_s``, ``runs_per_s``, ``p50_s``, ``p95_s``, ``pg_server_peak``, ``pg_worker_peak``,
 ``pg_mem_mib`` (``pg_mem_kind`` ``pss`` or ``rss``), ``pg_rss_mib``, ``pg_cpu_s``,
-``rss_mib.<process>``, ``cpu_s.<process>``; qimpl's also ``slots`` and
-``dispatch_unknown``.
+``rss_mib.<process>``, ``cpu_s.<process>``; qimpl's also ``slots``,
+``dispatch_unknown`` and where its runs' time went (``_qimpl_phases``).
 """
 
 from __future__ import annotations
@@ -271,6 +271,24 @@ def _timeout_s(runs: int, steps: int, delay_ms: int, slots: int) -> float:
     return 120 + 2 * runs * steps * delay_ms / 1000 / max(1, min(slots, runs))
 
 
+def _qimpl_phases(dsn: str, run_ids: list[str]) -> dict[str, float]:
+    """Where qimpl's runs spent their time, by the database's timestamps (seconds):
+    ``accept_span_s`` first to last ``accepted_at`` (how long the API took to accept them
+    all), ``to_claim_p50_s``/``p95`` ``accepted_at -> started_at`` (dispatch and the wait
+    for a free activity slot), ``claim_to_done_p50_s`` ``started_at -> completed_at``."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT extract(epoch FROM accepted_at)::float8, extract(epoch FROM started_at - accepted_at)::float8,"
+            " extract(epoch FROM completed_at - started_at)::float8 FROM runs"
+            " WHERE run_id = ANY(%s) AND state = 'completed'", (run_ids,)).fetchall()
+    if not rows:
+        return {}
+    accepted = [float(r[0]) for r in rows]
+    to_claim, claimed = summarize([float(r[1]) for r in rows]), summarize([float(r[2]) for r in rows])
+    return {"accept_span_s": max(accepted) - min(accepted), "to_claim_p50_s": to_claim.p50,
+            "to_claim_p95_s": to_claim.p95, "claim_to_done_p50_s": claimed.p50}
+
+
 def _qimpl(env: BenchEnv, runs: int, steps: int, delay_ms: int, slots: int | None) -> dict[str, Any]:
     from bench.qimpl_runs import _throughput
     from qualify.fakes.synthetic import make_prompt
@@ -292,11 +310,12 @@ def _qimpl(env: BenchEnv, runs: int, steps: int, delay_ms: int, slots: int | Non
         effective = slots or DEFAULT_SLOTS
         sql = f"usename = '{WORKER_ROLE}' AND datname = '{_dbname(dsn)}'"
         with _sampler(env, {"api": (api.pid, True), "worker": (worker.pid, True)}, sql) as sampler:
-            elapsed, _ids, bad, unknown = asyncio.run(_throughput(
+            elapsed, ids, bad, unknown = asyncio.run(_throughput(
                 api, dsn, runs, runs, prompt=prompt, latencies=latencies,
                 timeout_s=_timeout_s(runs, steps, delay_ms, effective)))
         out = _result(runs, elapsed, latencies, runs - bad)
         out.update(sampler.figures(), slots=effective, dispatch_unknown=unknown)
+        out.update(_qimpl_phases(dsn, ids))
         return out
 
 

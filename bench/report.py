@@ -18,6 +18,7 @@ from bench.stats import (
     format_value,
     mb_prefixes,
     mb_processes,
+    mb_qimpl_phases,
     mb_ratios,
     mb_table,
 )
@@ -76,7 +77,8 @@ def _md_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]
 def model_bound_markdown(values: Mapping[str, Any], prefix: str | None = None) -> str:
     """The model-bound section's tables as Markdown, for ``prefix`` (one shape,
     ``mb.<runs>x<steps>x<delay_ms>``) or every shape in ``values``: one row per system,
-    one per process (peak RSS, CPU seconds), and issue 55's ratios with their targets.
+    one per process (peak RSS, CPU seconds), where qimpl's runs spent their time, and issue
+    55's ratios with their targets.
     "" when no shape was measured."""
     out: list[str] = []
     for p in [prefix] if prefix else mb_prefixes(values):
@@ -89,6 +91,7 @@ def model_bound_markdown(values: Mapping[str, Any], prefix: str | None = None) -
         out += _md_table(header, body)
         out += [""]
         out += _md_table(*mb_processes(values, p))
+        out += ["", *_md_table(*mb_qimpl_phases(values, p))]
         out += ["", *_md_table(["issue 55", "value"], [[r.label, r.text()] for r in mb_ratios(values, p)])]
     return "\n".join(out).lstrip("\n") + ("\n" if out else "")
 

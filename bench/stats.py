@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 __all__ = ["CONCURRENCY", "FIGURES", "MODEL_BOUND_SHAPES", "MODEL_BOUND_TARGETS", "TARGETS",
            "FigureRow", "FigureSpec", "ModelBoundRatio", "Summary", "Target", "TargetResult",
-           "evaluate", "format_value", "mb_prefix", "mb_prefixes", "mb_processes", "mb_ratios",
+           "evaluate", "format_value", "mb_prefix", "mb_prefixes", "mb_processes", "mb_qimpl_phases", "mb_ratios",
            "mb_systems", "mb_table", "percentile", "ratio", "rows", "summarize"]
 
 #: Concurrency levels of the throughput figures (runs in flight at once).
@@ -508,6 +508,23 @@ def mb_processes(values: Mapping[str, object], prefix: str) -> tuple[list[str], 
             out.append([_system_label(values, prefix, system), proc,
                         _cell(_num(values, f"{k}rss_mib.{proc}"), "MiB"),
                         _cell(_num(values, f"{k}cpu_s.{proc}"), "cpu")])
+    return header, out
+
+
+def mb_qimpl_phases(values: Mapping[str, object], prefix: str) -> tuple[list[str], list[list[str]]]:
+    """(header, one row per qimpl configuration): where its runs' time went, by the
+    database's timestamps: the API's span from the first to the last acceptance,
+    accepted -> claimed (dispatch and the wait for an activity slot) p50/p95, claimed ->
+    completed p50."""
+    header = ["qimpl", "all accepted in", "accepted -> claimed p50", "p95", "claimed -> completed p50"]
+    out = []
+    for system in mb_systems(values, prefix):
+        if not system.startswith("qimpl"):
+            continue
+        k = f"{prefix}.{system}."
+        out.append([_system_label(values, prefix, system), *(
+            _cell(_num(values, k + m), "s") for m in ("accept_span_s", "to_claim_p50_s", "to_claim_p95_s",
+                                                     "claim_to_done_p50_s"))])
     return header, out
 
 

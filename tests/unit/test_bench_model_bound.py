@@ -15,6 +15,7 @@ from bench.stats import (
     mb_prefix,
     mb_prefixes,
     mb_processes,
+    mb_qimpl_phases,
     mb_ratios,
     mb_systems,
     mb_table,
@@ -31,6 +32,8 @@ def _values() -> dict[str, Any]:
         f"{P}.qimpl.pg_server_peak": 40, f"{P}.qimpl.pg_mem_mib": 150.4, f"{P}.qimpl.pg_mem_kind": "pss",
         f"{P}.qimpl.pg_cpu_s": 3.25, f"{P}.qimpl.rss_mib.worker": 120.0, f"{P}.qimpl.cpu_s.worker": 9.5,
         f"{P}.qimpl.rss_mib.api": 110.0, f"{P}.qimpl.cpu_s.api": 2.0,
+        f"{P}.qimpl.accept_span_s": 4.5, f"{P}.qimpl.to_claim_p50_s": 15.0, f"{P}.qimpl.to_claim_p95_s": 28.0,
+        f"{P}.qimpl.claim_to_done_p50_s": 3.1,
         f"{P}.qimpl_slots200.runs_per_s": 17.0, f"{P}.qimpl_slots200.slots": 200,
         f"{P}.qimpl_slots200.pg_worker_peak": 139,
         f"{P}.qimpl_slots40.runs_per_s": 9.0, f"{P}.qimpl_slots40.slots": 40,
@@ -95,12 +98,21 @@ def test_process_table_lists_each_process_of_each_system() -> None:
                     ["qimpl, defaults (20 activity slots)", "worker", "120 MiB", "9.5 s"]]
 
 
-def test_markdown_has_the_three_tables_per_shape() -> None:
+def test_qimpl_phase_table_only_for_qimpl() -> None:
+    header, body = mb_qimpl_phases(_values(), P)
+    assert len(header) == 5 and [r[0] for r in body] == ["qimpl, defaults (20 activity slots)",
+                                                         "qimpl, 40 activity slots", "qimpl, 200 activity slots"]
+    assert body[0][1:] == ["4.50 s", "15.00 s", "28.00 s", "3.10 s"]
+    assert body[1][1:] == ["-"] * 4
+
+
+def test_markdown_has_the_four_tables_per_shape() -> None:
     text = model_bound_markdown(_values())
     assert text.startswith("Model-bound load: 200 runs x 3 steps x 1,000 ms")
-    table_rows = [ln for ln in text.splitlines() if ln.startswith("| ") and not ln.startswith("| system |")
-                  and not ln.startswith("| issue 55 |")]
-    assert len(table_rows) == 5 + 2 + 9  # systems, processes, 3 ratios x 3 qimpl configurations
+    table_rows = [ln for ln in text.splitlines() if ln.startswith("| ")
+                  and not ln.startswith(("| system |", "| issue 55 |", "| qimpl |"))]
+    # systems, processes, qimpl's phases, 3 ratios x 3 qimpl configurations
+    assert len(table_rows) == 5 + 2 + 3 + 9
     assert "| qimpl, defaults (20 activity slots): runs/s / floor's | 0.30 (target >= 0.80): missed |" in text
     assert model_bound_markdown({"qimpl.tput_c1": 1.0}) == ""
 
