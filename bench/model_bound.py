@@ -265,10 +265,14 @@ def _result(runs: int, elapsed: float, latencies: list[float], completed: int) -
     return out
 
 
+#: The Python SDK's activity slots per worker when none are given (the floor's worker).
+SDK_DEFAULT_SLOTS = 100
+
+
 def _timeout_s(runs: int, steps: int, delay_ms: int, slots: int) -> float:
-    """How long one run may take at most: twice the time the slots need for all of them
-    one after the other, plus two minutes."""
-    return 120 + 2 * runs * steps * delay_ms / 1000 / max(1, min(slots, runs))
+    """How long the runs may take at most (a hang, not a slow machine): four times what
+    ``slots`` activity slots need for all the steps, plus five minutes."""
+    return 300 + 4 * runs * steps * delay_ms / 1000 / max(1, min(slots, runs))
 
 
 def _qimpl_phases(dsn: str, run_ids: list[str]) -> dict[str, float]:
@@ -336,7 +340,8 @@ def _floor(env: BenchEnv, runs: int, steps: int, delay_ms: int) -> dict[str, Any
 
         if sampler is not None:
             sampler.start()
-        return await closed_loop(run_one, concurrency=n, total=n)
+        return await asyncio.wait_for(closed_loop(run_one, concurrency=n, total=n),
+                                      _timeout_s(n, steps, delay, SDK_DEFAULT_SLOTS))
 
     with Subprocess(python_m("bench.floor_worker", "--address", env.temporal_address, "--task-queue", task_queue),
                     log_path=env.workdir / "logs" / f"mb-floor-worker-{runs}.log", ready_line="floor.ready") as w:
