@@ -160,7 +160,11 @@ class Subprocess:
             kill_tree(self.proc, first=signal.SIGTERM, grace_s=5)
 
     def __enter__(self) -> Subprocess:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # not ready in time, or Ctrl-C while waiting: reap it all the same
+            self.stop()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -174,11 +174,16 @@ class Sampler:
 
     def start(self) -> Sampler:
         self._conn = psycopg.connect(self.pg_dsn, autocommit=True, application_name="bench-sampler")
-        for p in self.procs.values():
-            p.cpu0 = p.cpu()
-        self.postgres.cpu0 = self.postgres.cpu()
-        self._tick(memory=True)
-        self._thread.start()
+        try:
+            for p in self.procs.values():
+                p.cpu0 = p.cpu()
+            self.postgres.cpu0 = self.postgres.cpu()
+            self._tick(memory=True)
+            self._thread.start()
+        except BaseException:
+            self._conn.close()
+            self._conn = None
+            raise
         return self
 
     def _tick(self, *, memory: bool) -> None:
