@@ -27,7 +27,8 @@ from qualify.processes import Deployment, Processes
 from qualify.procs import kill_tree, spawn, wait_until
 from qualify.scenarios.base import ScenarioContext
 
-__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT_S", "DEFAULT_LEASE_S", "BenchEnv", "Plan", "Subprocess", "deployment_context", "python_m"]
+__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT_S", "DEFAULT_LEASE_S", "BenchEnv", "ModelBoundPlan", "Plan", "SectionFailed",
+           "Subprocess", "deployment_context", "python_m"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,6 +64,39 @@ class Plan:
                    pause_trials=3, boot_trials=5, random_schedules=40, commits=500)
 
 
+class SectionFailed(Exception):
+    """A section that measured part of its figures and then failed: ``run_bench`` keeps
+    ``figures`` and records the failure (``__cause__``) as the section's error."""
+
+    def __init__(self, message: str, figures: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.figures = figures
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelBoundPlan:
+    """What the ``model_bound`` section measures: for each of ``runs``, that many runs of
+    ``steps`` steps, each step waiting ``delay_ms`` on the provider, all started at once,
+    on qimpl at its defaults, the floor and DBOS; ``slots``: qimpl again with a worker of
+    that many activity slots each (``QIMPL_MAX_CONCURRENT_ACTIVITIES``)."""
+
+    runs: tuple[int, ...] = (200, 1000)
+    steps: int = 3
+    delay_ms: int = 1000
+    slots: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.runs or min(self.runs) < 1 or self.steps < 1 or self.delay_ms < 0 \
+                or (self.slots and min(self.slots) < 1):
+            raise ValueError(f"model-bound plan out of range: {self}")
+
+    @classmethod
+    def of(cls, quick: bool) -> ModelBoundPlan:
+        """The defaults (1,000 and 200 runs x 3 steps x 1,000 ms), or with ``quick`` 20 x
+        2 x 200 ms (development, smoke test)."""
+        return cls(runs=(20,), steps=2, delay_ms=200) if quick else cls()
+
+
 @dataclass
 class BenchEnv:
     """The stack (booted once), the plan and the run's working directory."""
@@ -76,6 +110,8 @@ class BenchEnv:
     #: Where a section keeps what must outlive the run (a failing qualification's report);
     #: beside the results file, created on demand.
     keep_dir: Path | None = None
+    #: What the ``model_bound`` section measures.
+    model_bound: ModelBoundPlan = ModelBoundPlan()
 
     @property
     def pg_dsn(self) -> str:
@@ -124,7 +160,11 @@ class Subprocess:
             kill_tree(self.proc, first=signal.SIGTERM, grace_s=5)
 
     def __enter__(self) -> Subprocess:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # not ready in time, or Ctrl-C while waiting: reap it all the same
+            self.stop()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -47,8 +47,8 @@ TERMINAL = ("completed", "failed", "expired", "cancelled")
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 
 
-def _body() -> dict[str, Any]:
-    return {"prompt": PROMPT, "durable_temporal": True}
+def _body(prompt: str = PROMPT) -> dict[str, Any]:
+    return {"prompt": prompt, "durable_temporal": True}
 
 
 def _table_rows(dsn: str) -> int:
@@ -197,10 +197,13 @@ class _Completions:
                             fut.set_result(state)
 
 
-async def _throughput(api: ManagedProcess, dsn: str, concurrency: int, total: int
-                      ) -> tuple[float, list[str], int, int]:
+async def _throughput(api: ManagedProcess, dsn: str, concurrency: int, total: int, *,
+                      prompt: str = PROMPT, timeout_s: float = 300,
+                      latencies: list[float] | None = None) -> tuple[float, list[str], int, int]:
     """(elapsed seconds, run ids, runs not completed, 503 ``durable_dispatch_unknown``
-    answers) of ``total`` runs, ``concurrency`` in flight. A 503 with its receipt is an
+    answers) of ``total`` runs of ``prompt``, ``concurrency`` in flight, each awaited at
+    most ``timeout_s``; each run's seconds (its POST asked -> its terminal state seen) are
+    appended to ``latencies`` when given. A 503 with its receipt is an
     accepted run whose dispatch the reconciler confirms later (R-CREATE-5): the client
     keeps the receipt and waits for that run, as the spec tells clients to.
 
@@ -221,7 +224,7 @@ async def _throughput(api: ManagedProcess, dsn: str, concurrency: int, total: in
         async def one(_: int) -> None:
             nonlocal not_completed, unknown
             async with posting:
-                resp = await client.post("/v1/agents/bench/runs", json=_body(),
+                resp = await client.post("/v1/agents/bench/runs", json=_body(prompt),
                                          headers={"Idempotency-Key": str(uuid.uuid4())})
             doc = resp.json()
             if resp.status_code == 503 and doc.get("code") == "durable_dispatch_unknown":
@@ -232,15 +235,17 @@ async def _throughput(api: ManagedProcess, dsn: str, concurrency: int, total: in
             else:
                 raise HarnessError(f"create answered {resp.status_code}: {resp.text[:200]}")
             ids.append(run_id)
-            if await done.wait(run_id) != "completed":
+            if await done.wait(run_id, timeout_s) != "completed":
                 not_completed += 1
 
         poller = asyncio.create_task(done.poll(stop))
         try:
-            elapsed, _ = await closed_loop(one, concurrency=concurrency, total=total)
+            elapsed, lat = await closed_loop(one, concurrency=concurrency, total=total)
         finally:
             stop.set()
             await poller
+    if latencies is not None:
+        latencies.extend(lat)
     return elapsed, ids, not_completed, unknown
 
 

@@ -11,9 +11,19 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.stats import CONCURRENCY, FigureRow, TargetResult, format_value
+from bench.stats import (
+    CONCURRENCY,
+    FigureRow,
+    TargetResult,
+    format_value,
+    mb_prefixes,
+    mb_processes,
+    mb_qimpl_phases,
+    mb_ratios,
+    mb_table,
+)
 
-__all__ = ["console_table", "draw_chart", "latest_previous", "markdown", "write_json"]
+__all__ = ["console_table", "draw_chart", "latest_previous", "markdown", "model_bound_markdown", "write_json"]
 
 
 def _ratio(row: FigureRow) -> str:
@@ -57,6 +67,33 @@ def markdown(rows: Sequence[FigureRow], targets: Sequence[TargetResult], *, meta
         res = {True: "met", False: "**missed**", None: "not measured"}[t.met]
         out.append(f"| {target_text.get(t.target, t.target)} | {res} | {t.detail} |")
     return "\n".join(out) + "\n"
+
+
+def _md_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(row) + " |" for row in body)]
+
+
+def model_bound_markdown(values: Mapping[str, Any], prefix: str | None = None) -> str:
+    """The model-bound section's tables as Markdown, for ``prefix`` (one shape,
+    ``mb.<runs>x<steps>x<delay_ms>``) or every shape in ``values``: one row per system,
+    one per process (peak RSS, CPU seconds), where qimpl's runs spent their time, and issue
+    55's ratios with their targets.
+    "" when no shape was measured."""
+    out: list[str] = []
+    for p in [prefix] if prefix else mb_prefixes(values):
+        header, body = mb_table(values, p)
+        if not body:
+            continue
+        runs, steps, delay_ms = p.split(".", 1)[1].split("x")
+        out += ["", f"Model-bound load: {int(runs):,} runs x {steps} steps x {int(delay_ms):,} ms on the provider, "
+                "all started at once", ""]
+        out += _md_table(header, body)
+        out += [""]
+        out += _md_table(*mb_processes(values, p))
+        out += ["", *_md_table(*mb_qimpl_phases(values, p))]
+        out += ["", *_md_table(["issue 55", "value"], [[r.label, r.text()] for r in mb_ratios(values, p)])]
+    return "\n".join(out).lstrip("\n") + ("\n" if out else "")
 
 
 def write_json(path: Path, doc: Mapping[str, Any]) -> None:

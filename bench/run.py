@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.env import ROOT, BenchEnv, Plan
+from bench.env import ROOT, BenchEnv, ModelBoundPlan, Plan, SectionFailed
 from bench.stats import TARGETS, evaluate, rows
 from qualify.provenance import provenance, utc_stamp
 
@@ -59,6 +59,12 @@ def _recovery(env: BenchEnv) -> dict[str, Any]:
     return measure_recovery(env)
 
 
+def _model_bound(env: BenchEnv) -> dict[str, Any]:
+    from bench.model_bound import measure_model_bound
+
+    return measure_model_bound(env)
+
+
 def _qualification(env: BenchEnv) -> dict[str, Any]:
     from bench.qualification import measure_qualification
 
@@ -67,21 +73,23 @@ def _qualification(env: BenchEnv) -> dict[str, Any]:
 
 #: Sections in the order they run (resources are measured inside ``qimpl``).
 SECTIONS: dict[str, Section] = {"floor": _floor, "qimpl": _qimpl, "peer": _peer,
-                                "sharded": _sharded, "recovery": _recovery, "qualification": _qualification}
+                                "sharded": _sharded, "recovery": _recovery, "model_bound": _model_bound,
+                                "qualification": _qualification}
 
 _EXTRA = ("dbos", "matplotlib", "rich", "typer", "httpx")
 
 
 def run_bench(*, sections: Sequence[str] = tuple(SECTIONS), quick: bool = False,
               full_qualify: bool = False, out: Path = ROOT / "bench" / "results",
-              publish: bool = False, note: str = "",
+              publish: bool = False, note: str = "", model_bound: ModelBoundPlan | None = None,
               log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run ``sections`` on one embedded stack; returns the results document (also written
     to ``out/<UTC stamp>.json``, with the chart beside it as ``.png``). A section that
     raises is recorded under ``errors`` and its figures stay unmeasured; the others run.
     ``full_qualify`` adds the full ``qualify run`` timings (slow); ``note`` (how the
     machine was shared, say) goes into the results and ``RESULTS.md``, with the 1-minute
-    load average at the start and the end. ValueError for an unknown section."""
+    load average at the start and the end. ``model_bound``: what that section measures
+    (default ``ModelBoundPlan.of(quick)``). ValueError for an unknown section."""
     from qualify.stack import EmbeddedStack
 
     unknown = set(sections) - set(SECTIONS)
@@ -106,7 +114,8 @@ def run_bench(*, sections: Sequence[str] = tuple(SECTIONS), quick: bool = False,
         log(f"stack: PostgreSQL {info.postgres_version}, Temporal {info.temporal_version}, "
             f"booted in {info.boot_s:.2f} s")
         env = BenchEnv(stack=stack, plan=Plan.of(quick), workdir=workdir, log=log,
-                       full_qualify=full_qualify, keep_dir=out / f"{stamp}-kept")
+                       full_qualify=full_qualify, keep_dir=out / f"{stamp}-kept",
+                       model_bound=model_bound or ModelBoundPlan.of(quick))
         for name in SECTIONS:
             if name not in sections:
                 continue
@@ -117,6 +126,8 @@ def run_bench(*, sections: Sequence[str] = tuple(SECTIONS), quick: bool = False,
             except KeyboardInterrupt:
                 raise
             except Exception as exc:  # noqa: BLE001 - one broken section must not hide the rest
+                if isinstance(exc, SectionFailed):
+                    figures.update(exc.figures)
                 errors[name] = "".join(traceback.format_exception(exc))[-3000:]
                 log(f"section {name} failed: {type(exc).__name__}: {exc}")
             timings[name] = round(time.monotonic() - s0, 1)
@@ -140,6 +151,8 @@ def run_bench(*, sections: Sequence[str] = tuple(SECTIONS), quick: bool = False,
                       "status": r.status} for r in table]}
     report.write_json(json_path, doc)
     report.print_table(table, targets)
+    if mb := report.model_bound_markdown(figures):
+        log(mb)
     png = json_path.with_suffix(".png")
     title = f"git {prov['git_sha']} {meta['mode']} {meta['finished_at']}"
     try:

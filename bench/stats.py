@@ -16,12 +16,21 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["CONCURRENCY", "FIGURES", "TARGETS", "FigureRow", "FigureSpec", "Summary",
-           "Target", "TargetResult", "evaluate", "format_value", "percentile", "ratio",
-           "rows", "summarize"]
+__all__ = ["CONCURRENCY", "FIGURES", "MODEL_BOUND_SHAPES", "MODEL_BOUND_TARGETS", "TARGETS",
+           "FigureRow", "FigureSpec", "ModelBoundRatio", "Summary", "Target", "TargetResult",
+           "evaluate", "format_value", "mb_prefix", "mb_prefixes", "mb_processes", "mb_qimpl_phases", "mb_ratios",
+           "mb_systems", "mb_table", "percentile", "ratio", "rows", "summarize"]
 
 #: Concurrency levels of the throughput figures (runs in flight at once).
 CONCURRENCY: tuple[int, ...] = (1, 10, 100, 500)
+
+#: The model-bound section's default shapes (runs, steps, ms each step waits on the
+#: provider): the ones the figure table and the targets name (issue 55, item 1).
+MODEL_BOUND_SHAPES: tuple[tuple[int, int, int], ...] = ((200, 3, 1000), (1000, 3, 1000))
+
+#: Issue 55's model-bound targets: qimpl's runs/s at least this share of the floor's and
+#: of DBOS's, and the worker's peak PostgreSQL sessions at most this many.
+MODEL_BOUND_TARGETS = {"floor": 0.8, "dbos": 0.5, "worker_sessions": 30.0}
 
 Figures = Mapping[str, float | None]
 
@@ -122,6 +131,7 @@ def _specs() -> tuple[FigureSpec, ...]:
     s += [FigureSpec(f"qimpl.tput_vs_dbos_c{c}", "peer", f"qimpl runs/s at concurrency {c} vs DBOS", "/s",
                      f"dbos.tput_c{c}") for c in CONCURRENCY]
     s += _sharded_specs()
+    s += _model_bound_specs()
     s += [
         FigureSpec("recovery.lease_s", "recovery", "ownership lease L (qimpl default)", "s"),
         FigureSpec("recovery.heartbeat_timeout_s", "recovery", "heartbeat timeout H (qimpl default, above L)", "s"),
@@ -195,6 +205,39 @@ def _sharded_specs() -> list[FigureSpec]:
     return s
 
 
+def mb_prefix(runs: int, steps: int, delay_ms: int) -> str:
+    """The key prefix of one model-bound shape: ``mb.<runs>x<steps>x<delay_ms>``; a
+    system's figures are ``<prefix>.<system>.<metric>`` (``bench.model_bound``)."""
+    return f"mb.{runs}x{steps}x{delay_ms}"
+
+
+def _model_bound_specs() -> list[FigureSpec]:
+    """The ``model_bound`` section's rows for its default shapes; other shapes are in
+    the results file and in the section's own tables (``mb_table``)."""
+    s: list[FigureSpec] = []
+    for runs, steps, delay_ms in MODEL_BOUND_SHAPES:
+        p = mb_prefix(runs, steps, delay_ms)
+        tag = f"{runs:,} runs x {steps} steps x {delay_ms:,} ms on the provider, all started at once"
+        s += [
+            FigureSpec(f"{p}.floor.runs_per_s", "model-bound", f"{tag}: floor (bare Temporal, SDK defaults) runs/s", "/s"),
+            FigureSpec(f"{p}.dbos.runs_per_s", "model-bound", "  DBOS (1 process, async steps) runs/s", "/s"),
+            FigureSpec(f"{p}.qimpl.runs_per_s", "model-bound", "  qimpl (defaults, 1 worker) runs/s", "/s",
+                       f"{p}.floor.runs_per_s"),
+            FigureSpec(f"{p}.qimpl.runs_per_s_vs_dbos", "model-bound", "  qimpl runs/s vs DBOS", "/s",
+                       f"{p}.dbos.runs_per_s"),
+            FigureSpec(f"{p}.floor.p50_s", "model-bound", "  floor completion latency p50", "s"),
+            FigureSpec(f"{p}.floor.p95_s", "model-bound", "  floor completion latency p95", "s"),
+            FigureSpec(f"{p}.dbos.p50_s", "model-bound", "  DBOS completion latency p50", "s"),
+            FigureSpec(f"{p}.qimpl.p50_s", "model-bound", "  qimpl completion latency p50", "s", f"{p}.floor.p50_s"),
+            FigureSpec(f"{p}.qimpl.p95_s", "model-bound", "  qimpl completion latency p95", "s", f"{p}.floor.p95_s"),
+            FigureSpec(f"{p}.qimpl.pg_worker_peak", "model-bound", "  qimpl worker's peak PostgreSQL sessions",
+                       "sessions"),
+            FigureSpec(f"{p}.qimpl.pg_server_peak", "model-bound", "  whole server's peak client sessions (qimpl)",
+                       "sessions"),
+        ]
+    return s
+
+
 FIGURES: tuple[FigureSpec, ...] = _specs()
 
 
@@ -215,6 +258,9 @@ def derived(values: Figures) -> dict[str, float | None]:
         out[f"{prefix}qimpl.e2e_vs_dbos_p50_s"] = values.get(f"{prefix}qimpl.e2e_p50_s")
         for c in CONCURRENCY:
             out[f"{prefix}qimpl.tput_vs_dbos_c{c}"] = values.get(f"{prefix}qimpl.tput_c{c}")
+    for shape in MODEL_BOUND_SHAPES:
+        p = mb_prefix(*shape)
+        out[f"{p}.qimpl.runs_per_s_vs_dbos"] = values.get(f"{p}.qimpl.runs_per_s")
     return out
 
 
@@ -343,6 +389,19 @@ def _targets() -> tuple[Target, ...]:
                _pair(_key("qual.random_per_h"), _const(1000.0)), at_most=False),
         Target("boot", "stack boot <= 0.5 s p50", _pair(_key("qual.boot_p50_s"), _const(0.5))),
     ]
+    mb = MODEL_BOUND_TARGETS
+    for runs, steps, delay_ms in MODEL_BOUND_SHAPES:
+        p, tag = mb_prefix(runs, steps, delay_ms), f"{runs}x{steps}x{delay_ms}"
+        qimpl = _key(f"{p}.qimpl.runs_per_s")
+        t += [
+            Target(f"mb-floor-{tag}", f"model-bound {tag}: qimpl runs/s >= {mb['floor']} x floor",
+                   _pair(qimpl, _scaled(f"{p}.floor.runs_per_s", mb["floor"])), at_most=False),
+            Target(f"mb-dbos-{tag}", f"model-bound {tag}: qimpl runs/s >= {mb['dbos']} x DBOS",
+                   _pair(qimpl, _scaled(f"{p}.dbos.runs_per_s", mb["dbos"])), at_most=False),
+            Target(f"mb-sessions-{tag}", f"model-bound {tag}: qimpl worker's peak PostgreSQL sessions "
+                   f"<= {mb['worker_sessions']:.0f}",
+                   _pair(_key(f"{p}.qimpl.pg_worker_peak"), _const(mb["worker_sessions"]))),
+        ]
     return tuple(t)
 
 
@@ -364,3 +423,166 @@ def evaluate(values: Figures, targets: Sequence[Target] = TARGETS) -> list[Targe
         out.append(TargetResult(tgt.id, met, value, limit,
                                 f"{value:.4g} {op} {limit:.4g}: {'met' if met else 'missed'}"))
     return out
+
+
+# -- the model-bound section's own tables ----------------------------------------------
+
+def mb_systems(values: Mapping[str, object], prefix: str) -> list[str]:
+    """The systems measured at ``prefix`` (those with a ``runs_per_s``), in the order they
+    are shown: qimpl at its defaults, qimpl with other activity slots (``qimpl_slots<K>``,
+    by K), the floor, DBOS."""
+    found = {k[len(prefix) + 1:-len(".runs_per_s")] for k in values
+             if k.startswith(prefix + ".") and k.endswith(".runs_per_s") and "." not in k[len(prefix) + 1:-len(".runs_per_s")]}
+
+    def order(name: str) -> tuple[int, int, str]:
+        if name == "qimpl":
+            return (0, 0, name)
+        if name.startswith("qimpl_slots") and name[len("qimpl_slots"):].isdigit():
+            return (1, int(name[len("qimpl_slots"):]), name)
+        return ({"floor": 2, "dbos": 3}.get(name, 4), 0, name)
+
+    return sorted(found, key=order)
+
+
+def _system_label(values: Mapping[str, object], prefix: str, system: str) -> str:
+    slots = values.get(f"{prefix}.{system}.slots")
+    if system == "qimpl":
+        return f"qimpl, defaults ({slots} activity slots)" if slots is not None else "qimpl, defaults"
+    if system.startswith("qimpl"):
+        return f"qimpl, {slots} activity slots" if slots is not None else system
+    return {"floor": "floor: bare Temporal (SDK defaults)", "dbos": "DBOS (1 process)"}.get(system, system)
+
+
+def _num(values: Mapping[str, object], key: str) -> float | None:
+    v = values.get(key)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _cell(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "s":
+        return f"{value:.2f} s"
+    if unit == "/s":
+        return f"{value:,.1f}"
+    if unit == "MiB":
+        return f"{value:,.0f} MiB"
+    if unit == "cpu":
+        return f"{value:,.1f} s"
+    return f"{value:,.0f}"
+
+
+def mb_table(values: Mapping[str, object], prefix: str) -> tuple[list[str], list[list[str]]]:
+    """(header, one row per system) of a model-bound shape: completed runs, runs/s,
+    completion latency p50/p95, the whole server's and the worker's peak PostgreSQL
+    sessions, the PostgreSQL processes' peak memory (PSS or RSS, as measured) and CPU
+    seconds. Missing figures are ``-``."""
+    header = ["system", "completed", "runs/s", "p50", "p95", "PG sessions peak (server)",
+              "worker's PG sessions peak", "PG backends memory peak", "PG CPU"]
+    out = []
+    for system in mb_systems(values, prefix):
+        k = f"{prefix}.{system}."
+        done, runs = _num(values, k + "completed"), _num(values, k + "runs")
+        kind = values.get(k + "pg_mem_kind")
+        mem = _cell(_num(values, k + "pg_mem_mib"), "MiB")
+        out.append([_system_label(values, prefix, system),
+                    "-" if done is None else (f"{done:,.0f}" + ("" if runs is None else f"/{runs:,.0f}")),
+                    _cell(_num(values, k + "runs_per_s"), "/s"), _cell(_num(values, k + "p50_s"), "s"),
+                    _cell(_num(values, k + "p95_s"), "s"), _cell(_num(values, k + "pg_server_peak"), "n"),
+                    _cell(_num(values, k + "pg_worker_peak"), "n"),
+                    mem if mem == "-" or not kind else f"{mem} ({kind})",
+                    _cell(_num(values, k + "pg_cpu_s"), "cpu")])
+    return header, out
+
+
+def mb_processes(values: Mapping[str, object], prefix: str) -> tuple[list[str], list[list[str]]]:
+    """(header, one row per system and process): each process's peak RSS and CPU seconds
+    over the measured window (``<system>.rss_mib.<process>``, ``<system>.cpu_s.<process>``)."""
+    header = ["system", "process", "peak RSS", "CPU"]
+    out = []
+    for system in mb_systems(values, prefix):
+        k = f"{prefix}.{system}."
+        procs = sorted({key[len(k + "rss_mib."):] for key in values if key.startswith(k + "rss_mib.")}
+                       | {key[len(k + "cpu_s."):] for key in values if key.startswith(k + "cpu_s.")})
+        for proc in procs:
+            out.append([_system_label(values, prefix, system), proc,
+                        _cell(_num(values, f"{k}rss_mib.{proc}"), "MiB"),
+                        _cell(_num(values, f"{k}cpu_s.{proc}"), "cpu")])
+    return header, out
+
+
+def mb_qimpl_phases(values: Mapping[str, object], prefix: str) -> tuple[list[str], list[list[str]]]:
+    """(header, one row per qimpl configuration): where its runs' time went, by the
+    database's timestamps: the API's span from the first to the last acceptance,
+    accepted -> claimed (dispatch and the wait for an activity slot) p50/p95, claimed ->
+    completed p50."""
+    header = ["qimpl", "all accepted in", "accepted -> claimed p50", "p95", "claimed -> completed p50"]
+    out = []
+    for system in mb_systems(values, prefix):
+        if not system.startswith("qimpl"):
+            continue
+        k = f"{prefix}.{system}."
+        out.append([_system_label(values, prefix, system), *(
+            _cell(_num(values, k + m), "s") for m in ("accept_span_s", "to_claim_p50_s", "to_claim_p95_s",
+                                                     "claim_to_done_p50_s"))])
+    return header, out
+
+
+@dataclass(frozen=True)
+class ModelBoundRatio:
+    """One of issue 55's model-bound figures for one qimpl configuration: ``value``
+    against ``limit`` (``at_most``: met when value <= limit; else when value >= limit);
+    ``met`` None when either is missing."""
+
+    system: str
+    label: str
+    value: float | None
+    limit: float
+    at_most: bool
+
+    @property
+    def met(self) -> bool | None:
+        if self.value is None:
+            return None
+        return self.value <= self.limit if self.at_most else self.value >= self.limit
+
+    def text(self) -> str:
+        op = "<=" if self.at_most else ">="
+        shown = "-" if self.value is None else (f"{self.value:.2f}" if not self.at_most else f"{self.value:.0f}")
+        verdict = {True: "met", False: "missed", None: "not measured"}[self.met]
+        limit = f"{self.limit:.2f}" if not self.at_most else f"{self.limit:.0f}"
+        return f"{shown} (target {op} {limit}): {verdict}"
+
+
+def mb_ratios(values: Mapping[str, object], prefix: str) -> list[ModelBoundRatio]:
+    """For each qimpl configuration measured at ``prefix``: its runs/s / the floor's
+    (target >= 0.8), / DBOS's (>= 0.5), and its worker's peak PostgreSQL sessions (<= 30)."""
+    floor = _num(values, f"{prefix}.floor.runs_per_s")
+    dbos = _num(values, f"{prefix}.dbos.runs_per_s")
+    out = []
+    for system in mb_systems(values, prefix):
+        if not system.startswith("qimpl"):
+            continue
+        mine = _num(values, f"{prefix}.{system}.runs_per_s")
+        label = _system_label(values, prefix, system)
+        out += [
+            ModelBoundRatio(system, f"{label}: runs/s / floor's", ratio(mine, floor),
+                            MODEL_BOUND_TARGETS["floor"], at_most=False),
+            ModelBoundRatio(system, f"{label}: runs/s / DBOS's", ratio(mine, dbos),
+                            MODEL_BOUND_TARGETS["dbos"], at_most=False),
+            ModelBoundRatio(system, f"{label}: worker's peak PG sessions",
+                            _num(values, f"{prefix}.{system}.pg_worker_peak"),
+                            MODEL_BOUND_TARGETS["worker_sessions"], at_most=True),
+        ]
+    return out
+
+
+def mb_prefixes(values: Mapping[str, object]) -> list[str]:
+    """Every model-bound shape in ``values`` (``mb.<runs>x<steps>x<delay_ms>``), by runs."""
+    found = {".".join(k.split(".")[:2]) for k in values if k.startswith("mb.") and k.count(".") >= 3}
+
+    def runs(p: str) -> tuple[int, str]:
+        head = p.split(".")[1].split("x")[0]
+        return (int(head) if head.isdigit() else 0, p)
+
+    return sorted(found, key=runs)

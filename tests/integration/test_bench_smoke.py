@@ -8,6 +8,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.run import run_bench
 from bench.stats import FIGURES, TARGETS
 
@@ -33,3 +35,28 @@ def test_quick_floor_section_writes_a_well_formed_result(tmp_path: Path) -> None
     assert table["qimpl.e2e_p50_s"]["value"] is None
     assert {t["target"] for t in doc["targets"]} == {t.id for t in TARGETS}
     assert doc["provenance"]["git_sha"] and doc["meta"]["mode"] == "quick"
+
+
+def test_model_bound_section_measures_three_systems(tmp_path: Path) -> None:
+    """The model-bound section at a tiny shape (4 runs x 1 step x 50 ms, qimpl also with 2
+    slots): every system's runs complete and every figure the tables read is there."""
+    pytest.importorskip("dbos")
+    from bench.env import ModelBoundPlan
+    from bench.model_bound import DEFAULT_SLOTS
+    from bench.report import model_bound_markdown
+    from bench.stats import mb_prefix
+
+    plan = ModelBoundPlan(runs=(4,), steps=1, delay_ms=50, slots=(2,))
+    doc = run_bench(sections=["model_bound"], quick=True, out=tmp_path, model_bound=plan, log=lambda _: None)
+    assert doc["errors"] == {}
+    figures, p = doc["figures"], mb_prefix(4, 1, 50)
+    for system in ("qimpl", "qimpl_slots2", "floor", "dbos"):
+        assert figures[f"{p}.{system}.completed"] == 4, system
+        assert figures[f"{p}.{system}.runs_per_s"] > 0
+        assert figures[f"{p}.{system}.p95_s"] >= figures[f"{p}.{system}.p50_s"] >= 0.05
+        assert figures[f"{p}.{system}.pg_mem_mib"] > 0 and figures[f"{p}.{system}.rss_mib.temporal"] > 0
+    assert figures[f"{p}.qimpl.slots"] == DEFAULT_SLOTS and figures[f"{p}.qimpl_slots2.slots"] == 2
+    assert figures[f"{p}.qimpl.pg_worker_peak"] >= 1 and figures[f"{p}.dbos.pg_worker_peak"] >= 1
+    assert figures[f"{p}.floor.pg_worker_peak"] == 0
+    assert figures[f"{p}.qimpl.cpu_s.worker"] > 0 and figures[f"{p}.dbos.cpu_s.dbos"] > 0
+    assert "qimpl, 2 activity slots: runs/s / floor's" in model_bound_markdown(figures)
