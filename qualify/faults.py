@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 
 from qualify.history import HistoryRecorder
+from qualify.owner_sessions import CARRIED_RUNS_SQL, LEASE_PIDS_SQL
 from qualify.processes import ManagedProcess
 
 __all__ = ["Nemesis"]
@@ -81,6 +82,25 @@ class Nemesis:
         return self._record("pg_terminate_backend", application_name,
                             bool(terminated) and left is not None and left[0] == 0,
                             {"backend_pids": terminated})
+
+    def terminate_lease_session(self, dsn: str, run_id: str) -> dict[str, Any]:
+        """``pg_terminate_backend`` the session that holds the run's advisory lock (its lease
+        session, which may carry other runs' locks too: ``qimpl.db.lease_carriers``); landed
+        when one was terminated and is gone. Evidence: ``backend_pids`` and
+        ``carried_runs``, every run whose lock it held (each of them loses its owner)."""
+        import psycopg
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            pids = [int(r[0]) for r in conn.execute(f"SELECT pid FROM {LEASE_PIDS_SQL} p", (run_id,))]
+            carried = sorted(str(r[0]) for r in conn.execute(CARRIED_RUNS_SQL, (pids, pids)))
+            rows = conn.execute("SELECT pid, pg_terminate_backend(pid, 5000) FROM unnest(%s::int[]) pid",
+                                (pids,)).fetchall()
+            left = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)",
+                                ([r[0] for r in rows],)).fetchone()
+        terminated = [r[0] for r in rows if r[1]]
+        return self._record("pg_terminate_backend", f"qimpl-owner:{run_id}",
+                            bool(terminated) and left is not None and left[0] == 0,
+                            {"backend_pids": terminated, "carried_runs": carried})
 
     def restart_postgres(self, stack: Any, **context: Any) -> dict[str, Any]:
         """Immediate-mode restart of PostgreSQL (SIGQUIT, then start on the same port):
@@ -164,7 +184,7 @@ class Nemesis:
                 then: Callable[[], None] | None = None, **context: Any) -> dict[str, Any]:
         """Graceful restart (SIGTERM, wait, start again): landed when the pid changed and the
         new process is ready. With ``owner_dsn`` (a worker), also only when the process owned
-        a run at that moment: the database showed an owner session (``qimpl-owner:<run>``)
+        a run at that moment: the database showed a session holding a run's lock
         on one of its sockets just before the SIGTERM (evidence ``owned``). ``then`` runs
         between that look and the SIGTERM (a barrier released, so the shutdown has work)."""
         old = proc.pid
@@ -287,7 +307,7 @@ class Nemesis:
                               run_id: str, **context: Any) -> dict[str, Any]:
         """Record ``proc`` stopped by itself at a crash point inside a transaction (R-EXEC-11,
         R-Q-10): landed when the kernel reports it stopped *and* the run's lease session
-        (``qimpl-owner:<run_id>``) is idle inside a transaction that wrote (``backend_xid``
+        (the one holding its lock) is idle inside a transaction that wrote (``backend_xid``
         set: the fenced UPDATE ran, the row lock is held, nothing committed)."""
         stopped = _stopped(evidence["pid"])
         sessions, in_txn = _idle_in_a_written_transaction(dsn, run_id)
@@ -434,7 +454,7 @@ def _idle_in_a_written_transaction(dsn: str, run_id: str, timeout_s: float = 5.0
         with psycopg.connect(dsn, autocommit=True) as conn:
             sessions = conn.execute(
                 "SELECT pid, state, backend_xid IS NOT NULL FROM pg_stat_activity"
-                " WHERE application_name = %s", (f"qimpl-owner:{run_id}",)).fetchall()
+                f" WHERE pid IN {LEASE_PIDS_SQL}", (run_id,)).fetchall()
         found = any(state == "idle in transaction" and wrote for _, state, wrote in sessions)
         if found or time.monotonic() >= deadline:
             return sessions, found
@@ -442,8 +462,8 @@ def _idle_in_a_written_transaction(dsn: str, run_id: str, timeout_s: float = 5.0
 
 
 def owned_runs(proc: ManagedProcess, dsn: str) -> list[str]:
-    """The runs whose owner session (application name ``qimpl-owner:<run_id>``) is
-    connected from a socket of ``proc`` or its children, as ``pg_stat_activity`` reports
+    """The runs whose lease session (the one holding the run's lock: ``qualify.owner_sessions``)
+    is connected from a socket of ``proc`` or its children, as ``pg_stat_activity`` reports
     the session's client port (TCP to the harness's PostgreSQL)."""
     import psycopg
 
@@ -454,10 +474,11 @@ def owned_runs(proc: ManagedProcess, dsn: str) -> list[str]:
     except psutil.Error:
         return []
     with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT substr(application_name, length('qimpl-owner:') + 1), client_port"
-            " FROM pg_stat_activity WHERE application_name LIKE 'qimpl-owner:%'").fetchall()
-    return sorted(str(run) for run, port in rows if port in ports)
+        held: dict[str, int] = dict(conn.execute(CARRIED_RUNS_SQL, (None, None)).fetchall())
+        rows = conn.execute("SELECT pid, client_port FROM pg_stat_activity WHERE pid = ANY(%s)",
+                            (list(set(held.values())),)).fetchall()
+    by_pid = {int(pid): port for pid, port in rows}
+    return sorted(str(run) for run, pid in held.items() if by_pid.get(int(pid)) in ports)
 
 
 def _running(pid: int) -> bool:

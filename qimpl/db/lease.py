@@ -51,10 +51,10 @@ is failed the same way once it is seen started and silent. The retry takes the l
 its first or second try (a busy lock is a retryable failure). The ``paused-owner``,
 ``takeover-*`` and ``owner-paused-inside-*`` scenarios measure it.
 
-The session comes from the worker's ready sessions (``qimpl.db.lease_sessions``) when it
-has them: already connected, with no lock and no lease setting while it waited; the
-settings above are applied and read back at every claim all the same, and the session
-goes back only after a clean end, unlocked and reset, or is closed. Without them (tests,
+A worker's leases share a few sessions (``qimpl.db.lease_carriers``, issue 55): each
+carries the locks of many of its runs, with the settings above applied and read back
+once per session, before any lock is taken on it; every block of a lease's statements
+holds the session alone, scoped to its run's tenant and owner. Without them (tests,
 tools) each lease connects anew.
 
 Every owner write is made *on this connection*: once the session is gone, so is the
@@ -65,17 +65,18 @@ way it raises LostOwnership and the zombie stops.
 
 from __future__ import annotations
 
+import math
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from psycopg import pq
 
-from qimpl.db.lease_sessions import LeaseSessions
+from qimpl.db.lease_carriers import APPLICATION_NAME, CarriedConnection, LeaseCarriers
 from qimpl.db.server_settings import at_most_sql, setting_sql
 from qimpl.errors import LockNotAcquired, LostOwnership
 
-__all__ = ["LeaseNotBounded", "OwnershipLease", "client_params", "lock_key_sql"]
+__all__ = ["LeaseNotBounded", "OwnershipLease", "client_params", "lease_carriers", "lock_key_sql"]
 
 #: The advisory lock key of a run: one bigint derived from its id.
 lock_key_sql = "hashtextextended('qimpl-run:' || %s, 0)"
@@ -118,37 +119,133 @@ def client_params(lease_s: float) -> dict[str, Any]:
     return params
 
 
+def _mandatory_settings(lease_s: float) -> dict[str, int]:
+    return dict.fromkeys(MANDATORY_SETTINGS, lease_ms(lease_s))
+
+
+def _best_effort_settings(lease_s: float) -> dict[str, tuple[int, int]]:
+    """name -> (value, ``setting_sql`` scale): in milliseconds (scale 1000), seconds (1)
+    or a count (1)."""
+    ms = lease_ms(lease_s)
+    idle, interval, count = keepalive_s(lease_s)
+    return {"tcp_user_timeout": (ms, 1000), "tcp_keepalives_idle": (idle, 1),
+            "tcp_keepalives_interval": (interval, 1), "tcp_keepalives_count": (count, 1),
+            "client_connection_check_interval": (ms, 1000)}
+
+
+async def apply_settings(conn: psycopg.AsyncConnection[Any], lease_s: float) -> None:
+    """Set the lease's session settings with ``set_config(..., false)``: the mandatory ones
+    to the lease exactly, the best-effort ones to at most the lease (a tighter non-zero
+    server value is kept). One statement, or, when the server refuses one of them, one
+    statement each, ignoring refusals: ``verify_settings`` judges the result. The server's
+    values are read with ``current_setting`` (``setting_sql``), not from ``pg_settings``,
+    which formats every one of the server's settings at each read."""
+    calls: list[tuple[str, list[Any]]] = [
+        ("set_config(%s, %s, false)", [name, str(value)])
+        for name, value in _mandatory_settings(lease_s).items()]
+    calls += [
+        ("set_config(%s, " + at_most_sql("%s", "%s", scale) + ", false)",
+         [name, name, value, name, value])
+        for name, (value, scale) in _best_effort_settings(lease_s).items()]
+    try:
+        await conn.execute("SELECT " + ", ".join(sql for sql, _ in calls),
+                           [arg for _, args in calls for arg in args])
+        return
+    except psycopg.Error:
+        if conn.broken:
+            raise
+    for sql, args in calls:
+        try:
+            await conn.execute("SELECT " + sql, args)
+        except psycopg.Error:
+            if conn.broken:
+                raise
+
+
+async def verify_settings(conn: psycopg.AsyncConnection[Any], lease_s: float, *, tenant_id: str,
+                          application_name: str, what: str) -> None:
+    """Read the mandatory settings back, and in the same statement scope the session to
+    ``tenant_id`` and name it; raise LeaseNotBounded naming each setting that is not in
+    effect (R-EXEC-11). A refused session is closed by the caller, its scope with it."""
+    wanted = _mandatory_settings(lease_s)
+    cur = await conn.execute(
+        "SELECT " + ", ".join(setting_sql("%s", 1000) for _ in wanted)
+        + ", set_config('qimpl.tenant', %s, false), set_config('application_name', %s, false)",
+        [*wanted, tenant_id, application_name])
+    row = await cur.fetchone()
+    seen = dict(zip(wanted, row or (), strict=False))
+    wrong = [f"{name} is {str(seen[name]) + ' ms' if seen.get(name) is not None else 'not supported'}"
+             f" (expected {value} ms)"
+             for name, value in wanted.items() if seen.get(name) != value]
+    if wrong:
+        raise LeaseNotBounded(
+            f"the lease session of {what} is not bounded: " + "; ".join(wrong)
+            + " (a pooler or server that ignores SET?); not taking the run's lock")
+
+
+def lease_carriers(dsn: str, *, lease_s: float, runs_per_session: int, max_runs: int) -> LeaseCarriers:
+    """A worker's lease sessions (``qimpl.db.lease_carriers``) for leases of ``lease_s``
+    seconds: ``runs_per_session`` runs on each, enough sessions for ``max_runs`` runs at
+    once. Each new session runs with the lease's settings, read back before any run's lock
+    is taken on it (``LeaseNotBounded`` otherwise)."""
+
+    async def connect() -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(
+            dsn, autocommit=True, application_name=APPLICATION_NAME, **client_params(lease_s))
+
+    async def bound(conn: psycopg.AsyncConnection[Any]) -> None:
+        await apply_settings(conn, lease_s)
+        await verify_settings(conn, lease_s, tenant_id="", application_name=APPLICATION_NAME,
+                              what="a carrier")
+
+    return LeaseCarriers(dsn, lease_s=lease_s, runs_per_session=runs_per_session,
+                         max_sessions=max(1, math.ceil(max_runs / runs_per_session)),
+                         connect=connect, bound=bound)
+
+
 class OwnershipLease:
     """Async context manager: ``async with OwnershipLease(dsn, run_id, lease_s=2.0, ...) as lease``.
 
     ``lease_s`` (seconds) bounds how long the run's advisory lock outlives the owner's
     last statement (R-EXEC-2, R-EXEC-11). Raises LockNotAcquired when another session
-    holds the run's lock, and LeaseNotBounded (a LockNotAcquired) when the session does
-    not run with the lease's timeouts.
+    holds the run's lock (``AlreadyOwned`` when an attempt on this worker does), and
+    LeaseNotBounded (a LockNotAcquired) when the session does not run with the lease's
+    timeouts. ``carriers``: the worker's lease sessions, each carrying many runs' locks
+    (``qimpl.db.lease_carriers``); None, or ones made for another lease or database: a
+    session of its own. ``writer``: the owner's identity the audit records
+    (``run:generation:attempt``), set on a shared session at each of its blocks.
     """
 
     def __init__(self, dsn: str, run_id: str, *, lease_s: float, application_name: str,
-                 tenant_id: str, sessions: LeaseSessions | None = None) -> None:
+                 tenant_id: str, carriers: LeaseCarriers | None = None, writer: str = "") -> None:
         self.dsn = dsn
         self.run_id = run_id
         self.tenant_id = tenant_id
         self.lease_s = lease_s
         self.application_name = application_name
-        #: Ready sessions to check one out from (``qimpl.db.lease_sessions``); None, or a
-        #: pool made for another lease or database: a new connection.
-        self.sessions = sessions if sessions is not None and sessions.serves(dsn, lease_s) else None
+        self.writer = writer
+        self.carriers = carriers if carriers is not None and carriers.serves(dsn, lease_s) else None
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._carried: CarriedConnection | None = None
 
     @property
     def conn(self) -> psycopg.AsyncConnection[Any]:
-        """The lease session; every owner write goes through it. Raises LostOwnership when gone."""
+        """The lease session; every owner write goes through it. Raises LostOwnership when gone.
+        On a carrier, the lease's view of the shared session (``CarriedConnection``: the
+        subset of a connection the owner uses)."""
+        if self._carried is not None:
+            if self._carried.closed:
+                raise LostOwnership(f"lease of run {self.run_id} is gone")
+            return cast("psycopg.AsyncConnection[Any]", self._carried)
         if self._conn is None or self._conn.closed:
             raise LostOwnership(f"lease connection of run {self.run_id} is gone")
         return self._conn
 
     def live(self) -> bool:
         """Whether this lease still holds its session (False once it has ended, whatever
-        became of the session: closed, or back among the ready sessions)."""
+        became of the session)."""
+        if self._carried is not None:
+            return not self._carried.closed
         return self._conn is not None and not self._conn.closed
 
     @property
@@ -156,97 +253,29 @@ class OwnershipLease:
         """Seconds between touches: a quarter of the lease."""
         return self.lease_s / 4
 
-    def _mandatory_settings(self) -> dict[str, int]:
-        ms = lease_ms(self.lease_s)
-        return dict.fromkeys(MANDATORY_SETTINGS, ms)
-
-    def _best_effort_settings(self) -> dict[str, tuple[int, int]]:
-        """name -> (value, ``setting_sql`` scale): in milliseconds (scale 1000), seconds
-        (1) or a count (1)."""
-        ms = lease_ms(self.lease_s)
-        idle, interval, count = keepalive_s(self.lease_s)
-        return {"tcp_user_timeout": (ms, 1000), "tcp_keepalives_idle": (idle, 1),
-                "tcp_keepalives_interval": (interval, 1), "tcp_keepalives_count": (count, 1),
-                "client_connection_check_interval": (ms, 1000)}
-
-    async def _apply_settings(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Set the lease's session settings with ``set_config(..., false)``: the mandatory
-        ones to the lease exactly, the best-effort ones to at most the lease (a tighter
-        non-zero server value is kept). One statement, or, when the server refuses one of
-        them, one statement each, ignoring refusals: ``_verify_and_scope`` judges the result.
-        The server's values are read with ``current_setting`` (``setting_sql``), not from
-        ``pg_settings``, which formats every one of the server's settings at each read."""
-        calls: list[tuple[str, list[Any]]] = [
-            ("set_config(%s, %s, false)", [name, str(value)])
-            for name, value in self._mandatory_settings().items()]
-        calls += [
-            ("set_config(%s, " + at_most_sql("%s", "%s", scale) + ", false)",
-             [name, name, value, name, value])
-            for name, (value, scale) in self._best_effort_settings().items()]
-        try:
-            await conn.execute("SELECT " + ", ".join(sql for sql, _ in calls),
-                               [arg for _, args in calls for arg in args])
-            return
-        except psycopg.Error:
-            if conn.broken:
-                raise
-        for sql, args in calls:
-            try:
-                await conn.execute("SELECT " + sql, args)
-            except psycopg.Error:
-                if conn.broken:
-                    raise
-
-    async def _verify_and_scope(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Read the mandatory settings back, and in the same statement scope the session to
-        the run's tenant and name it after the run; raise LeaseNotBounded naming each
-        setting that is not in effect (R-EXEC-11). A refused session is closed by the
-        caller, its scope with it."""
-        wanted = self._mandatory_settings()
-        cur = await conn.execute(
-            "SELECT " + ", ".join(setting_sql("%s", 1000) for _ in wanted)
-            + ", set_config('qimpl.tenant', %s, false), set_config('application_name', %s, false)",
-            [*wanted, self.tenant_id, self.application_name])
-        row = await cur.fetchone()
-        seen = dict(zip(wanted, row or (), strict=False))
-        wrong = [f"{name} is {str(seen[name]) + ' ms' if seen.get(name) is not None else 'not supported'}"
-                 f" (expected {value} ms)"
-                 for name, value in wanted.items() if seen.get(name) != value]
-        if wrong:
-            raise LeaseNotBounded(
-                f"the lease session of run {self.run_id} is not bounded: " + "; ".join(wrong)
-                + " (a pooler or server that ignores SET?); not taking the run's lock")
-
     async def __aenter__(self) -> OwnershipLease:
-        if self.sessions is not None:
-            conn = await self.sessions.acquire(timeout_s=self.lease_s)
-        else:
-            conn = await psycopg.AsyncConnection.connect(
-                self.dsn, autocommit=True, application_name=self.application_name,
-                **client_params(self.lease_s),
-            )
+        if self.carriers is not None:
+            self._carried = await self.carriers.carry(self.run_id, scope=(self.tenant_id, self.writer))
+            return self
+        conn = await psycopg.AsyncConnection.connect(
+            self.dsn, autocommit=True, application_name=self.application_name,
+            **client_params(self.lease_s),
+        )
         try:
-            await self._apply_settings(conn)
+            await apply_settings(conn, self.lease_s)
             # The lease session is the run's only writer: scoped to the run's tenant, so
-            # row-level security admits its writes and nothing else (R-AUTH-4). A pooled
-            # session is named after the run here (a new one is named at connect).
-            await self._verify_and_scope(conn)
+            # row-level security admits its writes and nothing else (R-AUTH-4).
+            await verify_settings(conn, self.lease_s, tenant_id=self.tenant_id,
+                                  application_name=self.application_name, what=f"run {self.run_id}")
             cur = await conn.execute(f"SELECT pg_try_advisory_lock({lock_key_sql})", (self.run_id,))
             row = await cur.fetchone()
             if not (row and row[0]):
                 raise LockNotAcquired(f"run {self.run_id} is owned by another session")
         except BaseException:
-            await self._end(conn, reuse=False)
+            await conn.close()
             raise
         self._conn = conn
         return self
-
-    async def _end(self, conn: psycopg.AsyncConnection[Any], *, reuse: bool) -> None:
-        """Close the session, or give it back to ``sessions`` (reset, its locks freed)."""
-        if self.sessions is not None:
-            await self.sessions.release(conn, reuse=reuse)
-        else:
-            await conn.close()
 
     async def touch(self) -> None:
         """Renew the lease (R-EXEC-11); raises LostOwnership when the session is gone or
@@ -258,6 +287,9 @@ class OwnershipLease:
         there could run inside a transaction that just failed. Any other error of a touch
         that raced the owner's statements says nothing about the session: the next touch
         tries again."""
+        if self._carried is not None:
+            self._carried.touch()  # its carrier's keeper touched the session (qimpl.db.lease_carriers)
+            return
         conn = self.conn
         if conn.info.transaction_status != pq.TransactionStatus.IDLE:
             return
@@ -276,9 +308,14 @@ class OwnershipLease:
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._conn is not None:
+        if self._carried is not None and self.carriers is not None:
+            # The run's lock is given back on the shared session (unlocked, or the session
+            # broken when it is not idle) before the activity returns.
+            carried, self._carried = self._carried, None
+            await self.carriers.release(carried, clean=et is None)
+            self._carried = carried  # ended: ``live`` is False, ``conn`` raises LostOwnership
+        elif self._conn is not None:
             # Closing the session releases the lock; an explicit unlock would need a live
-            # session, which a fenced owner may not have. Only a lease that ended cleanly
-            # gives a pooled session back for reuse (unlocked and reset first).
+            # session, which a fenced owner may not have.
             conn, self._conn = self._conn, None
-            await self._end(conn, reuse=et is None)
+            await conn.close()

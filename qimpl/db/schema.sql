@@ -436,6 +436,15 @@ $$;
 
 ALTER FUNCTION public.qimpl_record_events(t public.run_transitions) OWNER TO postgres;
 
+CREATE FUNCTION public.qimpl_run_states(p_run_ids uuid[]) RETURNS TABLE(run_id uuid, state character varying)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+    SELECT r.run_id, r.state FROM public.runs r WHERE r.run_id = ANY (p_run_ids)
+$$;
+
+ALTER FUNCTION public.qimpl_run_states(p_run_ids uuid[]) OWNER TO qimpl_lookup;
+
 CREATE FUNCTION public.qimpl_stamp_xact() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'public', 'pg_temp'
@@ -1271,6 +1280,9 @@ GRANT ALL ON FUNCTION public.qimpl_prune_event_streams(p_retention_s double prec
 GRANT SELECT ON TABLE public.run_transitions TO qimpl_app;
 
 REVOKE ALL ON FUNCTION public.qimpl_record_events(t public.run_transitions) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.qimpl_run_states(p_run_ids uuid[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.qimpl_run_states(p_run_ids uuid[]) TO qimpl_app;
 
 REVOKE ALL ON FUNCTION public.qimpl_stamp_xact() FROM PUBLIC;
 

@@ -24,8 +24,13 @@ class WorkerSettings(_ProviderSettings, Settings):
         default_factory=dict, description="JSON object given to the tools factory",
         json_schema_extra=_example('{"sink_url": "http://127.0.0.1:9000"}'))
     max_concurrent_activities: int = Field(
-        default=20, ge=1, description="activities per worker; each holds one lease connection",
-        json_schema_extra=_example("20"))
+        default=1000, ge=1,
+        description="activities per worker (runs in flight at once): a model-bound run mostly waits for its provider, and its lease is one advisory lock on a shared lease session (`lease_session_runs` runs a session), not a session of its own (issue 55, R-EXEC-14)",
+        json_schema_extra=_example("1000"))
+    lease_session_runs: int = Field(
+        default=50, ge=1,
+        description="runs whose advisory locks one lease session carries (R-EXEC-2): the worker holds at most `ceil((max_concurrent_activities + takeover_slots) / lease_session_runs)` lease sessions; a lost session moves exactly the runs it carried. 1: a session per run",
+        json_schema_extra=_example("50"))
     workflow_sandbox: bool = Field(
         default=False,
         description="run workflows in temporalio's sandbox (each run imports its workflow module afresh; non-deterministic calls raise). Off: qimpl's workflows only schedule activities and hold no module state, the tests run every branch of them in the sandbox, and the sandbox cost about 4-5 ms of the worker's CPU per run (issue 21). Turn it on while you change workflow code",

@@ -41,7 +41,7 @@ from qimpl.backoff import backoff_left, failure_delay
 from qimpl.crashpoints import declare
 from qimpl.db import runs as repo
 from qimpl.db.lease import OwnershipLease
-from qimpl.db.lease_sessions import LeaseSessions
+from qimpl.db.lease_carriers import AlreadyOwned, LeaseCarriers
 from qimpl.db.owner import RunOwner
 from qimpl.db.sessions import bound_session, keepalive_params
 from qimpl.errors import (
@@ -163,14 +163,14 @@ class AgentActivities:
 
     def __init__(self, *, dsn: str, provider: Provider, tools: ToolRegistry | None = None,
                  slot_limit: int = 0, lock_timeout_s: float = 5.0,
-                 sessions: LeaseSessions | None = None, unclaimed_s: float = 0.3) -> None:
+                 carriers: LeaseCarriers | None = None, unclaimed_s: float = 0.3) -> None:
         self.dsn = dsn
         #: The takeover watcher's bound for a silent unclaimed attempt, seconds
         #: (``QIMPL_TAKEOVER_UNCLAIMED_S``): sets when a first attempt heartbeats.
         self.unclaimed_s = unclaimed_s
-        #: The worker's ready lease sessions (``qimpl.db.lease_sessions``); None: each
-        #: attempt connects its own.
-        self.sessions = sessions
+        #: The worker's lease sessions, each carrying many runs' locks
+        #: (``qimpl.db.lease_carriers``); None: each attempt connects its own.
+        self.carriers = carriers
         self.provider = provider
         self.tools = ToolSteps(tools or ToolRegistry())
         self.slot_limit = slot_limit
@@ -237,9 +237,16 @@ class AgentActivities:
             async with OwnershipLease(
                 self.dsn, inp.run_id, lease_s=inp.lease,
                 application_name=f"qimpl-owner:{inp.run_id}", tenant_id=inp.tenant_id,
-                sessions=self.sessions,
+                carriers=self.carriers, writer=f"{inp.run_id}:{inp.generation}:{attempt}",
             ) as lease:
                 return await self._under_lease(lease, inp, attempt, claimed)
+        except AlreadyOwned as exc:
+            # A second attempt of a run this worker owns (a reset's or a timed-out attempt's
+            # retry delivered here while the old one still runs): its lock would be granted
+            # again on the shared session; refused before any work (R-EXEC-2).
+            log.warning("run %s (attempt %s): %s", inp.run_id, attempt, exc,
+                        extra={"event": "owner.already_owned", "run_id": inp.run_id, "attempt": attempt})
+            raise ApplicationError(str(exc), type="LockNotAcquired") from None
         except LockNotAcquired as exc:
             raise ApplicationError(str(exc), type="LockNotAcquired") from None
         except LeaseSessionUnavailable as exc:

@@ -30,8 +30,8 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from qimpl import metrics
 from qimpl.db.connect_errors import connect_problem
-from qimpl.db.lease import client_params
-from qimpl.db.lease_sessions import LeaseSessions
+from qimpl.db.lease import lease_carriers as carriers_for
+from qimpl.db.lease_carriers import LeaseCarriers
 from qimpl.db.roles import refuse_unsafe_role
 from qimpl.db.sessions import keepalive_params
 from qimpl.errors import UnsafeDatabaseRole
@@ -149,13 +149,13 @@ def heartbeat_throttle(settings: WorkerSettings) -> timedelta:
     return timedelta(seconds=heartbeat_throttle_s(settings.heartbeat_timeout_s, settings.lease))
 
 
-def lease_sessions(settings: WorkerSettings) -> LeaseSessions:
-    """The worker's ready lease sessions: one per activity slot at most (each activity
-    holds one lease session), for the worker's lease (``qimpl.db.lease_sessions``). Not
-    opened."""
-    return LeaseSessions(settings.database_url, lease_s=settings.lease,
-                         max_size=settings.max_concurrent_activities + settings.takeover_slots,
-                         connect_params=client_params(settings.lease))
+def lease_carriers(settings: WorkerSettings) -> LeaseCarriers:
+    """The worker's lease sessions (``qimpl.db.lease_carriers``): ``lease_session_runs``
+    runs' locks on each, enough sessions for every activity slot and takeover slot at once
+    (R-EXEC-14: a bound that does not grow one for one with in-flight runs)."""
+    return carriers_for(settings.database_url, lease_s=settings.lease,
+                        runs_per_session=settings.lease_session_runs,
+                        max_runs=settings.max_concurrent_activities + settings.takeover_slots)
 
 
 def build_takeover_worker(client: Client, settings: WorkerSettings, activities: AgentActivities,
@@ -271,8 +271,8 @@ async def run(settings: WorkerSettings, plugins: tuple[Provider, ToolRegistry]) 
     if settings.takeover_watch:
         warn_no_watcher_margin(settings, log, settings.takeover_poll_s)
     activities = agent_activities(settings, plugins)
-    activities.sessions = sessions = lease_sessions(settings)
-    await sessions.open()
+    activities.carriers = carriers = lease_carriers(settings)
+    carriers.open()
     try:
         worker = build_worker(client, settings, activities=activities)
         queue = takeover_queue(settings.task_queue, uuid.uuid4().hex[:12])
@@ -298,7 +298,7 @@ async def run(settings: WorkerSettings, plugins: tuple[Provider, ToolRegistry]) 
             await reconciler
             await watcher
     finally:
-        await sessions.close()
+        await carriers.close()
     log.info("worker stopped", extra={"event": "worker.stopped"})
 
 

@@ -8,9 +8,11 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
+from qimpl.db.lease_carriers import APPLICATION_NAME
 from qualify import http
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
+from qualify.owner_sessions import LEASE_PIDS_SQL
 from qualify.processes import ManagedProcess
 from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
 from qualify.scenarios.lifecycle import (
@@ -55,7 +57,7 @@ def _cancel_holding_the_row(ctx: ScenarioContext, api: ManagedProcess) -> None:
                              headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
         ctx.wait_crash_point(CANCEL_LOCKED, held_api)
         ctx.release_crash_point(FINAL_BEFORE)
-        waited = ctx.lock_waiters(want=1, application_name=f"qimpl-owner:{run_id}")
+        waited = ctx.lock_waiters(want=1, application_name=APPLICATION_NAME)
         ctx.release_crash_point(CANCEL_LOCKED)
         resp = answer.result(timeout=60)
     first = resp.json() if resp.status_code == 200 else {"status": resp.status_code, "body": resp.text[:120]}
@@ -132,9 +134,8 @@ def cancel_reaches_running_activity(ctx: ScenarioContext) -> None:
     ctx.processes.worker(**limit)
     run_id = accepted(ctx, api, prompt=make_prompt(steps=200, delay_ms=100))
     cancelled_at = _cancel_once_asked(ctx, api, run_id, calls=3)
-    owner = f"qimpl-owner:{run_id}"
     stop_by = time.monotonic() + 15
-    while ctx.sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", owner)[0][0]:
+    while ctx.sql(f"SELECT count(*) FROM {LEASE_PIDS_SQL} p", run_id)[0][0]:
         if time.monotonic() > stop_by:
             break
         time.sleep(0.05)
@@ -182,14 +183,13 @@ def cancel_stops_a_long_step(ctx: ScenarioContext) -> None:
     ctx.figures["step_stopped_after_cancel_s"] = took if took is not None else -1.0
     ctx.expect("the provider step was cancelled within 1 s of the cancel commit",
                took is not None and took <= 1.0, f"after {took} s", "R-Q34-1")
-    owner = f"qimpl-owner:{run_id}"
     gone_by = time.monotonic() + 5
-    while ctx.sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", owner)[0][0]:
+    while ctx.sql(f"SELECT count(*) FROM {LEASE_PIDS_SQL} p", run_id)[0][0]:
         if time.monotonic() > gone_by:
             break
         time.sleep(0.05)
-    held = ctx.sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", owner)[0][0]
-    ctx.expect("the owner's lock session is gone", held == 0, f"{held} sessions", "R-Q34-1")
+    held = ctx.sql(f"SELECT count(*) FROM {LEASE_PIDS_SQL} p", run_id)[0][0]
+    ctx.expect("no session holds the owner's lock any more", held == 0, f"{held} sessions", "R-Q34-1")
     nxt = ctx.wait_terminal(api, waiting, timeout_s=30)
     started = ctx.sql("SELECT extract(epoch FROM min(at))::float8 FROM run_transitions"
                       " WHERE run_id = %s AND new_state = 'running'", waiting)[0][0]

@@ -14,6 +14,7 @@ import httpx
 from qualify import http
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
+from qualify.owner_sessions import LEASE_PIDS_SQL
 from qualify.processes import ManagedProcess
 from qualify.procs import wait_until
 from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
@@ -49,8 +50,7 @@ CANCEL_AFTER_LEASE_S = 0.8
 
 def _owner_session(ctx: ScenarioContext, run_id: str) -> list[tuple[Any, ...]]:
     """(pid, state) of the run's lease sessions, as PostgreSQL sees them."""
-    return ctx.sql("SELECT pid, state FROM pg_stat_activity WHERE application_name = %s",
-                   f"qimpl-owner:{run_id}")
+    return ctx.sql(f"SELECT pid, state FROM pg_stat_activity WHERE pid IN {LEASE_PIDS_SQL}", run_id)
 
 
 def _paused_in_transaction(ctx: ScenarioContext, point: str, proc: ManagedProcess,

@@ -16,6 +16,7 @@ from qualify import http
 from qualify.checkers import PROVIDER_CLOCK_SLACK_S
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import ENDS_FILE, make_prompt
+from qualify.owner_sessions import LEASE_PIDS_SQL
 from qualify.processes import ManagedProcess
 from qualify.procs import wait_until
 from qualify.scenarios.base import ScenarioContext, scenario
@@ -156,10 +157,10 @@ def _paused_owner(ctx: ScenarioContext, *, resume: bool) -> None:
                                                    barrier={"step": 2, "name": "pause"}))
     held = ctx.wait_barrier("pause")
     owner = _owner(workers, held["pid"])
-    # The owner's lease session (one backend, named after the run) before the pause: the
+    # The owner's lease session (the backend holding the run's lock) before the pause: the
     # lease is judged on it directly, not only through the takeover it allows.
-    lease_backends = [r[0] for r in ctx.sql("SELECT pid FROM pg_stat_activity WHERE application_name = %s",
-                                            f"qimpl-owner:{run_id}")]
+    lease_backends = [r[0] for r in ctx.sql(f"SELECT pid FROM pg_stat_activity WHERE pid IN {LEASE_PIDS_SQL}",
+                                            run_id)]
     ctx.nemesis.sigstop(owner, barrier="pause", step=held["step"], attempt=held["attempt"])
     # Both ends of the takeover on the database's clock: the pause (read right after the
     # signal) and the successor's first write.
@@ -296,7 +297,7 @@ def lock_session_killed(ctx: ScenarioContext) -> None:
     run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="relocked",
                                                    barrier={"step": 3, "name": "lock"}))
     held = ctx.wait_barrier("lock")
-    ctx.nemesis.terminate_backend(ctx.deployment.dsn, f"qimpl-owner:{run_id}")
+    ctx.nemesis.terminate_lease_session(ctx.deployment.dsn, run_id)
     killed_at = time.time()
     # The owner's lease keeper notices within a touch interval (L / 4) and cancels the
     # loop, provider call included, before anything else happens (R-EXEC-11).

@@ -17,6 +17,7 @@ import httpx
 from qimpl.lifecycle import workflow_id
 from qualify import http
 from qualify.fakes.synthetic import make_prompt
+from qualify.owner_sessions import LEASE_PIDS_SQL
 from qualify.procs import poll
 from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
 from qualify.scenarios.lifecycle import accepted, session_ended_after, writes_by_others_until
@@ -35,8 +36,8 @@ STEPS = 4
 
 
 def _owner_sessions(ctx: ScenarioContext, run_id: str) -> set[int]:
-    return {int(r[0]) for r in ctx.sql("SELECT pid FROM pg_stat_activity WHERE application_name = %s",
-                                       f"qimpl-owner:{run_id}")}
+    return {int(r[0]) for r in ctx.sql(f"SELECT pid FROM pg_stat_activity WHERE pid IN {LEASE_PIDS_SQL}",
+                                       run_id)}
 
 
 def _agent_retry(ctx: ScenarioContext, wf_id: str) -> dict[str, Any]:
@@ -134,7 +135,7 @@ def owner_partitioned_from_temporal(ctx: ScenarioContext) -> None:
     def alive() -> bool:
         nonlocal last_alive
         rows = ctx.sql("SELECT count(*) FILTER (WHERE pid = ANY(%s)), extract(epoch FROM clock_timestamp())::float8"
-                       " FROM pg_stat_activity WHERE application_name = %s", list(first), f"qimpl-owner:{run_id}")
+                       " FROM pg_stat_activity", list(first))
         if rows[0][0]:
             last_alive = float(rows[0][1])
         return bool(rows[0][0])

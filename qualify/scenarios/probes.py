@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 from qualify.fakes.synthetic import make_prompt
+from qualify.owner_sessions import LEASE_PIDS_SQL
 from qualify.procs import wait_until
 from qualify.scenarios.base import ScenarioContext, scenario
 from qualify.scenarios.lifecycle import writes_by_others_until
@@ -229,12 +230,10 @@ def owner_cut_off_from_temporal(ctx: ScenarioContext) -> None:
     assert run_id is not None and run_id.status_code == 202, run_id
     run = str(run_id.json()["run_id"])
     held = ctx.wait_barrier("cut")
-    session = f"qimpl-owner:{run}"
-
     def owner_pids() -> tuple[set[int], float]:
         rows = ctx.sql("SELECT pid, extract(epoch FROM clock_timestamp())::float8 FROM pg_stat_activity"
-                       " WHERE application_name = %s UNION ALL"
-                       " SELECT NULL, extract(epoch FROM clock_timestamp())::float8", session)
+                       f" WHERE pid IN {LEASE_PIDS_SQL} UNION ALL"
+                       " SELECT NULL, extract(epoch FROM clock_timestamp())::float8", run)
         return {int(r[0]) for r in rows if r[0] is not None}, float(rows[-1][1])
 
     first, _ = owner_pids()

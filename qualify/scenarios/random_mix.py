@@ -153,7 +153,7 @@ def _strike(ctx: ScenarioContext, fault: FaultPlan, run_id: str, workers: _Worke
     elif fault.action == "sigstop-worker":
         ctx.nemesis.sigstop(owner, **where)
     elif fault.action == "terminate-lock-session":
-        ctx.nemesis.terminate_backend(ctx.deployment.dsn, f"qimpl-owner:{run_id}")
+        ctx.nemesis.terminate_lease_session(ctx.deployment.dsn, run_id)
     elif fault.action == "restart-postgres":
         ctx.nemesis.restart_postgres(ctx.stack)
     elif fault.action == "restart-temporal":

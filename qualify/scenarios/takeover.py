@@ -346,7 +346,12 @@ def watcher_never_ends_a_live_owner(ctx: ScenarioContext) -> None:
 )
 def operator_resets_a_running_activity(ctx: ScenarioContext) -> None:
     api = ctx.processes.api()
-    workers = [ctx.processes.worker("worker-1"), ctx.processes.worker("worker-2")]
+    # One lease session per run (QIMPL_LEASE_SESSION_RUNS=1): this judges the handover to a
+    # new lease *session* by the writer's backend; on shared lease sessions the reset's
+    # retry may take the run on the session the old owner used (a second attempt of a run
+    # the worker owns is refused there: tests/integration/test_lease_carriers.py).
+    dedicated = {"QIMPL_LEASE_SESSION_RUNS": "1"}
+    workers = [ctx.processes.worker("worker-1", **dedicated), ctx.processes.worker("worker-2", **dedicated)]
     # Slow steps: the reset lands while the second owner is inside step 3.
     run_id = accepted(ctx, api, prompt=make_prompt(steps=STEPS, answer="reset survived", delay_ms=1500,
                                                    barrier={"step": 2, "name": "strike"}))
@@ -652,3 +657,4 @@ def owner_paused_mid_run(ctx: ScenarioContext) -> None:
                run["state"] == "completed" and _steps_once(ctx, run_id) == [1, 2, 3] and zombie_writes == 0,
                f"{run['state']}, steps {_steps_once(ctx, run_id)}, {zombie_writes} writes by the resumed owner",
                "R-EXEC-7", "R-EXEC-4")
+

@@ -19,7 +19,9 @@ one read of the lock table: 3-8 ms. This revision:
   not passed by the database's clock (``runs.retry_not_before``): their owner let the run
   go on purpose and Temporal will retry it; they are no lost owners, and describing each at
   every look cost about 990 Temporal calls a second for 100 such runs;
-* adds ``runs.retry_not_before`` (written by the failure count, cleared by the next claim).
+* adds ``runs.retry_not_before`` (written by the failure count, cleared by the next claim);
+* adds ``qimpl_run_states(uuid[])``: the touch of a lease session that carries the locks
+  of many runs, of several tenants (``qimpl.db.lease_carriers``): ids and states only.
 
 The downgrade drops the function, the columns and the setting; no run is lost.
 """
@@ -67,9 +69,23 @@ GRANT CREATE ON SCHEMA public TO qimpl_lookup;
 ALTER FUNCTION public.qimpl_lease_orphans(integer, uuid) OWNER TO qimpl_lookup;
 REVOKE CREATE ON SCHEMA public FROM qimpl_lookup;
 GRANT EXECUTE ON FUNCTION public.qimpl_lease_orphans(integer, uuid) TO qimpl_app;
+
+-- A shared lease session's touch: the state of each run whose lock it carries, across
+-- tenants (a session carries runs of several), ids and states only.
+CREATE FUNCTION public.qimpl_run_states(p_run_ids uuid[])
+RETURNS TABLE (run_id uuid, state varchar)
+LANGUAGE sql STABLE SECURITY DEFINER {SAFE_PATH} AS $$
+    SELECT r.run_id, r.state FROM public.runs r WHERE r.run_id = ANY (p_run_ids)
+$$;
+REVOKE ALL ON FUNCTION public.qimpl_run_states(uuid[]) FROM PUBLIC;
+GRANT CREATE ON SCHEMA public TO qimpl_lookup;
+ALTER FUNCTION public.qimpl_run_states(uuid[]) OWNER TO qimpl_lookup;
+REVOKE CREATE ON SCHEMA public FROM qimpl_lookup;
+GRANT EXECUTE ON FUNCTION public.qimpl_run_states(uuid[]) TO qimpl_app;
 """
 
 DOWN_SQL = """
+DROP FUNCTION public.qimpl_run_states(uuid[]);
 DROP FUNCTION public.qimpl_lease_orphans(integer, uuid);
 ALTER FUNCTION public.qimpl_lease_orphans(integer) RESET enable_nestloop;
 REVOKE SELECT (retry_not_before) ON public.runs FROM qimpl_lookup;
