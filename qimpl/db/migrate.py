@@ -16,7 +16,7 @@ from qimpl.errors import MigrationRefused
 __all__ = ["BASELINE", "HEAD", "MigrationRefused", "alembic_config", "downgrade", "failure_line", "main", "upgrade"]
 
 #: The newest revision (tests/integration/test_migrations.py checks it is the scripts' head).
-HEAD = "20261212_090000_sweep_retention"
+HEAD = "20261213_090000_hardening_four"
 BASELINE = "20261001_000000_baseline"
 _DIR = Path(__file__).with_name("migrations")
 

@@ -1100,43 +1100,83 @@ CREATE INDEX tool_invocations_unsettled ON public.tool_invocations USING btree (
 
 CREATE TRIGGER api_key_audit_append_only BEFORE DELETE OR UPDATE ON public.api_key_audit FOR EACH ROW EXECUTE FUNCTION public.qimpl_audit_append_only();
 
+ALTER TABLE public.api_key_audit ENABLE ALWAYS TRIGGER api_key_audit_append_only;
+
 CREATE TRIGGER api_keys_audit AFTER INSERT OR DELETE OR UPDATE ON public.api_keys FOR EACH ROW EXECUTE FUNCTION public.qimpl_audit_api_keys();
+
+ALTER TABLE public.api_keys ENABLE ALWAYS TRIGGER api_keys_audit;
 
 CREATE TRIGGER api_keys_guard BEFORE UPDATE ON public.api_keys FOR EACH ROW EXECUTE FUNCTION public.qimpl_api_key_guard();
 
+ALTER TABLE public.api_keys ENABLE ALWAYS TRIGGER api_keys_guard;
+
 CREATE TRIGGER operator_tenants_audit AFTER INSERT OR DELETE ON public.operator_tenants FOR EACH ROW EXECUTE FUNCTION public.qimpl_audit_operator_tenants();
+
+ALTER TABLE public.operator_tenants ENABLE ALWAYS TRIGGER operator_tenants_audit;
 
 CREATE TRIGGER provider_calls_guard BEFORE INSERT OR DELETE OR UPDATE ON public.provider_calls FOR EACH ROW EXECUTE FUNCTION public.provider_calls_guard();
 
+ALTER TABLE public.provider_calls ENABLE ALWAYS TRIGGER provider_calls_guard;
+
 CREATE TRIGGER provider_calls_usage_event AFTER UPDATE OF status ON public.provider_calls FOR EACH ROW WHEN (((old.status = 'started'::text) AND (new.status <> 'started'::text))) EXECUTE FUNCTION public.provider_calls_usage_event();
+
+ALTER TABLE public.provider_calls ENABLE ALWAYS TRIGGER provider_calls_usage_event;
 
 CREATE TRIGGER provider_calls_xact BEFORE INSERT OR UPDATE ON public.provider_calls FOR EACH ROW EXECUTE FUNCTION public.provider_calls_xact();
 
+ALTER TABLE public.provider_calls ENABLE ALWAYS TRIGGER provider_calls_xact;
+
 CREATE TRIGGER run_checkpoints_guard BEFORE INSERT OR DELETE OR UPDATE ON public.run_checkpoints FOR EACH ROW EXECUTE FUNCTION public.run_checkpoints_guard();
+
+ALTER TABLE public.run_checkpoints ENABLE ALWAYS TRIGGER run_checkpoints_guard;
 
 CREATE TRIGGER run_checkpoints_xact BEFORE INSERT ON public.run_checkpoints FOR EACH ROW EXECUTE FUNCTION public.qimpl_stamp_xact();
 
+ALTER TABLE public.run_checkpoints ENABLE ALWAYS TRIGGER run_checkpoints_xact;
+
 CREATE TRIGGER run_events_notify AFTER INSERT ON public.run_events FOR EACH ROW EXECUTE FUNCTION public.run_events_notify();
+
+ALTER TABLE public.run_events ENABLE ALWAYS TRIGGER run_events_notify;
 
 CREATE TRIGGER run_events_number BEFORE INSERT ON public.run_events FOR EACH ROW EXECUTE FUNCTION public.run_events_number();
 
+ALTER TABLE public.run_events ENABLE ALWAYS TRIGGER run_events_number;
+
 CREATE TRIGGER run_events_xact BEFORE INSERT ON public.run_events FOR EACH ROW EXECUTE FUNCTION public.qimpl_stamp_xact();
+
+ALTER TABLE public.run_events ENABLE ALWAYS TRIGGER run_events_xact;
 
 CREATE CONSTRAINT TRIGGER run_transitions_event AFTER INSERT ON public.run_transitions DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.run_transitions_event();
 
+ALTER TABLE public.run_transitions ENABLE ALWAYS TRIGGER run_transitions_event;
+
 CREATE TRIGGER run_transitions_xact BEFORE INSERT ON public.run_transitions FOR EACH ROW EXECUTE FUNCTION public.qimpl_stamp_xact();
+
+ALTER TABLE public.run_transitions ENABLE ALWAYS TRIGGER run_transitions_xact;
 
 CREATE TRIGGER runs_forbid_delete BEFORE DELETE ON public.runs FOR EACH ROW EXECUTE FUNCTION public.runs_forbid_delete();
 
+ALTER TABLE public.runs ENABLE ALWAYS TRIGGER runs_forbid_delete;
+
 CREATE TRIGGER runs_record_transition AFTER INSERT OR UPDATE ON public.runs FOR EACH ROW EXECUTE FUNCTION public.runs_record_transition();
+
+ALTER TABLE public.runs ENABLE ALWAYS TRIGGER runs_record_transition;
 
 CREATE TRIGGER runs_terminal_clears_pending BEFORE UPDATE OF state ON public.runs FOR EACH ROW WHEN ((((new.state)::text = ANY ((ARRAY['completed'::character varying, 'failed'::character varying, 'cancelled'::character varying, 'expired'::character varying])::text[])) AND ((new.state)::text IS DISTINCT FROM (old.state)::text))) EXECUTE FUNCTION public.qimpl_terminal_clears_pending();
 
+ALTER TABLE public.runs ENABLE ALWAYS TRIGGER runs_terminal_clears_pending;
+
 CREATE TRIGGER runs_transition_guard BEFORE INSERT OR UPDATE ON public.runs FOR EACH ROW EXECUTE FUNCTION public.runs_transition_guard();
+
+ALTER TABLE public.runs ENABLE ALWAYS TRIGGER runs_transition_guard;
 
 CREATE TRIGGER tool_invocations_guard BEFORE INSERT OR DELETE OR UPDATE ON public.tool_invocations FOR EACH ROW EXECUTE FUNCTION public.tool_invocations_guard();
 
+ALTER TABLE public.tool_invocations ENABLE ALWAYS TRIGGER tool_invocations_guard;
+
 CREATE TRIGGER tool_invocations_xact BEFORE INSERT OR UPDATE ON public.tool_invocations FOR EACH ROW EXECUTE FUNCTION public.tool_invocations_xact();
+
+ALTER TABLE public.tool_invocations ENABLE ALWAYS TRIGGER tool_invocations_xact;
 
 ALTER TABLE ONLY public.approval_decisions
     ADD CONSTRAINT approval_decisions_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(run_id);

@@ -1,0 +1,62 @@
+"""Hardening, fourth pass (issue 56): the guards fire in every replication role.
+
+Revision ID: 20261213_090000_hardening_four
+Revises: 20261212_090000_sweep_retention
+Create Date: 2026-12-13 09:00:00
+
+- **Every trigger fires ``ALWAYS``** (item 4). The transition guard, the checkpoint
+  guard, the tool journal's and the provider calls' guards, the transition audit, the
+  event journal and the key audit are ordinary triggers, which PostgreSQL skips in a
+  session whose ``session_replication_role`` is ``replica``. A role granted ``SET ON
+  PARAMETER session_replication_role`` wrote ``running -> completed`` with no
+  ``row_version`` bump and no audit row. ``ENABLE ALWAYS`` makes each fire whatever the
+  session's replication role (the start-up role check refuses such a role as well,
+  ``qimpl/db/roles.py``). A logical-replication subscriber of this schema (none is
+  supported) would now run them on the rows it applies too.
+  The downgrade puts each back to ``ENABLE`` (fires in ``origin`` and ``local`` only).
+"""
+
+from alembic import op
+
+revision = "20261213_090000_hardening_four"
+down_revision = "20261212_090000_sweep_retention"
+branch_labels = None
+depends_on = None
+
+#: (table, trigger) for every trigger of the schema at this revision.
+_TRIGGERS = (
+    ("api_key_audit", "api_key_audit_append_only"),
+    ("api_keys", "api_keys_audit"),
+    ("api_keys", "api_keys_guard"),
+    ("operator_tenants", "operator_tenants_audit"),
+    ("provider_calls", "provider_calls_guard"),
+    ("provider_calls", "provider_calls_usage_event"),
+    ("provider_calls", "provider_calls_xact"),
+    ("run_checkpoints", "run_checkpoints_guard"),
+    ("run_checkpoints", "run_checkpoints_xact"),
+    ("run_events", "run_events_notify"),
+    ("run_events", "run_events_number"),
+    ("run_events", "run_events_xact"),
+    ("run_transitions", "run_transitions_event"),
+    ("run_transitions", "run_transitions_xact"),
+    ("runs", "runs_forbid_delete"),
+    ("runs", "runs_record_transition"),
+    ("runs", "runs_terminal_clears_pending"),
+    ("runs", "runs_transition_guard"),
+    ("tool_invocations", "tool_invocations_guard"),
+    ("tool_invocations", "tool_invocations_xact"),
+)
+
+UP_SQL = "".join(f"ALTER TABLE public.{table} ENABLE ALWAYS TRIGGER {trigger};\n"
+                 for table, trigger in _TRIGGERS)
+
+DOWN_SQL = "".join(f"ALTER TABLE public.{table} ENABLE TRIGGER {trigger};\n"
+                   for table, trigger in _TRIGGERS)
+
+
+def upgrade() -> None:
+    op.execute(UP_SQL)
+
+
+def downgrade() -> None:
+    op.execute(DOWN_SQL)
