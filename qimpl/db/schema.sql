@@ -1092,7 +1092,11 @@ CREATE INDEX runs_deadline_open ON public.runs USING btree (deadline_at) WHERE (
 
 CREATE INDEX runs_running ON public.runs USING btree (run_id) WHERE ((state)::text = 'running'::text);
 
+CREATE INDEX runs_tenant_accepted ON public.runs USING btree (tenant_id, accepted_at, run_id);
+
 CREATE INDEX runs_tenant_ended ON public.runs USING btree (tenant_id, completed_at) WHERE ((state)::text = ANY ((ARRAY['completed'::character varying, 'failed'::character varying, 'expired'::character varying, 'cancelled'::character varying])::text[]));
+
+CREATE INDEX runs_tenant_principal_agent_accepted ON public.runs USING btree (tenant_id, principal_id, agent_id, accepted_at, run_id);
 
 CREATE INDEX runs_tenant_state_accepted ON public.runs USING btree (tenant_id, state, accepted_at);
 

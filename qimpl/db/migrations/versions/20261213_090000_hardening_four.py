@@ -1,4 +1,5 @@
-"""Hardening, fourth pass (issue 56): the guards fire in every replication role.
+"""Hardening, fourth pass (issue 56): the guards fire in every replication role; the
+listings' indexes.
 
 Revision ID: 20261213_090000_hardening_four
 Revises: 20261212_090000_sweep_retention
@@ -14,6 +15,11 @@ Create Date: 2026-12-13 09:00:00
   ``qimpl/db/roles.py``). A logical-replication subscriber of this schema (none is
   supported) would now run them on the rows it applies too.
   The downgrade puts each back to ``ENABLE`` (fires in ``origin`` and ``local`` only).
+- **The listings read a page in index order** (item 7). A client's listing (its tenant,
+  principal and agent, newest accepted first) and the operator's (one tenant at a time,
+  oldest first) sorted all the matching runs for each page: no index matched their
+  filter and ``ORDER BY accepted_at, run_id``. ``runs_tenant_principal_agent_accepted``
+  and ``runs_tenant_accepted`` do (``qimpl/db/listing.py``). The downgrade drops them.
 """
 
 from alembic import op
@@ -48,10 +54,16 @@ _TRIGGERS = (
 )
 
 UP_SQL = "".join(f"ALTER TABLE public.{table} ENABLE ALWAYS TRIGGER {trigger};\n"
-                 for table, trigger in _TRIGGERS)
+                 for table, trigger in _TRIGGERS) + """
+CREATE INDEX runs_tenant_principal_agent_accepted
+    ON public.runs (tenant_id, principal_id, agent_id, accepted_at, run_id);
+CREATE INDEX runs_tenant_accepted ON public.runs (tenant_id, accepted_at, run_id);
+"""
 
-DOWN_SQL = "".join(f"ALTER TABLE public.{table} ENABLE TRIGGER {trigger};\n"
-                   for table, trigger in _TRIGGERS)
+DOWN_SQL = """
+DROP INDEX public.runs_tenant_accepted;
+DROP INDEX public.runs_tenant_principal_agent_accepted;
+""" + "".join(f"ALTER TABLE public.{table} ENABLE TRIGGER {trigger};\n" for table, trigger in _TRIGGERS)
 
 
 def upgrade() -> None:
