@@ -297,7 +297,8 @@ BEGIN
         SELECT r.run_id, r.tenant_id FROM public.runs r
         WHERE r.tenant_id = current_setting('qimpl.tenant', true) AND r.state IN ('completed', 'failed', 'expired', 'cancelled')
           AND coalesce(r.completed_at, r.accepted_at)
-              <= clock_timestamp() - make_interval(secs => p_retention_s)
+              <= clock_timestamp() - make_interval(secs => greatest(p_retention_s,
+                    coalesce((SELECT f.seconds FROM public.event_retention_floor f), 60)))
           AND NOT EXISTS (SELECT 1 FROM public.run_event_prunes p WHERE p.run_id = r.run_id)
         ORDER BY r.completed_at
         LIMIT least(greatest(p_limit, 0), 100)
@@ -768,6 +769,15 @@ ALTER TABLE ONLY public.approval_decisions FORCE ROW LEVEL SECURITY;
 
 ALTER TABLE public.approval_decisions OWNER TO postgres;
 
+CREATE TABLE public.event_retention_floor (
+    one_row boolean DEFAULT true NOT NULL,
+    seconds double precision NOT NULL,
+    CONSTRAINT event_retention_floor_one_row_check CHECK (one_row),
+    CONSTRAINT event_retention_floor_seconds_check CHECK (((seconds >= (0)::double precision) AND (seconds < 'Infinity'::double precision)))
+);
+
+ALTER TABLE public.event_retention_floor OWNER TO postgres;
+
 CREATE TABLE public.idempotency_records (
     tenant_id text NOT NULL,
     principal_id text NOT NULL,
@@ -1040,6 +1050,9 @@ ALTER TABLE ONLY public.api_keys
 ALTER TABLE ONLY public.approval_decisions
     ADD CONSTRAINT approval_decisions_pkey PRIMARY KEY (run_id, approval_id);
 
+ALTER TABLE ONLY public.event_retention_floor
+    ADD CONSTRAINT event_retention_floor_pkey PRIMARY KEY (one_row);
+
 ALTER TABLE ONLY public.idempotency_records
     ADD CONSTRAINT idempotency_records_pkey PRIMARY KEY (tenant_id, principal_id, route, key);
 
@@ -1272,13 +1285,13 @@ REVOKE ALL ON FUNCTION public.qimpl_authenticate_operator(p_key_hash text) FROM 
 GRANT ALL ON FUNCTION public.qimpl_authenticate_operator(p_key_hash text) TO qimpl_app;
 
 REVOKE ALL ON FUNCTION public.qimpl_lease_orphans(p_limit integer) FROM PUBLIC;
-GRANT ALL ON FUNCTION public.qimpl_lease_orphans(p_limit integer) TO qimpl_app;
+GRANT ALL ON FUNCTION public.qimpl_lease_orphans(p_limit integer) TO qimpl_worker_role;
 
 REVOKE ALL ON FUNCTION public.qimpl_operator_tenants(p_key_hash text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.qimpl_operator_tenants(p_key_hash text) TO qimpl_app;
 
 REVOKE ALL ON FUNCTION public.qimpl_prune_event_streams(p_retention_s double precision, p_reconciler text, p_limit integer) FROM PUBLIC;
-GRANT ALL ON FUNCTION public.qimpl_prune_event_streams(p_retention_s double precision, p_reconciler text, p_limit integer) TO qimpl_app;
+GRANT ALL ON FUNCTION public.qimpl_prune_event_streams(p_retention_s double precision, p_reconciler text, p_limit integer) TO qimpl_worker_role;
 
 GRANT SELECT ON TABLE public.run_transitions TO qimpl_app;
 
