@@ -14,8 +14,8 @@
 
 from __future__ import annotations
 
-__all__ = ["SAFE_MESSAGES", "DeadlinePassed", "DispatchUnknown", "LeaseSessionUnavailable",
-           "LockNotAcquired", "LostOwnership", "MigrationRefused",
+__all__ = ["SAFE_MESSAGES", "DeadlinePassed", "DispatchUnknown", "IncompleteDatabaseRole",
+           "LeaseSessionUnavailable", "LockNotAcquired", "LostOwnership", "MigrationRefused",
            "ProviderFailed", "ProviderTimedOut", "QimplError", "RunNotFound", "UnsafeDatabaseRole"]
 
 
@@ -60,6 +60,14 @@ class UnsafeDatabaseRole(QimplError):
     start (R-AUTH-4)."""
 
     code = "database_role_unsafe"
+
+
+class IncompleteDatabaseRole(UnsafeDatabaseRole):
+    """The worker's (or the one-shot sweep's) role lacks ``qimpl_worker_role``, which
+    alone may call the worker's functions (the takeover watcher's orphan query, event
+    pruning): the process refuses to start rather than fail at each sweep."""
+
+    code = "database_role_incomplete"
 
 
 class MigrationRefused(QimplError):

@@ -59,6 +59,8 @@ def _transition_guard(old: str, new: str) -> Patch:
 
 
 LATE_CHECKPOINTS = "qimpl/db/migrations/versions/20261209_090000_late_checkpoints.py"
+#: The head's ``qimpl_prune_event_streams`` (its retention floor, its bound) is this revision's.
+HARDENING_FOUR = "qimpl/db/migrations/versions/20261213_090000_hardening_four.py"
 
 
 def _checkpoint_guard(old: str, new: str) -> Patch:
@@ -186,8 +188,7 @@ CATALOG: tuple[Mutant, ...] = (
         "tool-kill-after-reply", "event journal consistent with the run record"),
     Mutant(
         "event-prune-unbounded", "event stream pruning bound (R-EVENT-5)",
-        (Patch("qimpl/db/migrations/versions/20261202_090000_event_journal.py",
-               "LIMIT least(greatest(p_limit, 0), {PRUNE_LIMIT})", "LIMIT greatest(p_limit, 0)"),
+        (Patch(HARDENING_FOUR, "LIMIT least(greatest(p_limit, 0), 100)", "LIMIT greatest(p_limit, 0)"),
          Patch("qimpl/db/events.py", "min(limit, PRUNE_LIMIT)))", "100000))")),
         "event-streams-pruned", "at most 100 event streams pruned per tenant per sweep, only ended runs"),
     Mutant(

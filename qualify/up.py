@@ -323,6 +323,10 @@ class UpEnvironment:
                     "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '" + role + "')"
                     " THEN CREATE ROLE " + role + " LOGIN NOSUPERUSER NOBYPASSRLS IN ROLE qimpl_app;"
                     " END IF; END $$")
+            # The worker's functions (the takeover watcher's orphan query, event pruning) are
+            # granted to qimpl_worker_role alone, never to the API (20261213_090000_hardening_four);
+            # granted every time: a role made before that migration is not yet a member.
+            conn.execute(f"GRANT qimpl_worker_role TO {WORKER_ROLE}")
             if fresh:
                 # The template carries the harness's test keys and grants, and the audit
                 # of their creation: none of them belongs to this service's history. A

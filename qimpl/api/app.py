@@ -93,7 +93,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         app.state.services = services
         warn_no_watcher_margin(services.settings, log)  # the API dispatches both
         async with services.pool.connection() as conn:
-            await refuse_unsafe_role(conn, "API", log)
+            await refuse_unsafe_role(conn, "API", log, worker_functions=False)
         services.events.start()
         yield
         await services.events.stop()

@@ -53,7 +53,9 @@ def mint(*, stream_key: str, tenant_id: str, run_id: str, expires: int) -> str:
 
 def parse(token: str) -> ParsedToken:
     """The parts of a token; ValueError for anything that is not one (the route answers
-    401 ``stream_token_invalid``)."""
+    401 ``stream_token_invalid``). Nothing here is verified: the tenant is the caller's
+    word until ``valid`` checked the MAC, so the route scopes its read by the run's own
+    tenant, never by this one."""
     parts = token.split(".")
     if len(parts) != 5 or parts[0] != _VERSION or len(token) > 400:
         raise ValueError("not a stream token")

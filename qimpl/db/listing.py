@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-__all__ = ["Filters", "page_of_runs"]
+__all__ = ["Filters", "listing_query", "page_of_runs"]
 
 AConn = psycopg.AsyncConnection[Any]
 
@@ -66,6 +66,19 @@ async def page_of_runs(conn: AConn, filters: Filters, *, limit: int, newest_firs
     Rows: ``run_id, tenant_id, principal_id, agent_id, state, row_version, generation,
     accepted_at, started_at, completed_at, deadline_at, error_code, last_failure_code, dispatch_confirmed,
     age_s, deadline_in_s, awaiting_reconciliation``."""
+    sql, params = listing_query(filters, limit=limit, newest_first=newest_first, after=after)
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(sql, params)
+        return list(await cur.fetchall())
+
+
+def listing_query(filters: Filters, *, limit: int, newest_first: bool,
+                  after: tuple[datetime, str] | None = None) -> tuple[str, dict[str, Any]]:
+    """The SQL and parameters of ``page_of_runs`` (pure). A page is read in index order,
+    never sorted whole: a client's listing (principal and agent) walks
+    ``runs_tenant_principal_agent_accepted``, the operator's (tenant only)
+    ``runs_tenant_accepted`` (migration ``20261213_090000_hardening_four``;
+    tests/integration/test_listing_plan.py)."""
     where: list[str] = ["TRUE"]
     params: dict[str, Any] = {"limit": limit}
     if filters.states:
@@ -93,6 +106,4 @@ async def page_of_runs(conn: AConn, filters: Filters, *, limit: int, newest_firs
     order = "DESC" if newest_first else "ASC"
     sql = (f"SELECT {_COLUMNS} FROM runs r WHERE {' AND '.join(where)}"
            f" ORDER BY r.accepted_at {order}, r.run_id {order} LIMIT %(limit)s")
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(sql, params)
-        return list(await cur.fetchall())
+    return sql, params

@@ -325,7 +325,8 @@ BEGIN
         SELECT r.run_id, r.tenant_id FROM public.runs r
         WHERE r.tenant_id = current_setting('qimpl.tenant', true) AND r.state IN ('completed', 'failed', 'expired', 'cancelled')
           AND coalesce(r.completed_at, r.accepted_at)
-              <= clock_timestamp() - make_interval(secs => p_retention_s)
+              <= clock_timestamp() - make_interval(secs => greatest(p_retention_s,
+                    coalesce((SELECT f.seconds FROM public.event_retention_floor f), 60)))
           AND NOT EXISTS (SELECT 1 FROM public.run_event_prunes p WHERE p.run_id = r.run_id)
         ORDER BY r.completed_at
         LIMIT least(greatest(p_limit, 0), 100)
@@ -805,6 +806,15 @@ ALTER TABLE ONLY public.approval_decisions FORCE ROW LEVEL SECURITY;
 
 ALTER TABLE public.approval_decisions OWNER TO postgres;
 
+CREATE TABLE public.event_retention_floor (
+    one_row boolean DEFAULT true NOT NULL,
+    seconds double precision NOT NULL,
+    CONSTRAINT event_retention_floor_one_row_check CHECK (one_row),
+    CONSTRAINT event_retention_floor_seconds_check CHECK (((seconds >= (0)::double precision) AND (seconds < 'Infinity'::double precision)))
+);
+
+ALTER TABLE public.event_retention_floor OWNER TO postgres;
+
 CREATE TABLE public.idempotency_records (
     tenant_id text NOT NULL,
     principal_id text NOT NULL,
@@ -1078,6 +1088,9 @@ ALTER TABLE ONLY public.api_keys
 ALTER TABLE ONLY public.approval_decisions
     ADD CONSTRAINT approval_decisions_pkey PRIMARY KEY (run_id, approval_id);
 
+ALTER TABLE ONLY public.event_retention_floor
+    ADD CONSTRAINT event_retention_floor_pkey PRIMARY KEY (one_row);
+
 ALTER TABLE ONLY public.idempotency_records
     ADD CONSTRAINT idempotency_records_pkey PRIMARY KEY (tenant_id, principal_id, route, key);
 
@@ -1130,7 +1143,11 @@ CREATE INDEX runs_deadline_open ON public.runs USING btree (deadline_at) WHERE (
 
 CREATE INDEX runs_running ON public.runs USING btree (run_id) WHERE ((state)::text = 'running'::text);
 
+CREATE INDEX runs_tenant_accepted ON public.runs USING btree (tenant_id, accepted_at, run_id);
+
 CREATE INDEX runs_tenant_ended ON public.runs USING btree (tenant_id, completed_at) WHERE ((state)::text = ANY ((ARRAY['completed'::character varying, 'failed'::character varying, 'expired'::character varying, 'cancelled'::character varying])::text[]));
+
+CREATE INDEX runs_tenant_principal_agent_accepted ON public.runs USING btree (tenant_id, principal_id, agent_id, accepted_at, run_id);
 
 CREATE INDEX runs_tenant_state_accepted ON public.runs USING btree (tenant_id, state, accepted_at);
 
@@ -1138,43 +1155,83 @@ CREATE INDEX tool_invocations_unsettled ON public.tool_invocations USING btree (
 
 CREATE TRIGGER api_key_audit_append_only BEFORE DELETE OR UPDATE ON public.api_key_audit FOR EACH ROW EXECUTE FUNCTION public.qimpl_audit_append_only();
 
+ALTER TABLE public.api_key_audit ENABLE ALWAYS TRIGGER api_key_audit_append_only;
+
 CREATE TRIGGER api_keys_audit AFTER INSERT OR DELETE OR UPDATE ON public.api_keys FOR EACH ROW EXECUTE FUNCTION public.qimpl_audit_api_keys();
+
+ALTER TABLE public.api_keys ENABLE ALWAYS TRIGGER api_keys_audit;
 
 CREATE TRIGGER api_keys_guard BEFORE UPDATE ON public.api_keys FOR EACH ROW EXECUTE FUNCTION public.qimpl_api_key_guard();
 
+ALTER TABLE public.api_keys ENABLE ALWAYS TRIGGER api_keys_guard;
+
 CREATE TRIGGER operator_tenants_audit AFTER INSERT OR DELETE ON public.operator_tenants FOR EACH ROW EXECUTE FUNCTION public.qimpl_audit_operator_tenants();
+
+ALTER TABLE public.operator_tenants ENABLE ALWAYS TRIGGER operator_tenants_audit;
 
 CREATE TRIGGER provider_calls_guard BEFORE INSERT OR DELETE OR UPDATE ON public.provider_calls FOR EACH ROW EXECUTE FUNCTION public.provider_calls_guard();
 
+ALTER TABLE public.provider_calls ENABLE ALWAYS TRIGGER provider_calls_guard;
+
 CREATE TRIGGER provider_calls_usage_event AFTER UPDATE OF status ON public.provider_calls FOR EACH ROW WHEN (((old.status = 'started'::text) AND (new.status <> 'started'::text))) EXECUTE FUNCTION public.provider_calls_usage_event();
+
+ALTER TABLE public.provider_calls ENABLE ALWAYS TRIGGER provider_calls_usage_event;
 
 CREATE TRIGGER provider_calls_xact BEFORE INSERT OR UPDATE ON public.provider_calls FOR EACH ROW EXECUTE FUNCTION public.provider_calls_xact();
 
+ALTER TABLE public.provider_calls ENABLE ALWAYS TRIGGER provider_calls_xact;
+
 CREATE TRIGGER run_checkpoints_guard BEFORE INSERT OR DELETE OR UPDATE ON public.run_checkpoints FOR EACH ROW EXECUTE FUNCTION public.run_checkpoints_guard();
+
+ALTER TABLE public.run_checkpoints ENABLE ALWAYS TRIGGER run_checkpoints_guard;
 
 CREATE TRIGGER run_checkpoints_xact BEFORE INSERT ON public.run_checkpoints FOR EACH ROW EXECUTE FUNCTION public.qimpl_stamp_xact();
 
+ALTER TABLE public.run_checkpoints ENABLE ALWAYS TRIGGER run_checkpoints_xact;
+
 CREATE TRIGGER run_events_notify AFTER INSERT ON public.run_events FOR EACH ROW EXECUTE FUNCTION public.run_events_notify();
+
+ALTER TABLE public.run_events ENABLE ALWAYS TRIGGER run_events_notify;
 
 CREATE TRIGGER run_events_number BEFORE INSERT ON public.run_events FOR EACH ROW EXECUTE FUNCTION public.run_events_number();
 
+ALTER TABLE public.run_events ENABLE ALWAYS TRIGGER run_events_number;
+
 CREATE TRIGGER run_events_xact BEFORE INSERT ON public.run_events FOR EACH ROW EXECUTE FUNCTION public.qimpl_stamp_xact();
+
+ALTER TABLE public.run_events ENABLE ALWAYS TRIGGER run_events_xact;
 
 CREATE CONSTRAINT TRIGGER run_transitions_event AFTER INSERT ON public.run_transitions DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.run_transitions_event();
 
+ALTER TABLE public.run_transitions ENABLE ALWAYS TRIGGER run_transitions_event;
+
 CREATE TRIGGER run_transitions_xact BEFORE INSERT ON public.run_transitions FOR EACH ROW EXECUTE FUNCTION public.qimpl_stamp_xact();
+
+ALTER TABLE public.run_transitions ENABLE ALWAYS TRIGGER run_transitions_xact;
 
 CREATE TRIGGER runs_forbid_delete BEFORE DELETE ON public.runs FOR EACH ROW EXECUTE FUNCTION public.runs_forbid_delete();
 
+ALTER TABLE public.runs ENABLE ALWAYS TRIGGER runs_forbid_delete;
+
 CREATE TRIGGER runs_record_transition AFTER INSERT OR UPDATE ON public.runs FOR EACH ROW EXECUTE FUNCTION public.runs_record_transition();
+
+ALTER TABLE public.runs ENABLE ALWAYS TRIGGER runs_record_transition;
 
 CREATE TRIGGER runs_terminal_clears_pending BEFORE UPDATE OF state ON public.runs FOR EACH ROW WHEN ((((new.state)::text = ANY ((ARRAY['completed'::character varying, 'failed'::character varying, 'cancelled'::character varying, 'expired'::character varying])::text[])) AND ((new.state)::text IS DISTINCT FROM (old.state)::text))) EXECUTE FUNCTION public.qimpl_terminal_clears_pending();
 
+ALTER TABLE public.runs ENABLE ALWAYS TRIGGER runs_terminal_clears_pending;
+
 CREATE TRIGGER runs_transition_guard BEFORE INSERT OR UPDATE ON public.runs FOR EACH ROW EXECUTE FUNCTION public.runs_transition_guard();
+
+ALTER TABLE public.runs ENABLE ALWAYS TRIGGER runs_transition_guard;
 
 CREATE TRIGGER tool_invocations_guard BEFORE INSERT OR DELETE OR UPDATE ON public.tool_invocations FOR EACH ROW EXECUTE FUNCTION public.tool_invocations_guard();
 
+ALTER TABLE public.tool_invocations ENABLE ALWAYS TRIGGER tool_invocations_guard;
+
 CREATE TRIGGER tool_invocations_xact BEFORE INSERT OR UPDATE ON public.tool_invocations FOR EACH ROW EXECUTE FUNCTION public.tool_invocations_xact();
+
+ALTER TABLE public.tool_invocations ENABLE ALWAYS TRIGGER tool_invocations_xact;
 
 ALTER TABLE ONLY public.approval_decisions
     ADD CONSTRAINT approval_decisions_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(run_id);
@@ -1266,23 +1323,23 @@ REVOKE ALL ON FUNCTION public.qimpl_authenticate_operator(p_key_hash text) FROM 
 GRANT ALL ON FUNCTION public.qimpl_authenticate_operator(p_key_hash text) TO qimpl_app;
 
 REVOKE ALL ON FUNCTION public.qimpl_lease_orphans(p_limit integer) FROM PUBLIC;
-GRANT ALL ON FUNCTION public.qimpl_lease_orphans(p_limit integer) TO qimpl_app;
+GRANT ALL ON FUNCTION public.qimpl_lease_orphans(p_limit integer) TO qimpl_worker_role;
 
 REVOKE ALL ON FUNCTION public.qimpl_lease_orphans(p_limit integer, p_after uuid) FROM PUBLIC;
-GRANT ALL ON FUNCTION public.qimpl_lease_orphans(p_limit integer, p_after uuid) TO qimpl_app;
+GRANT ALL ON FUNCTION public.qimpl_lease_orphans(p_limit integer, p_after uuid) TO qimpl_worker_role;
 
 REVOKE ALL ON FUNCTION public.qimpl_operator_tenants(p_key_hash text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.qimpl_operator_tenants(p_key_hash text) TO qimpl_app;
 
 REVOKE ALL ON FUNCTION public.qimpl_prune_event_streams(p_retention_s double precision, p_reconciler text, p_limit integer) FROM PUBLIC;
-GRANT ALL ON FUNCTION public.qimpl_prune_event_streams(p_retention_s double precision, p_reconciler text, p_limit integer) TO qimpl_app;
+GRANT ALL ON FUNCTION public.qimpl_prune_event_streams(p_retention_s double precision, p_reconciler text, p_limit integer) TO qimpl_worker_role;
 
 GRANT SELECT ON TABLE public.run_transitions TO qimpl_app;
 
 REVOKE ALL ON FUNCTION public.qimpl_record_events(t public.run_transitions) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION public.qimpl_run_states(p_run_ids uuid[]) FROM PUBLIC;
-GRANT ALL ON FUNCTION public.qimpl_run_states(p_run_ids uuid[]) TO qimpl_app;
+GRANT ALL ON FUNCTION public.qimpl_run_states(p_run_ids uuid[]) TO qimpl_worker_role;
 
 REVOKE ALL ON FUNCTION public.qimpl_stamp_xact() FROM PUBLIC;
 

@@ -64,7 +64,7 @@ async def _run(settings: Settings, tenants: list[str], limit: int) -> int:
         return EXIT_DATABASE
     try:
         try:
-            await refuse_unsafe_role(conn, "sweep", log)
+            await refuse_unsafe_role(conn, "sweep", log, worker_functions=True)
         except UnsafeDatabaseRole as exc:
             print(f"agent_runs: {exc} ({exc.code})", file=sys.stderr)
             return EXIT_USAGE

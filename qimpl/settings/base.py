@@ -50,7 +50,7 @@ class Settings(BaseSettings):
     model_config = _CONFIG
 
     database_url: str = Field(
-        description="PostgreSQL DSN of the process's login role (a member of `qimpl_app`; never the owner or a superuser)",
+        description="PostgreSQL DSN of the process's login role (a member of `qimpl_app`, the worker's and the sweep's of `qimpl_worker_role` too; never the owner or a superuser)",
         json_schema_extra=_example("postgresql://qimpl_api:secret@127.0.0.1:5432/qimpl"))
     temporal_address: str = Field(
         default="127.0.0.1:7233", description="Temporal frontend `host:port`",
@@ -107,7 +107,7 @@ class Settings(BaseSettings):
         json_schema_extra=_example("86400"))
     event_retention_s: int = Field(
         default=604800, ge=0,
-        description="how long a run's event stream is kept after its terminal event, seconds; then the reconciler prunes it (at most 100 runs per tenant per sweep) and reading it answers 410 `event_stream_pruned` (R-EVENT-5)",
+        description="how long a run's event stream is kept after its terminal event, seconds (never less than the database's floor, `event_retention_floor`: 60 s unless its owner changes it); then the reconciler prunes it (at most 100 runs per tenant per sweep) and reading it answers 410 `event_stream_pruned` (R-EVENT-5)",
         json_schema_extra=_example("604800"))
     sweep_retention_s: int = Field(
         default=604800, gt=0,

@@ -243,7 +243,7 @@ async def check_session_pooling(settings: Settings) -> None:
             other = await backend_pid(b)
             again = await backend_pid(a)
         try:
-            await refuse_unsafe_role(a, "worker", log)
+            await refuse_unsafe_role(a, "worker", log, worker_functions=True)
         except UnsafeDatabaseRole as exc:
             raise SystemExit(f"qimpl worker: {exc} ({exc.code})") from None
     if other == first or again != first:

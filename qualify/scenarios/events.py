@@ -364,6 +364,10 @@ PRUNED_ANSWER_S = 5.0
 def event_streams_pruned(ctx: ScenarioContext) -> None:
     from qualify.scenarios.sweeps import RECONCILE
 
+    # The database keeps a stream at least its owner's floor (60 s by default, whatever
+    # retention a reconciler asks; tests/integration/test_worker_functions.py): lowered
+    # to 0 here, as an owner may, so that the reconcilers' own 2 s retention is judged.
+    ctx.sql("UPDATE event_retention_floor SET seconds = 0 RETURNING seconds")
     api = ctx.processes.api()
     n = 250
     with ThreadPoolExecutor(max_workers=8) as pool:

@@ -60,7 +60,8 @@ def _schema_key() -> str:
     return h.hexdigest()
 
 
-#: Login roles of the harness's processes: restricted, members of qimpl_app (R-AUTH-4).
+#: Login roles of the harness's processes: restricted, members of qimpl_app (R-AUTH-4); the
+#: worker's of qimpl_worker_role too.
 API_ROLE = "qimpl_api"
 WORKER_ROLE = "qimpl_worker"
 
@@ -90,6 +91,10 @@ def _provision(db_dsn: str) -> None:
                 "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '" + role + "')"
                 " THEN CREATE ROLE " + role + " LOGIN NOSUPERUSER NOBYPASSRLS IN ROLE qimpl_app;"
                 " END IF; END $$")
+        # The worker's functions (the takeover watcher's orphan query, event pruning) are
+        # granted to qimpl_worker_role alone, never to the API (20261213_090000_hardening_four);
+        # granted every time: a role made before that migration is not yet a member.
+        conn.execute(f"GRANT qimpl_worker_role TO {WORKER_ROLE}")
         for key, tenant, principal, grant in CREDENTIALS:
             admin.create_api_key(conn, key=key, tenant_id=tenant, principal_id=principal)
             admin.grant_workspace(conn, tenant_id=tenant, principal_id=principal,

@@ -5,6 +5,7 @@ receipt while new work is still authorised (R-CREATE-2, R-AUTH-2)."""
 
 from __future__ import annotations
 
+import base64
 import re
 from typing import Any
 
@@ -245,3 +246,33 @@ def test_an_authorization_header_on_the_events_route_is_never_ignored(db: str, s
         assert await status(None) == (200, None)
 
     with_api(db, stack, test, queue_prefix="evauth")
+
+
+@pytest.mark.req("R-EVENT-6")
+@pytest.mark.req("R-AUTH-3")
+def test_a_forged_stream_token_is_refused_before_its_tenant_is_used(db: str, stack: Any) -> None:
+    """A stream token whose tenant part held a NUL answered 422 ``value_unstorable``: the
+    token's tenant reached ``set_config`` before its MAC was checked (issue 56, item 12).
+    A forged token is 401 ``stream_token_invalid`` whatever its tenant says: a NUL,
+    another tenant's name, the run's own tenant under a made-up MAC; the run's real
+    token still streams."""
+    async def test(client: Client) -> None:
+        created = await _create(client, "dev-key", "forged-token")
+        run_id = created.json()["run_id"]
+        minted = await client.post(f"/v1/agents/a-1/runs/{run_id}/stream-token",
+                                   headers={"Authorization": "Bearer dev-key"}, json={})
+        assert minted.status_code == 200, minted.text
+        token = minted.json()["token"]
+        version, _tenant, run, expires, mac = token.split(".")
+        url = f"/v1/agents/a-1/runs/{run_id}/events"
+        for tenant in ("t-dev\x00", "\x00", "t-other", "t-dev"):
+            forged_mac = mac if tenant != "t-dev" else "A" * len(mac)
+            forged = ".".join((version, base64.urlsafe_b64encode(tenant.encode()).decode().rstrip("="),
+                               run, expires, forged_mac))
+            answer = await client.get(url, params={"stream_token": forged})
+            assert answer.status_code == 401, (repr(tenant), answer.status_code, answer.text)
+            assert answer.json()["code"] == "stream_token_invalid", (repr(tenant), answer.text)
+            assert "Traceback" not in answer.text
+        assert (await client.head(url, params={"stream_token": token})).status_code == 200
+
+    with_api(db, stack, test, queue_prefix="forged")

@@ -18,7 +18,12 @@ from qualify.stack._embedded import API_ROLE, WORKER_ROLE, with_user
 
 @pytest.fixture(scope="module")
 def dsn(stack: Any) -> str:
-    return str(stack.create_database())
+    """A database whose owner lowered the retention floor to 0 (60 s by default,
+    tests/integration/test_worker_functions.py): these tests prune runs that just ended."""
+    db = str(stack.create_database())
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("UPDATE event_retention_floor SET seconds = 0")
+    return db
 
 
 def _as(dsn: str, role: str, tenant: str | None, *, autocommit: bool = True) -> psycopg.Connection[Any]:

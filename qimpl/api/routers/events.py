@@ -36,11 +36,21 @@ async def _token_tenant(svc: Any, run_id: uuid.UUID, token: str) -> str:
         raise invalid from None
     if parsed.run_id != str(run_id):
         raise invalid
-    async with svc.tenant(parsed.tenant_id) as conn:
-        cur = await conn.execute("SELECT stream_key, extract(epoch FROM clock_timestamp())::float8"
-                                 " FROM runs WHERE run_id = %s", (str(run_id),))
-        found = await cur.fetchone()
-    if found is None or not stream_tokens.valid(parsed, stream_key=found[0]):
+    # The token's tenant is the caller's word until its MAC is checked: the tenant scope
+    # comes from the run's own row (``qimpl_tenant_of_run``), never from the token. A
+    # forged tenant (a NUL in it was 422 ``value_unstorable`` from ``set_config``, issue
+    # 56 item 12) never reaches the database.
+    async with svc.connection() as conn, conn.transaction():
+        cur = await conn.execute("SELECT qimpl_tenant_of_run(%s)", (str(run_id),))
+        tenant = (await cur.fetchone() or (None,))[0]
+        found = None
+        if tenant is not None:
+            await conn.execute("SELECT set_config('qimpl.tenant', %s, true)", (tenant,))
+            cur = await conn.execute("SELECT stream_key, extract(epoch FROM clock_timestamp())::float8"
+                                     " FROM runs WHERE run_id = %s", (str(run_id),))
+            found = await cur.fetchone()
+    if (found is None or not stream_tokens.valid(parsed, stream_key=found[0])
+            or parsed.tenant_id != tenant):
         raise invalid
     if parsed.expires <= found[1]:
         raise ApiError(401, "stream_token_expired", "this stream token expired; ask for a new one")

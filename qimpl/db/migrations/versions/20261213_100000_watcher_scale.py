@@ -1,10 +1,10 @@
 """The takeover watcher at scale (issue 55, R-EXEC-13, R-EXEC-14).
 
 Revision ID: 20261213_100000_watcher_scale
-Revises: 20261212_090000_sweep_retention
+Revises: 20261213_090000_hardening_four
 Create Date: 2026-12-13 10:00:00
 
-Measured at 20261212_090000_sweep_retention with 2,000 ``running`` runs and their 2,000
+Measured at 20261212_090000_sweep_retention (a40a3c3) with 2,000 ``running`` runs and their 2,000
 advisory locks held (embedded PostgreSQL 18, 2 cores): ``qimpl_lease_orphans(100)`` took
 670-920 ms. ``pg_lock_status()`` is estimated at one row, so inside the (not inlined)
 function the planner joins it in a nested loop and builds the whole lock table once per
@@ -29,7 +29,7 @@ The downgrade drops the function, the columns and the setting; no run is lost.
 from alembic import op
 
 revision = "20261213_100000_watcher_scale"
-down_revision = "20261212_090000_sweep_retention"
+down_revision = "20261213_090000_hardening_four"
 branch_labels = None
 depends_on = None
 
@@ -68,7 +68,7 @@ REVOKE ALL ON FUNCTION public.qimpl_lease_orphans(integer, uuid) FROM PUBLIC;
 GRANT CREATE ON SCHEMA public TO qimpl_lookup;
 ALTER FUNCTION public.qimpl_lease_orphans(integer, uuid) OWNER TO qimpl_lookup;
 REVOKE CREATE ON SCHEMA public FROM qimpl_lookup;
-GRANT EXECUTE ON FUNCTION public.qimpl_lease_orphans(integer, uuid) TO qimpl_app;
+GRANT EXECUTE ON FUNCTION public.qimpl_lease_orphans(integer, uuid) TO qimpl_worker_role;
 
 -- A shared lease session's touch: the state of each run whose lock it carries, across
 -- tenants (a session carries runs of several), ids and states only.
@@ -81,7 +81,7 @@ REVOKE ALL ON FUNCTION public.qimpl_run_states(uuid[]) FROM PUBLIC;
 GRANT CREATE ON SCHEMA public TO qimpl_lookup;
 ALTER FUNCTION public.qimpl_run_states(uuid[]) OWNER TO qimpl_lookup;
 REVOKE CREATE ON SCHEMA public FROM qimpl_lookup;
-GRANT EXECUTE ON FUNCTION public.qimpl_run_states(uuid[]) TO qimpl_app;
+GRANT EXECUTE ON FUNCTION public.qimpl_run_states(uuid[]) TO qimpl_worker_role;
 """
 
 DOWN_SQL = """
