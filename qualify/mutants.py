@@ -390,6 +390,39 @@ CATALOG: tuple[Mutant, ...] = (
         "retry-stranded-on-a-dead-takeover-queue",
         "the third worker's watcher moved the timed-out retry off the dead queue"),
     Mutant(
+        "lost-lease-session-ends-every-session",
+        "a lost lease session ends the ownership of exactly the runs it carried (R-EXEC-14)",
+        (Patch("qimpl/db/lease_carriers.py",
+               "            return\n        self.broken = True\n",
+               "            return\n        self.broken = True\n"
+               "        for other in list(self.peers._carriers if self.peers else []):\n"
+               "            await other.break_(reason='a peer was lost')\n"),
+         Patch("qimpl/db/lease_carriers.py",
+               "        self.broken = False\n        self._keeper",
+               "        self.broken = False\n        self.peers: Any = None\n        self._keeper"),
+         Patch("qimpl/db/lease_carriers.py",
+               "        carrier = Carrier(conn, lease_s=self.lease_s, number=self._numbers)\n",
+               "        carrier = Carrier(conn, lease_s=self.lease_s, number=self._numbers)\n"
+               "        carrier.peers = self\n")),
+        "one-lease-session-terminated",
+        "exactly the runs the terminated lease session carried got a new owner; the others kept theirs"),
+    Mutant(
+        "lease-session-never-touched",
+        "a shared lease session is touched every lease / 4, so a live worker keeps it (R-EXEC-11)",
+        (Patch("qimpl/db/lease_carriers.py",
+               "                await asyncio.sleep(self.lease_s / 4)\n                async with self.turn:",
+               "                await asyncio.sleep(3600)\n                async with self.turn:"),),
+        "owner-behind-a-slow-network-then-reset",
+        "behind 60 ms of latency the owner kept its lease through steps longer than the lease: steps 1-3 "
+        "checkpointed by its first attempt"),
+    Mutant(
+        "lease-session-shared-without-a-turn",
+        "each block of a lease's statements holds its shared session alone (R-EXEC-2)",
+        (Patch("qimpl/db/lease_carriers.py",
+               "        async with self.turn:\n            self.holder = task",
+               "        async with contextlib.nullcontext():\n            self.holder = task"),),
+        "model-bound-worker-killed", "every write by its owner"),
+    Mutant(
         "one-watcher-election-per-database",
         "each task queue elects its own takeover watcher (R-EXEC-13, issue 55)",
         (Patch("qimpl/db/takeover.py",

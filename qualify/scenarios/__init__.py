@@ -21,6 +21,7 @@ from qualify.scenarios import (  # noqa: F401  (registers)
     probes,
     providers,
     reconciler,
+    scale,
     schema,
     security,
     stream_bounds,
