@@ -20,7 +20,7 @@ import typer
 from rich.markup import escape as esc
 
 from qualify import interrupt
-from qualify.console import TALLY, console, finish, progress
+from qualify.console import TALLY, console, finish, nothing_to_shrink, progress, shrunk_line
 from qualify.errors import HarnessError, UsageError
 from qualify.up import UpOptions
 
@@ -156,7 +156,7 @@ def _determinism(seed: int | None, stack: str, reports_dir: Path) -> int:
 @app.command()
 def repro(
     scenario_id: Annotated[str | None, typer.Argument(help="the scenario to re-run (from the report)")] = None,
-    seed: Annotated[int | None, typer.Option(min=0, help="the seed from the report")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, help="the seed from the report (with --schedule: by default the one the file was saved with)")] = None,
     schedule: Annotated[Path | None, typer.Option("--schedule", help="replay a saved schedule (repro.json)")] = None,
     shrink: Annotated[bool, typer.Option("--shrink", help="delta-debug a failing random schedule to a minimal one")] = False,
     runs: Annotated[int, typer.Option(help="--shrink: replays per candidate")] = 2,
@@ -177,7 +177,7 @@ def repro(
     if scenario_id is not None and seed is None:
         raise typer.BadParameter("--seed is required with a scenario id")
     opts = SessionOptions(scenario_ids=[scenario_id] if scenario_id else [], schedule_path=schedule,
-                          seed=seed if seed is not None else 0, stack_kind=stack, pg_dsn=pg_dsn,
+                          seed=seed, stack_kind=stack, pg_dsn=pg_dsn,
                           temporal_address=temporal_address, reports_root=reports_dir, reruns=reruns,
                           keep=keep and not shrink)
 
@@ -188,6 +188,8 @@ def repro(
             _save_corpus(failed[0], summary["seed"])
         if failed and shrink:
             return _shrink(failed[0], summary, report_dir, runs, stack)
+        if shrink:
+            console.print(f"[yellow]{esc(nothing_to_shrink(summary['scenarios']))}[/]")
         return finish(summary, report_dir, code)
 
     raise typer.Exit(_guarded(body))
@@ -219,7 +221,7 @@ def _shrink(doc: dict[str, Any], summary: dict[str, Any], report_dir: Path, runs
     path = report_dir / "repro.json"
     path.write_text(json.dumps({"scenario": doc["id"], "seed": summary["seed"],
                                 "schedule": json.loads(minimal.to_json())}, indent=2))
-    console.print(f"minimal failing schedule (size {minimal.size}, from {start.size}, {tried} replays): {path}")
+    console.print(f"{esc(shrunk_line(minimal, start, tried))}: {path}")
     console.print(f"  repro: qualify repro --schedule {path}")
     return 1
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,10 +34,13 @@ __all__ = [
 SCHEMA = "qualify.summary/1"
 
 
-def repro_line(scenario_id: str, seed: int, stack_kind: str) -> str:
+def repro_line(scenario_id: str, seed: int, stack_kind: str, schedule_file: str | None = None) -> str:
     """The one-line command that re-runs one scenario with its seed (a random scenario's
-    schedule is re-derived from the same seed)."""
+    schedule is re-derived from the same seed); a schedule replayed from a file is
+    replayed from that file again (its id, ``random-<i>``, would re-derive another)."""
     extra = "" if stack_kind == "embedded" else f" --stack {stack_kind}"
+    if schedule_file is not None:
+        return f"qualify repro --schedule {shlex.quote(schedule_file)} --seed {seed}{extra}"
     return f"qualify repro {scenario_id} --seed {seed}{extra}"
 
 
@@ -77,7 +81,7 @@ def scenario_doc(r: ScenarioResult, *, report_dir: Path, stack_kind: str) -> dic
         "error": r.error,
         "history": str((r.out_dir / "history.jsonl").relative_to(report_dir)),
         "logs": [str((r.out_dir / p).relative_to(report_dir)) for p in r.logs],
-        "repro": repro_line(r.scenario.id, r.seed, stack_kind),
+        "repro": repro_line(r.scenario.id, r.seed, stack_kind, r.scenario.schedule_file),
         "spawn": r.spawn,
         "execd": r.execd,
         "spawned": r.spawned,

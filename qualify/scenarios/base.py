@@ -67,6 +67,9 @@ class Scenario:
     crash_points: tuple[str, ...] = ()
     #: For generated scenarios: the schedule (JSON) that the body executes.
     schedule: str | None = None
+    #: For a schedule replayed from a file (``qualify repro --schedule``): that file, the
+    #: only way to run the same schedule again (its id, ``random-<i>``, names the seed's).
+    schedule_file: str | None = None
     #: Restarts or stops PostgreSQL or Temporal: refused on a stack the harness did not boot.
     needs_platform: bool = False
     #: Why the scenario accepts no run in its database (it works on another one): without
