@@ -6,6 +6,7 @@ Exit codes (``run`` and ``repro``): 0 pass, 1 fail, 2 crashed, 3 unknown, 4 vacu
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import secrets
@@ -22,7 +23,7 @@ from rich.markup import escape as esc
 from qualify import interrupt
 from qualify.console import TALLY, console, finish, nothing_to_shrink, progress, shrunk_line
 from qualify.errors import HarnessError, UsageError
-from qualify.up import UpOptions
+from qualify.up import TOOLS_SAID, UpOptions
 
 #: Exit code of a wrong command line (EX_USAGE), distinct from every verdict's.
 EXIT_USAGE = 64
@@ -268,7 +269,7 @@ def up(
     tenant: Annotated[str, typer.Option(help="the tenant of the printed key (and the worker's reconciler assignment)")] = "acme",
     principal: Annotated[str, typer.Option(help="the principal of the printed key")] = "alice",
     workspace: Annotated[str, typer.Option(help="the workspace the principal is granted")] = "default",
-    tools: Annotated[bool, typer.Option("--tools", help="start the side-effect sink and give the API and the worker its tools (charge, send_email, merge_pull_request, shell), to try the tool journal by hand")] = False,
+    tools: Annotated[bool, typer.Option("--tools", help=f"start the side-effect sink and give the API and the worker its tools ({TOOLS_SAID}), to try the tool journal by hand")] = False,
     settings: Annotated[list[str] | None, typer.Option("--set", metavar="QIMPL_NAME=VALUE", help="a setting of docs/operations.md for both the API and the worker (repeatable), e.g. --set QIMPL_CORS_ORIGINS='[\"http://localhost:8000\"]'; the environment's QIMPL_* are not passed on")] = None,
 ) -> None:
     """Start PostgreSQL, Temporal, the API and a worker, and print how to call them; Ctrl-C stops everything."""
@@ -310,6 +311,9 @@ def _up(opts: UpOptions) -> int:
         console.print(f"[green]qimpl is up[/] in {ready.boot_s:.1f} s "
                       f"({'kept in' if ready.persistent else 'temporary,'} {esc(ready.data_dir)})")
         console.print(f"  API        {ready.base_url}   (OpenAPI: {ready.base_url}/docs)")
+        if ready.replaced_key:
+            console.print(f"  [yellow]the kept key {ready.replaced_key} was disabled or has expired (it answers 401): "
+                          "a new key was created in its place[/]")
         console.print(f"  API key    {ready.api_key}   (tenant {esc(ready.tenant)}, principal "
                       f"{esc(ready.principal)}, workspace {esc(ready.workspace)})")
         console.print(f"  provider   {esc(ready.provider)}   (API and worker)")
@@ -317,7 +321,7 @@ def _up(opts: UpOptions) -> int:
         console.print(f"  temporal   {ready.temporal_address}   (task queue {ready.task_queue})")
         console.print(f"  logs       {esc(ready.logs_dir)}   (the API's has one access line per request)")
         if ready.sink_url:
-            console.print(f"  tools      charge, send_email (needs an approval), merge_pull_request, shell -> "
+            console.print(f"  tools      {TOOLS_SAID} -> "
                           f"the side-effect sink at {ready.sink_url} (its record: {esc(ready.data_dir)}/control/sink)")
         console.print("create a run:")
         print(f"  {curl_command(ready)}", flush=True)
@@ -384,6 +388,19 @@ def list_(
     for sc in REGISTRY.values():
         console.print(f"{sc.id}\t{sc.title}\t[{' '.join(sc.requirements)}]")
     console.print("random-<i>\tgenerated from the seed with --random N: runs + faults at barriers")
+
+
+def _unwrap_help() -> None:
+    """Each command's help from its docstring with the source's line breaks taken out (a
+    paragraph stays a paragraph): the help boxes wrap it to the terminal themselves, and a
+    break kept from the source showed as a short line in the middle of a sentence."""
+    for info in app.registered_commands:
+        doc = inspect.getdoc(info.callback) if info.callback is not None else None
+        if info.help is None and doc:
+            info.help = "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n"))
+
+
+_unwrap_help()
 
 
 def main() -> None:
