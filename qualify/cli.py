@@ -99,16 +99,24 @@ def merge(
 def diff(
     old: Annotated[Path, typer.Argument(help="the earlier sign-off: its report directory or summary.json")],
     new: Annotated[Path, typer.Argument(help="this one")],
+    markdown: Annotated[bool, typer.Option("--markdown", help="print markdown (for a pull request or a ticket) instead of the terminal rendering")] = False,
 ) -> None:
     """What changed since the last sign-off: scenarios added or removed, checks that
     appeared, disappeared, changed result or now judge nothing, requirements that lost
-    coverage. Exit code 1 when NEW judges less than OLD (a requirement lost coverage, a
+    coverage; every figure that changed, and scenario durations that changed by more than
+    1 s and 25 %. Exit code 1 when NEW judges less than OLD (a requirement lost coverage, a
     scenario or check disappeared, a check now judges nothing or fails), else 0."""
-    from qualify.diff import diff_summaries, load_summary, render_diff
+    from rich.console import Console
+
+    from qualify.diff import diff_summaries, load_summary, print_diff, render_diff
 
     def body() -> int:
         d = diff_summaries(load_summary(old), load_summary(new))
-        print(render_diff(d), end="")
+        if markdown:
+            print(render_diff(d), end="")
+        else:
+            # Wrapped to the terminal (80 columns, or $COLUMNS, when not one), styled only on one.
+            print_diff(d, Console(highlight=False))
         return 1 if d["regressions"] else 0
 
     raise typer.Exit(_guarded(body))
