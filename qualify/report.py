@@ -25,14 +25,18 @@ __all__ = [
     "code_text",
     "crash_matrix",
     "evidence_text",
+    "failing_first",
     "figure_rows",
     "figure_text",
+    "gate_line",
+    "not_passing",
     "render_html",
     "render_junit",
     "render_markdown",
     "repro_line",
     "scenario_doc",
     "value_text",
+    "worst_first",
     "write_report",
 ]
 
@@ -219,8 +223,50 @@ def render_junit(summary: dict[str, Any]) -> str:
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)
 
 
+def worst_first(scenarios: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The scenarios, those that did not pass first, worst first (fail, crashed, unknown,
+    vacuous, flaky), then the passing ones; catalog order within each status (pure)."""
+    def severity(sc: dict[str, Any]) -> int:
+        try:
+            return Verdict(sc["status"]).severity
+        except ValueError:
+            return Verdict.CRASHED.severity
+    return sorted(scenarios, key=lambda sc: -severity(sc))
+
+
+def failing_first(checks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A scenario's checks, failed ones first, then those that raised (unknown), then the
+    passing ones; their own order within each (pure)."""
+    return sorted(checks, key=lambda c: {False: 0, None: 1}.get(c.get("ok"), 2))
+
+
+def not_passing(summary: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """``[(status, [scenario ids])]`` of the scenarios that did not pass, worst status
+    first (pure): what a failing report's banner and report.md's top name."""
+    by: dict[str, list[str]] = {}
+    for sc in worst_first(summary["scenarios"]):
+        if sc["status"] != "pass":
+            by.setdefault(sc["status"], []).append(sc["id"])
+    return list(by.items())
+
+
+def gate_line(summary: dict[str, Any]) -> str:
+    """The requirement gate in one line (pure), as report.md's top and the banner say it."""
+    judged, rows = requirement_rows(summary)
+    counts = (f"{len(judged['covered'])} of {len(rows)} covered, {len(judged['waived'])} waived, "
+              f"{len(judged['uncovered'])} uncovered")
+    if partial_selection(summary):
+        return f"requirement gate not applied (a selection): {counts}"
+    return f"requirement gate {'PASS' if not judged['uncovered'] else 'FAIL'}: {counts}"
+
+
 def _cell(text: object) -> str:
     return re.sub(r"[|\n]", " ", str(text))
+
+
+def _anchor(scenario_id: str) -> str:
+    """The anchor a markdown renderer (GitHub's) gives a scenario's heading "### id — status"."""
+    return re.sub(r"[^a-z0-9 _-]", "", scenario_id.lower()).replace(" ", "-")
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
@@ -232,6 +278,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "",
         *([f"**{partial}**", ""] if partial else []),
         *([f"- **{summary['error']}**"] if summary.get("error") else []),
+        *[f"- **{status}** ({len(ids)}): " + ", ".join(f"[{i}](#{_anchor(f'{i} — {status}')})" for i in ids)
+          for status, ids in not_passing(summary)],
+        f"- {gate_line(summary)} ([the gate](#requirement-coverage))",
         f"- seed: `{summary['seed']}`; duration: {summary['duration_s']} s",
         f"- git: `{summary['git_sha']}`{' (dirty)' if summary.get('git_dirty') else ''}",
         f"- stack: {st.get('kind')} — PostgreSQL {st.get('postgres_version')}, "
@@ -242,12 +291,13 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "| scenario | status | s | faults | requirements |",
         "|---|---|---|---|---|",
     ]
-    for s in summary["scenarios"]:
+    ordered = worst_first(summary["scenarios"])
+    for s in ordered:
         lines.append(f"| {s['id']} | {s['status']} | {s['duration_s']} | "
                      f"{_cell('; '.join(s['faults']) or '-')} | {' '.join(s['requirements'])} |")
-    for s in summary["scenarios"]:
+    for s in ordered:
         lines += ["", f"### {s['id']} — {s['status']}", "", s["title"], ""]
-        for c in s["checks"]:
+        for c in failing_first(s["checks"]):
             mark = {True: "ok", False: "FAIL", None: "UNKNOWN"}[c["ok"]]
             lines.append(f"- [{mark}] {c['name']} ({_judged(c)}){': ' + c['detail'] if c['detail'] else ''}")
         if s["figures"]:
@@ -494,6 +544,8 @@ def render_html(summary: dict[str, Any], histories: dict[str, list[dict[str, Any
         s=summary, requirements=REQUIREMENTS, actions=actions, crash_matrix=matrix,
         timelines=timelines, max_events=MAX_EVENTS, max_runs=MAX_RUNS, gate=judged, req_rows=rows,
         qualifies=QUALIFIES, does_not_qualify=DOES_NOT_QUALIFY, partial=partial_selection(summary), fault_kinds=faults_by_kind(summary), faults_note=faults_note(summary),
+        scenarios_in_order=worst_first(summary["scenarios"]), failing_first=failing_first,
+        not_passing=not_passing(summary),
         scenario_s=total_s, slowest=slow, by_kind=by_kind, execs=execs, figure_rows=figure_rows,
         evidence_text=evidence_text, code_text=code_text,
         load_text=load_line(summary["load"]) if summary.get("load") else "")
