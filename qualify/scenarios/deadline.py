@@ -115,7 +115,7 @@ def skewed_worker_clocks_meet_the_deadline(ctx: ScenarioContext) -> None:
     _skewed_owner(ctx, ahead, "ahead", short, SKEW_S)
     done = _terminal_or_last(ctx, api, short, timeout_s=30)
     ctx.expect(f"the run of the worker {SKEW_S} s ahead completed: its own clock did not expire it",
-               done["state"] == "completed", f"{done['state']}/{done.get('error_code')}", "R-EXEC-12")
+               done["state"] == "completed", outcome(done), "R-EXEC-12")
     ahead.stop()
     behind = ctx.processes.worker("worker-behind", **faketime_env(-SKEW_S))
     long = accepted(ctx, api, prompt=make_prompt(steps=200, answer="never", delay_ms=100,
@@ -130,7 +130,7 @@ def skewed_worker_clocks_meet_the_deadline(ctx: ScenarioContext) -> None:
                unit="s")
     ctx.expect(f"the run of the worker {SKEW_S} s behind ended expired within 2 s after its deadline"
                " (database clock)", ended["state"] == "expired" and late is not None and 0 <= late <= 2.0,
-               f"{ended['state']}/{ended.get('error_code')}, {late} s after deadline_at", "R-EXEC-8")
+               f"{outcome(ended)}, {late} s after deadline_at", "R-EXEC-8")
 
 
 def _terminal_or_last(ctx: ScenarioContext, api: ManagedProcess, run_id: str, *, timeout_s: float) -> dict[str, Any]:

@@ -149,12 +149,13 @@ def vanished_workflow(ctx: ScenarioContext) -> None:
     b = _settled(ctx, api, next_run, timeout_s=max(1.0, 20 - (time.monotonic() - struck)))
     c_path = _transitions(ctx, closed_run)
     c_confirmed = ctx.sql("SELECT dispatch_confirmed_at FROM runs WHERE run_id = %s", closed_run)[0][0]
+    c_moves = ", ".join(f"{t[0] or 'none'}->{t[1]}" for t in c_path)
     ctx.expect("C (accepted, its workflow terminated) failed workflow_vanished",
                c["state"] == "failed" and c["error_code"] == "workflow_vanished",
                outcome(c), "R-OPS-8", "R-OPS-3")
     ctx.expect("C was never confirmed: \"already started\" of a closed workflow is no confirmation",
                [t[1] for t in c_path] == ["accepted", "failed"] and c_confirmed is None,
-               f"transitions {[f'{t[0]}->{t[1]}' for t in c_path]}, dispatch_confirmed_at {c_confirmed}",
+               f"transitions {c_moves}, dispatch_confirmed_at {c_confirmed or 'not set'}",
                "R-CREATE-5", "R-OPS-8")
     ctx.expect("A (running, its workflow terminated) failed workflow_vanished within 20 s",
                a["state"] == "failed" and a["error_code"] == "workflow_vanished",
