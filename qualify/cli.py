@@ -6,6 +6,7 @@ Exit codes (``run`` and ``repro``): 0 pass, 1 fail, 2 crashed, 3 unknown, 4 vacu
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import secrets
@@ -20,9 +21,9 @@ import typer
 from rich.markup import escape as esc
 
 from qualify import interrupt
-from qualify.console import TALLY, console, finish, progress
+from qualify.console import TALLY, console, finish, nothing_to_shrink, progress, shrunk_line
 from qualify.errors import HarnessError, UsageError
-from qualify.up import UpOptions
+from qualify.up import TOOLS_SAID, UpOptions
 
 #: Exit code of a wrong command line (EX_USAGE), distinct from every verdict's.
 EXIT_USAGE = 64
@@ -98,16 +99,24 @@ def merge(
 def diff(
     old: Annotated[Path, typer.Argument(help="the earlier sign-off: its report directory or summary.json")],
     new: Annotated[Path, typer.Argument(help="this one")],
+    markdown: Annotated[bool, typer.Option("--markdown", help="print markdown (for a pull request or a ticket) instead of the terminal rendering")] = False,
 ) -> None:
     """What changed since the last sign-off: scenarios added or removed, checks that
     appeared, disappeared, changed result or now judge nothing, requirements that lost
-    coverage. Exit code 1 when NEW judges less than OLD (a requirement lost coverage, a
+    coverage; every figure that changed, and scenario durations that changed by more than
+    1 s and 25 %. Exit code 1 when NEW judges less than OLD (a requirement lost coverage, a
     scenario or check disappeared, a check now judges nothing or fails), else 0."""
-    from qualify.diff import diff_summaries, load_summary, render_diff
+    from rich.console import Console
+
+    from qualify.diff import diff_summaries, load_summary, print_diff, render_diff
 
     def body() -> int:
         d = diff_summaries(load_summary(old), load_summary(new))
-        print(render_diff(d), end="")
+        if markdown:
+            print(render_diff(d), end="")
+        else:
+            # Wrapped to the terminal (80 columns, or $COLUMNS, when not one), styled only on one.
+            print_diff(d, Console(highlight=False))
         return 1 if d["regressions"] else 0
 
     raise typer.Exit(_guarded(body))
@@ -156,7 +165,7 @@ def _determinism(seed: int | None, stack: str, reports_dir: Path) -> int:
 @app.command()
 def repro(
     scenario_id: Annotated[str | None, typer.Argument(help="the scenario to re-run (from the report)")] = None,
-    seed: Annotated[int | None, typer.Option(min=0, help="the seed from the report")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, help="the seed from the report (with --schedule: by default the one the file was saved with)")] = None,
     schedule: Annotated[Path | None, typer.Option("--schedule", help="replay a saved schedule (repro.json)")] = None,
     shrink: Annotated[bool, typer.Option("--shrink", help="delta-debug a failing random schedule to a minimal one")] = False,
     runs: Annotated[int, typer.Option(help="--shrink: replays per candidate")] = 2,
@@ -177,7 +186,7 @@ def repro(
     if scenario_id is not None and seed is None:
         raise typer.BadParameter("--seed is required with a scenario id")
     opts = SessionOptions(scenario_ids=[scenario_id] if scenario_id else [], schedule_path=schedule,
-                          seed=seed if seed is not None else 0, stack_kind=stack, pg_dsn=pg_dsn,
+                          seed=seed, stack_kind=stack, pg_dsn=pg_dsn,
                           temporal_address=temporal_address, reports_root=reports_dir, reruns=reruns,
                           keep=keep and not shrink)
 
@@ -188,6 +197,8 @@ def repro(
             _save_corpus(failed[0], summary["seed"])
         if failed and shrink:
             return _shrink(failed[0], summary, report_dir, runs, stack)
+        if shrink:
+            console.print(f"[yellow]{esc(nothing_to_shrink(summary['scenarios']))}[/]")
         return finish(summary, report_dir, code)
 
     raise typer.Exit(_guarded(body))
@@ -219,7 +230,7 @@ def _shrink(doc: dict[str, Any], summary: dict[str, Any], report_dir: Path, runs
     path = report_dir / "repro.json"
     path.write_text(json.dumps({"scenario": doc["id"], "seed": summary["seed"],
                                 "schedule": json.loads(minimal.to_json())}, indent=2))
-    console.print(f"minimal failing schedule (size {minimal.size}, from {start.size}, {tried} replays): {path}")
+    console.print(f"{esc(shrunk_line(minimal, start, tried))}: {path}")
     console.print(f"  repro: qualify repro --schedule {path}")
     return 1
 
@@ -266,7 +277,7 @@ def up(
     tenant: Annotated[str, typer.Option(help="the tenant of the printed key (and the worker's reconciler assignment)")] = "acme",
     principal: Annotated[str, typer.Option(help="the principal of the printed key")] = "alice",
     workspace: Annotated[str, typer.Option(help="the workspace the principal is granted")] = "default",
-    tools: Annotated[bool, typer.Option("--tools", help="start the side-effect sink and give the API and the worker its tools (charge, send_email, merge_pull_request, shell), to try the tool journal by hand")] = False,
+    tools: Annotated[bool, typer.Option("--tools", help=f"start the side-effect sink and give the API and the worker its tools ({TOOLS_SAID}), to try the tool journal by hand")] = False,
     settings: Annotated[list[str] | None, typer.Option("--set", metavar="QIMPL_NAME=VALUE", help="a setting of docs/operations.md for both the API and the worker (repeatable), e.g. --set QIMPL_CORS_ORIGINS='[\"http://localhost:8000\"]'; the environment's QIMPL_* are not passed on")] = None,
 ) -> None:
     """Start PostgreSQL, Temporal, the API and a worker, and print how to call them; Ctrl-C stops everything."""
@@ -308,6 +319,9 @@ def _up(opts: UpOptions) -> int:
         console.print(f"[green]qimpl is up[/] in {ready.boot_s:.1f} s "
                       f"({'kept in' if ready.persistent else 'temporary,'} {esc(ready.data_dir)})")
         console.print(f"  API        {ready.base_url}   (OpenAPI: {ready.base_url}/docs)")
+        if ready.replaced_key:
+            console.print(f"  [yellow]the kept key {ready.replaced_key} was disabled or has expired (it answers 401): "
+                          "a new key was created in its place[/]")
         console.print(f"  API key    {ready.api_key}   (tenant {esc(ready.tenant)}, principal "
                       f"{esc(ready.principal)}, workspace {esc(ready.workspace)})")
         console.print(f"  provider   {esc(ready.provider)}   (API and worker)")
@@ -315,7 +329,7 @@ def _up(opts: UpOptions) -> int:
         console.print(f"  temporal   {ready.temporal_address}   (task queue {ready.task_queue})")
         console.print(f"  logs       {esc(ready.logs_dir)}   (the API's has one access line per request)")
         if ready.sink_url:
-            console.print(f"  tools      charge, send_email (needs an approval), merge_pull_request, shell -> "
+            console.print(f"  tools      {TOOLS_SAID} -> "
                           f"the side-effect sink at {ready.sink_url} (its record: {esc(ready.data_dir)}/control/sink)")
         console.print("create a run:")
         print(f"  {curl_command(ready)}", flush=True)
@@ -382,6 +396,19 @@ def list_(
     for sc in REGISTRY.values():
         console.print(f"{sc.id}\t{sc.title}\t[{' '.join(sc.requirements)}]")
     console.print("random-<i>\tgenerated from the seed with --random N: runs + faults at barriers")
+
+
+def _unwrap_help() -> None:
+    """Each command's help from its docstring with the source's line breaks taken out (a
+    paragraph stays a paragraph): the help boxes wrap it to the terminal themselves, and a
+    break kept from the source showed as a short line in the middle of a sentence."""
+    for info in app.registered_commands:
+        doc = inspect.getdoc(info.callback) if info.callback is not None else None
+        if info.help is None and doc:
+            info.help = "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n"))
+
+
+_unwrap_help()
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape as esc
@@ -19,7 +19,13 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-__all__ = ["STYLE", "TALLY", "Tally", "clock", "console", "eta_s", "finish", "progress"]
+from qualify.schedule import SIZE_UNIT
+
+if TYPE_CHECKING:
+    from qualify.schedule import Schedule
+
+__all__ = ["STYLE", "TALLY", "Tally", "clock", "console", "eta_s", "finish", "nothing_to_shrink", "progress",
+           "shrunk_line"]
 
 console = Console(highlight=False, soft_wrap=True)
 STYLE = {"pass": "green", "fail": "bold red", "crashed": "bold magenta", "unknown": "yellow",
@@ -133,8 +139,10 @@ def progress(kind: str, data: Any) -> None:
             dsn = data["pg_dsn"].split("://", 1)[1].split("@", 1)[-1].rsplit("/", 1)[0]
             console.print(f"    QIMPL_DATABASE_URL=postgresql://{role}@{dsn}/<db> QIMPL_TEMPORAL_ADDRESS="
                           f"{data['temporal_address']} QIMPL_TASK_QUEUE=<queue> {command}")
-    elif kind in ("shrunk", "shrink_try"):
-        console.print(f"  shrink: {kind} size={data['size']} {data.get('verdict', '')}")
+    elif kind == "shrink_try":
+        console.print(f"  shrink: tried {esc(data['shape'])} (size {data['size']}): {data['verdict']}")
+    elif kind == "shrunk":
+        console.print(f"  shrink: still fails at {esc(data['shape'])} (size {data['size']})")
 
 
 def finish(summary: dict[str, Any], report_dir: Path, code: int) -> int:
@@ -155,3 +163,20 @@ def finish(summary: dict[str, Any], report_dir: Path, code: int) -> int:
             console.print(f"  repro: {s['repro']}")
     console.print(f"report: {report_dir}  ({report_dir / 'report.html'})")
     return code
+
+
+def shrunk_line(minimal: Schedule, start: Schedule, tried: int) -> str:
+    """``qualify repro --shrink``'s result, its size in words and its unit."""
+    if minimal.size == start.size:
+        return (f"no smaller schedule fails: {minimal.shape} (size {minimal.size}, counting "
+                f"{SIZE_UNIT}; {tried} replays)")
+    return (f"minimal failing schedule: {minimal.shape} (size {minimal.size}, from {start.size}, counting "
+            f"{SIZE_UNIT}; was {start.shape}; {tried} replays)")
+
+
+def nothing_to_shrink(scenarios: list[dict[str, Any]]) -> str:
+    """What ``qualify repro --shrink`` says when no scenario failed: shrinking keeps a
+    schedule only while it fails, so a schedule that did not fail has nothing to shrink."""
+    ended = ", ".join(f"{s['id']} {'passed' if s['status'] == 'pass' else 'ended ' + s['status']}"
+                      for s in scenarios) or "no scenario ran"
+    return f"--shrink: nothing to shrink ({ended}); a schedule is shrunk only while it fails"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,43 +22,96 @@ from qualify.verdict import Verdict, merge
 __all__ = [
     "SCHEMA",
     "build_summary",
+    "code_text",
     "crash_matrix",
+    "evidence_text",
+    "failing_first",
+    "figure_rows",
+    "figure_text",
+    "gate_line",
+    "not_passing",
     "render_html",
     "render_junit",
     "render_markdown",
     "repro_line",
     "scenario_doc",
+    "value_text",
+    "worst_first",
     "write_report",
 ]
 
 SCHEMA = "qualify.summary/1"
 
 
-def repro_line(scenario_id: str, seed: int, stack_kind: str) -> str:
+def repro_line(scenario_id: str, seed: int, stack_kind: str, schedule_file: str | None = None) -> str:
     """The one-line command that re-runs one scenario with its seed (a random scenario's
-    schedule is re-derived from the same seed)."""
+    schedule is re-derived from the same seed); a schedule replayed from a file is
+    replayed from that file again (its id, ``random-<i>``, would re-derive another)."""
     extra = "" if stack_kind == "embedded" else f" --stack {stack_kind}"
+    if schedule_file is not None:
+        return f"qualify repro --schedule {shlex.quote(schedule_file)} --seed {seed}{extra}"
     return f"qualify repro {scenario_id} --seed {seed}{extra}"
 
 
 def _fault_line(f: dict[str, Any]) -> str:
     ev = f.get("evidence", {})
     keys = ("pid", "old_pid", "new_pid", "backend_pids", "point", "barrier", "step", "attempt")
-    where = ", ".join(f"{k}={ev[k]}" for k in keys if k in ev)
+    where = "; ".join(f"{k} {value_text(ev[k])}" for k in keys if k in ev)
     # Landed or not is said either way; the evidence keys only when there are some.
     return (f"{f['fault']} {f['target']}{f' ({where})' if where else ''}"
             f"{' [landed]' if f['landed'] else ' [did not land]'}")
 
 
-def figure_text(figures: dict[str, Any]) -> str:
-    """A scenario's figures as ``name = value`` (pure); a negative figure is the catalog's
-    "did not happen" (a takeover that never came), written as such."""
+def value_text(v: Any) -> str:
+    """One value of a report, as a reader writes it (pure): numbers with ``:g``, lists
+    comma-separated, mappings as ``key value``, nothing shown as ``none`` (never a Python
+    repr: no brackets, braces or quotes)."""
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {value_text(x)}" for k, x in v.items()) or "none"
+    if isinstance(v, (list, tuple, set)):
+        return ", ".join(value_text(x) for x in v) or "none"
+    return str(v)
+
+
+def code_text(text: str) -> Any:
+    """``text`` for HTML, escaped, its Markdown code spans (```qualify run```) as
+    ``<code>`` (pure): the sentences shared with report.md carry backticks."""
+    from markupsafe import Markup, escape
+
+    parts = str(text).split("`")
+    if len(parts) % 2 == 0:  # an unpaired backtick: shown as written
+        return escape(text)
+    return Markup("").join(escape(p) if i % 2 == 0 else Markup("<code>") + escape(p) + Markup("</code>")
+                           for i, p in enumerate(parts))
+
+
+def evidence_text(evidence: dict[str, Any]) -> str:
+    """A fault's evidence as ``key: value; ...`` (pure)."""
+    return "; ".join(f"{k}: {value_text(v)}" for k, v in evidence.items()) or "none recorded"
+
+
+def figure_text(figures: dict[str, Any], bounds: dict[str, str] | None = None) -> str:
+    """A scenario's figures as ``name = value`` with the bound its check used, ``(bound
+    <= 7 s)`` (pure); a negative figure is the catalog's "did not happen" (a takeover that
+    never came), written as such."""
+    return "; ".join(f"{k} = {shown}" for k, shown in figure_rows(figures, bounds))
+
+
+def figure_rows(figures: dict[str, Any], bounds: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """``(name, value and bound)`` per figure (pure): ``figure_text``'s pieces."""
     def shown(v: Any) -> str:
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
             return "did not happen"
-        return f"{v:g}" if isinstance(v, float) else str(v)
+        return value_text(v)
 
-    return "; ".join(f"{k} = {shown(v)}" for k, v in figures.items())
+    bounds = bounds or {}
+    return [(k, shown(v) + (f" (bound {bounds[k]})" if k in bounds else "")) for k, v in figures.items()]
 
 
 def scenario_doc(r: ScenarioResult, *, report_dir: Path, stack_kind: str) -> dict[str, Any]:
@@ -74,10 +128,11 @@ def scenario_doc(r: ScenarioResult, *, report_dir: Path, stack_kind: str) -> dic
         "crash_point_evidence": r.crash_point_evidence,
         "checks": [c.as_dict() for c in r.checks],
         "figures": r.figures,
+        "figure_bounds": r.figure_bounds,
         "error": r.error,
         "history": str((r.out_dir / "history.jsonl").relative_to(report_dir)),
         "logs": [str((r.out_dir / p).relative_to(report_dir)) for p in r.logs],
-        "repro": repro_line(r.scenario.id, r.seed, stack_kind),
+        "repro": repro_line(r.scenario.id, r.seed, stack_kind, r.scenario.schedule_file),
         "spawn": r.spawn,
         "execd": r.execd,
         "spawned": r.spawned,
@@ -168,8 +223,50 @@ def render_junit(summary: dict[str, Any]) -> str:
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)
 
 
+def worst_first(scenarios: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The scenarios, those that did not pass first, worst first (fail, crashed, unknown,
+    vacuous, flaky), then the passing ones; catalog order within each status (pure)."""
+    def severity(sc: dict[str, Any]) -> int:
+        try:
+            return Verdict(sc["status"]).severity
+        except ValueError:
+            return Verdict.CRASHED.severity
+    return sorted(scenarios, key=lambda sc: -severity(sc))
+
+
+def failing_first(checks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A scenario's checks, failed ones first, then those that raised (unknown), then the
+    passing ones; their own order within each (pure)."""
+    return sorted(checks, key=lambda c: {False: 0, None: 1}.get(c.get("ok"), 2))
+
+
+def not_passing(summary: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """``[(status, [scenario ids])]`` of the scenarios that did not pass, worst status
+    first (pure): what a failing report's banner and report.md's top name."""
+    by: dict[str, list[str]] = {}
+    for sc in worst_first(summary["scenarios"]):
+        if sc["status"] != "pass":
+            by.setdefault(sc["status"], []).append(sc["id"])
+    return list(by.items())
+
+
+def gate_line(summary: dict[str, Any]) -> str:
+    """The requirement gate in one line (pure), as report.md's top and the banner say it."""
+    judged, rows = requirement_rows(summary)
+    counts = (f"{len(judged['covered'])} of {len(rows)} covered, {len(judged['waived'])} waived, "
+              f"{len(judged['uncovered'])} uncovered")
+    if partial_selection(summary):
+        return f"requirement gate not applied (a selection): {counts}"
+    return f"requirement gate {'PASS' if not judged['uncovered'] else 'FAIL'}: {counts}"
+
+
 def _cell(text: object) -> str:
     return re.sub(r"[|\n]", " ", str(text))
+
+
+def _anchor(scenario_id: str) -> str:
+    """The anchor a markdown renderer (GitHub's) gives a scenario's heading "### id — status"."""
+    return re.sub(r"[^a-z0-9 _-]", "", scenario_id.lower()).replace(" ", "-")
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
@@ -181,6 +278,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "",
         *([f"**{partial}**", ""] if partial else []),
         *([f"- **{summary['error']}**"] if summary.get("error") else []),
+        *[f"- **{status}** ({len(ids)}): " + ", ".join(f"[{i}](#{_anchor(f'{i} — {status}')})" for i in ids)
+          for status, ids in not_passing(summary)],
+        f"- {gate_line(summary)} ([the gate](#requirement-coverage))",
         f"- seed: `{summary['seed']}`; duration: {summary['duration_s']} s",
         f"- git: `{summary['git_sha']}`{' (dirty)' if summary.get('git_dirty') else ''}",
         f"- stack: {st.get('kind')} — PostgreSQL {st.get('postgres_version')}, "
@@ -191,16 +291,17 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "| scenario | status | s | faults | requirements |",
         "|---|---|---|---|---|",
     ]
-    for s in summary["scenarios"]:
+    ordered = worst_first(summary["scenarios"])
+    for s in ordered:
         lines.append(f"| {s['id']} | {s['status']} | {s['duration_s']} | "
                      f"{_cell('; '.join(s['faults']) or '-')} | {' '.join(s['requirements'])} |")
-    for s in summary["scenarios"]:
+    for s in ordered:
         lines += ["", f"### {s['id']} — {s['status']}", "", s["title"], ""]
-        for c in s["checks"]:
+        for c in failing_first(s["checks"]):
             mark = {True: "ok", False: "FAIL", None: "UNKNOWN"}[c["ok"]]
             lines.append(f"- [{mark}] {c['name']} ({_judged(c)}){': ' + c['detail'] if c['detail'] else ''}")
         if s["figures"]:
-            lines.append(f"- figures: {figure_text(s['figures'])}")
+            lines.append(f"- figures: {figure_text(s['figures'], s.get('figure_bounds'))}")
         for name, table in s.get("tables", {}).items():
             lines += ["", f"{name}:", "", "| " + " | ".join(_cell(c) for c in table["columns"]) + " |",
                       "|" + "---|" * len(table["columns"])]
@@ -344,14 +445,29 @@ def requirement_rows(summary: dict[str, Any]) -> tuple[dict[str, Any], list[dict
     from qualify.spec_ids import REQUIREMENTS
 
     judged = summary.get("requirement_gate") or gate(summary["scenarios"], REQUIREMENTS)
+    # A scenario cites a requirement when it lists it or one of its checks cites it: a check
+    # may cover a requirement its scenario does not list, and the "covered by" column must
+    # never name a scenario the "citing it" column leaves out.
+    by_checks: dict[str, list[dict[str, Any]]] = {}
+    for sc in summary["scenarios"]:
+        for req in dict.fromkeys(r for c in sc.get("checks", []) for r in c.get("requirements", ())):
+            by_checks.setdefault(req, []).append(sc)
     rows = []
     for req in REQUIREMENTS:
         entry = summary.get("requirements", {}).get(req, {"passed": [], "failed": []})
         status = ("covered" if req in judged["covered"] else
                   "waived" if req in judged["waived"] else "uncovered")
-        rows.append({"req": req, "status": status, "checks": list(judged["covered"].get(req, [])),
-                     "why": judged["waived"].get(req, ""), "passed": list(entry.get("passed", [])),
-                     "failed": list(entry.get("failed", []))})
+        checks = list(judged["covered"].get(req, []))
+        passed, failed = list(entry.get("passed", [])), list(entry.get("failed", []))
+        for sc in by_checks.get(req, []):
+            into = passed if sc["status"] == "pass" else failed
+            if sc["id"] not in passed + failed:
+                into.append(sc["id"])
+        # Those whose checks cover it first, in the order "covered by" names them.
+        covering = list(dict.fromkeys(c.split(": ", 1)[0] for c in checks))
+        passed = [i for i in covering if i in passed] + [i for i in passed if i not in covering]
+        rows.append({"req": req, "status": status, "checks": checks,
+                     "why": judged["waived"].get(req, ""), "passed": passed, "failed": failed})
     return judged, rows
 
 
@@ -414,7 +530,7 @@ def render_html(summary: dict[str, Any], histories: dict[str, list[dict[str, Any
     from qualify.spec_ids import REQUIREMENTS
     from qualify.timeline import MAX_EVENTS, MAX_RUNS, svg_timeline
 
-    env = Environment(loader=PackageLoader("qualify", "templates"), autoescape=select_autoescape())
+    env = Environment(loader=PackageLoader("qualify", "templates"), autoescape=select_autoescape(("html", "html.j2")))
     actions, matrix = crash_matrix(summary)
     timelines = {sc["id"]: svg_timeline(histories.get(sc["id"], [])) for sc in summary["scenarios"]}
     judged, rows = requirement_rows(summary)
@@ -428,7 +544,10 @@ def render_html(summary: dict[str, Any], histories: dict[str, list[dict[str, Any
         s=summary, requirements=REQUIREMENTS, actions=actions, crash_matrix=matrix,
         timelines=timelines, max_events=MAX_EVENTS, max_runs=MAX_RUNS, gate=judged, req_rows=rows,
         qualifies=QUALIFIES, does_not_qualify=DOES_NOT_QUALIFY, partial=partial_selection(summary), fault_kinds=faults_by_kind(summary), faults_note=faults_note(summary),
-        scenario_s=total_s, slowest=slow, by_kind=by_kind, execs=execs, figure_text=figure_text,
+        scenarios_in_order=worst_first(summary["scenarios"]), failing_first=failing_first,
+        not_passing=not_passing(summary),
+        scenario_s=total_s, slowest=slow, by_kind=by_kind, execs=execs, figure_rows=figure_rows,
+        evidence_text=evidence_text, code_text=code_text,
         load_text=load_line(summary["load"]) if summary.get("load") else "")
 
 

@@ -79,6 +79,8 @@ class ScenarioResult:
     temporal_timers: str = "default"
     #: Seconds by kind (``qualify.timing.KINDS``): where the scenario's wall time went.
     time_by_kind: dict[str, float] = field(default_factory=dict)
+    #: The bound each bounded figure was checked against (``ScenarioContext.figure``).
+    figure_bounds: dict[str, str] = field(default_factory=dict)
     #: Tables the scenario attached for the report (``ScenarioContext.table``).
     tables: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
 
@@ -336,7 +338,8 @@ def _run_scenario(stack: EmbeddedStack, scenario: Scenario, *, seed: int, out_di
                     exercised=bool(accepted_runs(events)) or bool(scenario.no_runs_because))
     return ScenarioResult(
         scenario=scenario, seed=seed, verdict=verdict, duration_s=0.0, checks=checks,
-        faults=nemesis.recorded, crash_points=struck, figures=ctx.figures, tables=ctx.tables, out_dir=out_dir,
+        faults=nemesis.recorded, crash_points=struck, figures=ctx.figures,
+        figure_bounds=ctx.figure_bounds, tables=ctx.tables, out_dir=out_dir,
         error=error, events=len(events),
         crash_point_evidence=[{"point": e["point"], "action": e["action"], "pid": e["pid"]}
                               for e in events if e["type"] == "crash_point"],

@@ -29,8 +29,8 @@ import random
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 
-__all__ = ["FAULT_ACTIONS", "NEW_FAULT_P", "PLATFORM_ACTIONS", "SKEW_S", "SWEEP_ACTIONS", "TOOL_ACTIONS", "FaultPlan",
-           "RunPlan", "Schedule", "generate", "problems", "shrink_candidates"]
+__all__ = ["FAULT_ACTIONS", "NEW_FAULT_P", "PLATFORM_ACTIONS", "SIZE_UNIT", "SKEW_S", "SWEEP_ACTIONS", "TOOL_ACTIONS",
+           "FaultPlan", "RunPlan", "Schedule", "generate", "problems", "shrink_candidates"]
 
 #: The base faults: equally likely.
 BASE_ACTIONS = ("sigkill-worker", "sigstop-worker", "terminate-lock-session", "restart-postgres",
@@ -68,6 +68,10 @@ class FaultPlan:
     action: str
 
 
+#: The unit of ``Schedule.size``, said wherever a size is printed.
+SIZE_UNIT = "runs + faults + steps + delayed starts"
+
+
 @dataclass(frozen=True)
 class Schedule:
     seed: int
@@ -85,8 +89,19 @@ class Schedule:
 
     @property
     def size(self) -> int:
+        """What ``qualify repro --shrink`` makes smaller: runs + faults + steps (over all
+        runs) + delayed starts (``SIZE_UNIT``)."""
         return (len(self.runs) + len(self.faults) + sum(r.steps for r in self.runs)
                 + sum(1 for r in self.runs if r.delay_ms))
+
+    @property
+    def shape(self) -> str:
+        """The size in words: ``2 runs, 1 fault, 7 steps, 1 delayed start`` (zeros left out,
+        but for runs)."""
+        counts = (("run", len(self.runs)), ("fault", len(self.faults)),
+                  ("step", sum(r.steps for r in self.runs)),
+                  ("delayed start", sum(1 for r in self.runs if r.delay_ms)))
+        return ", ".join(f"{n} {word}{'' if n == 1 else 's'}" for word, n in counts if n or word == "run")
 
 
 def generate(seed: int, *, max_runs: int = 4, max_faults: int = 3) -> Schedule:

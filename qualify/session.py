@@ -29,7 +29,8 @@ from qualify.stack import TIMER_MODES, make_stack
 from qualify.timing import cpu_seconds, expected_wall_s, longest_first, slice_load, slices_for
 from qualify.verdict import EXIT_CODES, Verdict, merge
 
-__all__ = ["SessionOptions", "crash_point_catalog", "new_report_dir", "resolve", "run_session"]
+__all__ = ["SessionOptions", "crash_point_catalog", "new_report_dir", "resolve", "run_session", "saved_seed",
+           "session_seed"]
 
 Events = Callable[[str, Any], None]
 
@@ -61,7 +62,7 @@ def resolve(ids: Sequence[str], *, seed: int, random_n: int = 0, schedule_path: 
             # A report's summary.json given for its repro.json, a file cut short, ...
             raise UsageError(f"{schedule_path}: not a saved schedule (qualify repro --shrink's repro.json): "
                              f"{type(exc).__name__}") from None
-        out.append(schedule_scenario(saved, name))
+        out.append(schedule_scenario(saved, name, schedule_file=str(schedule_path.absolute())))
     for i in ids:
         if i in REGISTRY:
             out.append(REGISTRY[i])
@@ -71,6 +72,28 @@ def resolve(ids: Sequence[str], *, seed: int, random_n: int = 0, schedule_path: 
             raise UsageError(f"unknown scenario {i!r}; see `qualify list`")
     out += [random_scenario(i, seed) for i in range(random_n)]
     return out if (out or schedule_path) else list(REGISTRY.values())
+
+
+def saved_seed(schedule_path: Path | None) -> int | None:
+    """The session seed a saved schedule was found with (``repro.json``'s ``seed``), which
+    a replay without ``--seed`` runs it under; None without one (or a file ``resolve``
+    refuses)."""
+    if schedule_path is None:
+        return None
+    try:
+        seed = json.loads(schedule_path.read_text()).get("seed")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0 else None
+
+
+def session_seed(opts: SessionOptions) -> int:
+    """The session's root seed: ``--seed``, else the one a saved schedule was found with,
+    else a fresh one (printed first, and in every repro line)."""
+    if opts.seed is not None:
+        return opts.seed
+    saved = saved_seed(opts.schedule_path)
+    return saved if saved is not None else secrets.randbits(32)
 
 
 STACK_KINDS = ("embedded", "system", "existing", "testcontainers")
@@ -328,7 +351,7 @@ def run_session(opts: SessionOptions, on_event: Events = lambda kind, data: None
         raise UsageError(f"unknown spawn mode {opts.spawn!r}: {', '.join(SPAWN_MODES)}")
     if opts.temporal_timers not in TIMER_MODES:
         raise UsageError(f"unknown temporal timers {opts.temporal_timers!r}: {', '.join(TIMER_MODES)}")
-    seed = opts.seed if opts.seed is not None else secrets.randbits(32)
+    seed = session_seed(opts)
     # Scenario names first, then the stack (built, not started): a usage error leaves
     # nothing behind, not even an empty stack directory, and comes before any report.
     selection = resolve(opts.scenario_ids, seed=seed, random_n=opts.random_n,

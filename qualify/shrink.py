@@ -45,10 +45,11 @@ def shrink(stack: Any, schedule: Schedule, *, seed: int, out_dir: Path, runs: in
             tried += 1
             sc = schedule_scenario(candidate, f"shrink-{tried}")
             result = run_scenario(stack, sc, seed=seed, out_dir=out_dir / sc.id)
-            on_event("shrink_try", {"size": candidate.size, "verdict": str(result.verdict)})
+            on_event("shrink_try", {"size": candidate.size, "shape": candidate.shape,
+                                    "verdict": str(result.verdict)})
             if result.verdict is Verdict.FAIL:
                 return True
         return False
 
-    minimal = minimise(schedule, fails, lambda s: on_event("shrunk", {"size": s.size}))
+    minimal = minimise(schedule, fails, lambda s: on_event("shrunk", {"size": s.size, "shape": s.shape}))
     return minimal, tried

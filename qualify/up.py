@@ -45,8 +45,13 @@ from qualify.stack._embedded import API_ROLE, TEMPLATE_DB, WORKER_ROLE, _build_t
 from qualify.stack.postgres import SHM, PostgresServer, _traversable_by_others, embedded_bin_dir
 from qualify.stack.temporal import TemporalServer
 
-__all__ = ["PROVIDERS", "STACK_SETTINGS", "Ready", "UpEnvironment", "UpOptions", "curl_command",
-           "parse_settings", "provider_env"]
+__all__ = ["PROVIDERS", "STACK_SETTINGS", "TOOLS_SAID", "Ready", "UpEnvironment", "UpOptions", "curl_command",
+           "parse_settings", "provider_env", "provision"]
+
+#: The tools ``qualify up --tools`` gives the API and the worker (``qualify.fakes.tools``),
+#: as its help and its banner name them.
+TOOLS_SAID = ("charge, send_email (needs an approval), merge_pull_request, shell, and lookup_customer "
+              "(developer-hosted: your client runs it and posts its result)")
 
 #: ``--provider`` shorthands; anything else must be a plugin ``module:factory``.
 PROVIDERS = {
@@ -70,7 +75,7 @@ class UpOptions:
     workspace: str = "default"
     agent: str = "demo"
     #: Start the side-effect sink and give the API and the worker its tools (``charge``,
-    #: ``send_email``, ``merge_pull_request``, ``shell``: ``qualify.fakes.tools``).
+    #: ``send_email``, ``merge_pull_request``, ``shell``, ``lookup_customer``: ``qualify.fakes.tools``).
     tools: bool = False
     #: ``QIMPL_*`` settings (``docs/operations.md``) given to both the API and the worker
     #: over ``qualify up``'s own (``--set QIMPL_CORS_ORIGINS='["http://localhost:8000"]'``).
@@ -105,6 +110,51 @@ def parse_settings(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def provision(owner_dsn: str, creds_path: Path, opts: UpOptions, *, fresh: bool) -> tuple[str, str]:
+    """Migrate the database to head, create the login roles (idempotent), the API key and
+    the grant; returns ``(key, replaced)``. The key and the grant token are kept in
+    ``creds_path`` (0600) so a later run on the same data directory reuses them; a kept key
+    that was disabled or has expired since (it would answer 401) is replaced by a new one,
+    and ``replaced`` is its key id (empty when the kept key is still live)."""
+    from qimpl.db import admin
+    from qimpl.db.migrate import upgrade
+
+    upgrade(owner_dsn)  # a data directory made by an older schema is brought to head
+    creds = json.loads(creds_path.read_text()) if creds_path.exists() else {
+        "api_key": secrets.token_urlsafe(24), "grant_token": secrets.token_urlsafe(24)}
+    replaced = ""
+    with psycopg.connect(owner_dsn, autocommit=True) as conn:
+        for role in (API_ROLE, WORKER_ROLE):
+            conn.execute(
+                "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '" + role + "')"
+                " THEN CREATE ROLE " + role + " LOGIN NOSUPERUSER NOBYPASSRLS IN ROLE qimpl_app;"
+                " END IF; END $$")
+        # The worker's functions (the takeover watcher's orphan query, event pruning) are
+        # granted to qimpl_worker_role alone, never to the API (20261213_090000_hardening_four);
+        # granted every time: a role made before that migration is not yet a member.
+        conn.execute(f"GRANT qimpl_worker_role TO {WORKER_ROLE}")
+        if fresh:
+            # The template carries the harness's test keys and grants, and the audit
+            # of their creation: none of them belongs to this service's history. A
+            # TRUNCATE fires no row trigger, so deleting them audits nothing either.
+            conn.execute("TRUNCATE api_keys, operator_tenants, workspace_grants, api_key_audit"
+                         " RESTART IDENTITY")
+        dead = conn.execute(
+            "SELECT 1 FROM api_keys WHERE key_hash = %s AND (revoked_at IS NOT NULL OR"
+            " (expires_at IS NOT NULL AND expires_at <= clock_timestamp()))",
+            (admin.key_hash(creds["api_key"]),)).fetchone()
+        if dead is not None:
+            replaced = admin.key_id(creds["api_key"])
+            creds["api_key"] = secrets.token_urlsafe(24)
+        admin.create_api_key(conn, key=creds["api_key"], tenant_id=opts.tenant, principal_id=opts.principal)
+        admin.grant_workspace(conn, tenant_id=opts.tenant, principal_id=opts.principal,
+                              workspace_id=opts.workspace, grant_token=creds["grant_token"])
+    fd = os.open(creds_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(creds, fh)
+    return str(creds["api_key"]), replaced
+
+
 @dataclass(frozen=True, kw_only=True)
 class Ready:
     """The running service, as printed (``ready`` line): where to reach it and with what."""
@@ -127,6 +177,8 @@ class Ready:
     boot_s: float
     #: The side-effect sink the tools call (``--tools``); empty without tools.
     sink_url: str = ""
+    #: The key id of a kept key that was disabled or expired, replaced by ``api_key``.
+    replaced_key: str = ""
 
     def as_json(self) -> str:
         doc = asdict(self)
@@ -241,6 +293,8 @@ class UpEnvironment:
                                        logs_dir=self.logs_dir)
         self.temporal = TemporalServer(workdir=self.root / "temporal", logs_dir=self.logs_dir)
         self.processes: Processes | None = None
+        #: Set by ``_provision``: the id of a kept key it replaced (disabled or expired).
+        self.replaced_key = ""
 
     def _refuse_untraversable(self) -> None:
         raise UsageError(f"PostgreSQL runs as an unprivileged user and cannot reach {self.root}: "
@@ -290,7 +344,7 @@ class UpEnvironment:
             temporal_address=self.temporal.address, task_queue=TASK_QUEUE, data_dir=str(self.root),
             logs_dir=str(self.logs_dir), persistent=self.persistent,
             sink_url=self.sink.url if self.sink is not None else "",
-            boot_s=round(time.monotonic() - t0, 2))
+            replaced_key=self.replaced_key, boot_s=round(time.monotonic() - t0, 2))
 
     def _create_database(self) -> bool:
         """Create the database from the migrated template unless it exists; True if created."""
@@ -302,42 +356,10 @@ class UpEnvironment:
         return True
 
     def _provision(self, owner_dsn: str, *, fresh: bool) -> str:
-        """Migrate the database to head, create the login roles (idempotent), the API key
-        and the grant; returns the key. The key and the grant token are kept in
-        ``credentials.json`` (0600) so a later run on the same data directory reuses them."""
-        from qimpl.db import admin
-        from qimpl.db.migrate import upgrade
-
-        creds_path = self.root / "credentials.json"
-        upgrade(owner_dsn)  # a data directory made by an older schema is brought to head
-        if creds_path.exists():
-            creds = json.loads(creds_path.read_text())
-        else:
-            creds = {"api_key": secrets.token_urlsafe(24), "grant_token": secrets.token_urlsafe(24)}
-            fd = os.open(creds_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                json.dump(creds, fh)
-        with psycopg.connect(owner_dsn, autocommit=True) as conn:
-            for role in (API_ROLE, WORKER_ROLE):
-                conn.execute(
-                    "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '" + role + "')"
-                    " THEN CREATE ROLE " + role + " LOGIN NOSUPERUSER NOBYPASSRLS IN ROLE qimpl_app;"
-                    " END IF; END $$")
-            # The worker's functions (the takeover watcher's orphan query, event pruning) are
-            # granted to qimpl_worker_role alone, never to the API (20261213_090000_hardening_four);
-            # granted every time: a role made before that migration is not yet a member.
-            conn.execute(f"GRANT qimpl_worker_role TO {WORKER_ROLE}")
-            if fresh:
-                # The template carries the harness's test keys and grants, and the audit
-                # of their creation: none of them belongs to this service's history. A
-                # TRUNCATE fires no row trigger, so deleting them audits nothing either.
-                conn.execute("TRUNCATE api_keys, operator_tenants, workspace_grants, api_key_audit"
-                             " RESTART IDENTITY")
-            admin.create_api_key(conn, key=creds["api_key"], tenant_id=self.opts.tenant,
-                                 principal_id=self.opts.principal)
-            admin.grant_workspace(conn, tenant_id=self.opts.tenant, principal_id=self.opts.principal,
-                                  workspace_id=self.opts.workspace, grant_token=creds["grant_token"])
-        return str(creds["api_key"])
+        """Provision the service's key and grant (``provision``); returns the key and keeps
+        the id of a kept key it had to replace in ``replaced_key``."""
+        key, self.replaced_key = provision(owner_dsn, self.root / "credentials.json", self.opts, fresh=fresh)
+        return key
 
     # -- while up ------------------------------------------------------------------
     def dead(self) -> ManagedProcess | None:

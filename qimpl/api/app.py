@@ -16,7 +16,7 @@ journal's ``qimpl.api.routers.tools``). Routes (R-CREATE-1..7, R-READ-1):
 - ``GET  /metrics``                               Prometheus metrics (R-OPS-6, R-OPS-7)
 - ``GET  /healthz``                               liveness (no database or Temporal call)
 - ``GET  /readyz``                                readiness (the database and Temporal answer)
-- ``GET  /docs``                                  Swagger UI, its assets served from the package (offline)
+- ``GET  /docs``                                  Swagger UI 5 (it reads OpenAPI 3.1), its assets served from the swagger-ui-bundle-v2 package (offline)
 """
 
 from __future__ import annotations

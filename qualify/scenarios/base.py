@@ -44,10 +44,20 @@ from qualify.timing import spends, spent
 #: The spec's default deadline (R-EXEC-8: 1 h), independent of the implementation's.
 SPEC_DEFAULT_DEADLINE_S = 3600
 
-__all__ = ["REGISTRY", "Scenario", "ScenarioContext", "json_object", "scenario"]
+__all__ = ["REGISTRY", "Scenario", "ScenarioContext", "json_object", "outcome", "scenario"]
 
 API_KEY = "dev-key"
 TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+
+def outcome(run: Any) -> str:
+    """A run read's state and error code for a check's detail: ``failed, error_code
+    workflow_vanished``, ``completed`` (no code shown when it has none), never ``failed
+    None``; a read that did not come (None) is said so."""
+    if not run:
+        return "no run read"
+    code = run.get("error_code")
+    return f"{run.get('state')}, error_code {code}" if code else f"{run.get('state')}, no error_code"
 
 #: An id in a check's name (eight hex digits or more, letters and digits mixed: a run id,
 #: a key's digest): checks are compared by name across runs (``qualify diff``, the gate).
@@ -67,6 +77,9 @@ class Scenario:
     crash_points: tuple[str, ...] = ()
     #: For generated scenarios: the schedule (JSON) that the body executes.
     schedule: str | None = None
+    #: For a schedule replayed from a file (``qualify repro --schedule``): that file, the
+    #: only way to run the same schedule again (its id, ``random-<i>``, names the seed's).
+    schedule_file: str | None = None
     #: Restarts or stops PostgreSQL or Temporal: refused on a stack the harness did not boot.
     needs_platform: bool = False
     #: Why the scenario accepts no run in its database (it works on another one): without
@@ -138,6 +151,8 @@ class ScenarioContext:
     #: How many times each check asserted more than once was asserted (``expect``).
     _asserted: dict[str, int] = field(default_factory=dict)
     figures: dict[str, float] = field(default_factory=dict)
+    #: The bound a check held a figure to, by figure name (``figure``): "<= 7 s".
+    figure_bounds: dict[str, str] = field(default_factory=dict)
     #: Tables the report shows under the scenario: name -> ``{"columns": [...], "rows": [[...]]}``.
     tables: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     #: The stack, for faults that strike PostgreSQL or Temporal themselves.
@@ -187,6 +202,17 @@ class ScenarioContext:
         return self.deployment.control_dir
 
     # -- checks -----------------------------------------------------------------
+    def figure(self, name: str, value: float, *, at_most: float | None = None,
+               at_least: float | None = None, unit: str = "") -> float:
+        """Record figure ``name`` (a measurement the report shows) with the bound the check
+        that judges it uses, so the report shows the two side by side; returns ``value``."""
+        self.figures[name] = value
+        said = [f"{op} {b:g}{' ' + unit if unit else ''}" for op, b in ((">=", at_least), ("<=", at_most))
+                if b is not None]
+        if said:
+            self.figure_bounds[name] = " and ".join(said)
+        return value
+
     def expect(self, name: str, ok: bool, detail: str = "", *requirements: str, judged: int = 1) -> bool:
         """Record a scenario check; bearer secrets in ``detail`` (stream keys) are redacted
         before anything is stored or reported. ``judged`` is how many items the assertion

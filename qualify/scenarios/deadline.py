@@ -12,7 +12,7 @@ from qualify import http
 from qualify.errors import HarnessError
 from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess, faketime_env
-from qualify.scenarios.base import API_KEY, ScenarioContext, scenario
+from qualify.scenarios.base import API_KEY, ScenarioContext, outcome, scenario
 from qualify.scenarios.lifecycle import accepted
 from qualify.scenarios.sweeps import poll_until
 from qualify.schedule import SKEW_S
@@ -67,7 +67,7 @@ def resume_at_the_deadline(ctx: ScenarioContext) -> None:
     finals = {r: ctx.wait_terminal(api, r, timeout_s=20) for r in runs}
     ctx.expect("every run ended expired with deadline_exceeded",
                all(f["state"] == "expired" and f["error_code"] == "deadline_exceeded" for f in finals.values()),
-               "; ".join(f"{r[:8]}: {f['state']}/{f['error_code']}" for r, f in finals.items()),
+               "; ".join(f"{r[:8]}: {outcome(f)}" for r, f in finals.items()),
                "R-EXEC-8", judged=len(finals))
     # A run the deadline ended while it waited for input asks for nothing any more (R-READ-2).
     parked = {r for r in runs if ctx.sql("SELECT count(*) FROM run_transitions WHERE run_id = %s"
@@ -115,7 +115,7 @@ def skewed_worker_clocks_meet_the_deadline(ctx: ScenarioContext) -> None:
     _skewed_owner(ctx, ahead, "ahead", short, SKEW_S)
     done = _terminal_or_last(ctx, api, short, timeout_s=30)
     ctx.expect(f"the run of the worker {SKEW_S} s ahead completed: its own clock did not expire it",
-               done["state"] == "completed", f"{done['state']}/{done.get('error_code')}", "R-EXEC-12")
+               done["state"] == "completed", outcome(done), "R-EXEC-12")
     ahead.stop()
     behind = ctx.processes.worker("worker-behind", **faketime_env(-SKEW_S))
     long = accepted(ctx, api, prompt=make_prompt(steps=200, answer="never", delay_ms=100,
@@ -126,10 +126,11 @@ def skewed_worker_clocks_meet_the_deadline(ctx: ScenarioContext) -> None:
     rows = ctx.sql("SELECT extract(epoch FROM t.at - r.deadline_at)::float8 FROM run_transitions t"
                    " JOIN runs r USING (run_id) WHERE t.run_id = %s AND t.new_state = 'expired'", long)
     late = float(rows[0][0]) if rows else None
-    ctx.figures["expired_after_the_deadline_s"] = late if late is not None else -1.0
+    ctx.figure("expired_after_the_deadline_s", late if late is not None else -1.0, at_least=0, at_most=2.0,
+               unit="s")
     ctx.expect(f"the run of the worker {SKEW_S} s behind ended expired within 2 s after its deadline"
                " (database clock)", ended["state"] == "expired" and late is not None and 0 <= late <= 2.0,
-               f"{ended['state']}/{ended.get('error_code')}, {late} s after deadline_at", "R-EXEC-8")
+               f"{outcome(ended)}, {late} s after deadline_at", "R-EXEC-8")
 
 
 def _terminal_or_last(ctx: ScenarioContext, api: ManagedProcess, run_id: str, *, timeout_s: float) -> dict[str, Any]:

@@ -22,7 +22,14 @@ from qualify.fakes.synthetic import make_prompt
 from qualify.processes import ManagedProcess
 from qualify.procs import free_port, poll
 from qualify.scenarios.approvals import _decide, _side_effects
-from qualify.scenarios.base import API_KEY, TERMINAL, ScenarioContext, json_object, scenario
+from qualify.scenarios.base import (
+    API_KEY,
+    TERMINAL,
+    ScenarioContext,
+    json_object,
+    outcome,
+    scenario,
+)
 from qualify.scenarios.lifecycle import accepted, provider_calls
 from qualify.scenarios.receipts import receipt_against_the_run
 from qualify.scenarios.sweeps import (
@@ -142,16 +149,17 @@ def vanished_workflow(ctx: ScenarioContext) -> None:
     b = _settled(ctx, api, next_run, timeout_s=max(1.0, 20 - (time.monotonic() - struck)))
     c_path = _transitions(ctx, closed_run)
     c_confirmed = ctx.sql("SELECT dispatch_confirmed_at FROM runs WHERE run_id = %s", closed_run)[0][0]
+    c_moves = ", ".join(f"{t[0] or 'none'}->{t[1]}" for t in c_path)
     ctx.expect("C (accepted, its workflow terminated) failed workflow_vanished",
                c["state"] == "failed" and c["error_code"] == "workflow_vanished",
-               f"{c['state']} {c['error_code']}", "R-OPS-8", "R-OPS-3")
+               outcome(c), "R-OPS-8", "R-OPS-3")
     ctx.expect("C was never confirmed: \"already started\" of a closed workflow is no confirmation",
                [t[1] for t in c_path] == ["accepted", "failed"] and c_confirmed is None,
-               f"transitions {[f'{t[0]}->{t[1]}' for t in c_path]}, dispatch_confirmed_at {c_confirmed}",
+               f"transitions {c_moves}, dispatch_confirmed_at {c_confirmed or 'not set'}",
                "R-CREATE-5", "R-OPS-8")
     ctx.expect("A (running, its workflow terminated) failed workflow_vanished within 20 s",
                a["state"] == "failed" and a["error_code"] == "workflow_vanished",
-               f"{a['state']} {a['error_code']}", "R-OPS-8")
+               outcome(a), "R-OPS-8")
     message = a["error_message"] or ""
     ctx.expect("A's error message is fixed (the same as C's) and carries no trace text",
                bool(message) and message == c["error_message"] and not _TRACE_TEXT.search(message),
@@ -171,7 +179,7 @@ def vanished_workflow(ctx: ScenarioContext) -> None:
     d = _settled(ctx, api, lost_run, timeout_s=20)
     ctx.expect("D (running, its workflow lost by the store) failed workflow_vanished within 20 s",
                d["state"] == "failed" and d["error_code"] == "workflow_vanished",
-               f"{d['state']} {d['error_code']}", "R-OPS-8")
+               outcome(d), "R-OPS-8")
     lost_message = d["error_message"] or ""
     ctx.expect("D's error message is the same fixed one and carries no trace text",
                bool(lost_message) and lost_message == c["error_message"] and not _TRACE_TEXT.search(lost_message),

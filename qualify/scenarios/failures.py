@@ -10,7 +10,7 @@ from typing import Any
 from qimpl.lifecycle import workflow_id
 from qualify.fakes.synthetic import Script, make_prompt
 from qualify.procs import wait_until
-from qualify.scenarios.base import ScenarioContext, scenario
+from qualify.scenarios.base import ScenarioContext, outcome, scenario
 from qualify.scenarios.lifecycle import accepted, provider_calls
 
 MAX_FAILURES = 3
@@ -44,7 +44,7 @@ def unstorable_provider_output(ctx: ScenarioContext) -> None:
         run = ctx.wait_terminal(api, run_id, timeout_s=40)
         ctx.expect(f"{name}: failed agent_attempts_exhausted",
                    run["state"] == "failed" and run["error_code"] == "agent_attempts_exhausted",
-                   f"{run['state']} / {run['error_code']}", "R-EXEC-6", "R-EXEC-12")
+                   outcome(run), "R-EXEC-6", "R-EXEC-12")
         message = run["error_message"] or ""
         ctx.expect(f"{name}: error_message is a fixed sentence",
                    not [m for m in _LEAKS if m in message], message, "R-EXEC-6")
@@ -79,7 +79,7 @@ def provider_timeout_is_not_the_deadline(ctx: ScenarioContext) -> None:
         steps=3, answer="after a timeout", fail={"steps": [2], "attempts": [1], "error": "timeout"}))
     run = ctx.wait_terminal(api, run_id, timeout_s=30)
     ctx.expect("run completed (not expired)", run["state"] == "completed",
-               f"{run['state']} / {run['error_code']}", "R-EXEC-12", "R-EXEC-8")
+               outcome(run), "R-EXEC-12", "R-EXEC-8")
     ctx.expect("the timeout was one counted failure", _failures(ctx, run_id) == 1,
                str(_failures(ctx, run_id)), "R-EXEC-6", "R-EXEC-12")
     codes = [tuple(r) for r in ctx.sql("SELECT step, attempt, outcome_code FROM provider_calls"
@@ -179,7 +179,7 @@ def failure_backoff_after_a_lost_report(ctx: ScenarioContext) -> None:
     ctx.strike_worker(AFTER_COUNT, "worker-doomed")
     ctx.processes.worker("worker-survivor")
     run = ctx.wait_terminal(api, run_id, timeout_s=40)
-    ctx.expect("the run completed", run["state"] == "completed", f"{run['state']} / {run['error_code']}",
+    ctx.expect("the run completed", run["state"] == "completed", outcome(run),
                "R-EXEC-6")
     calls = ctx.sql("SELECT status, extract(epoch FROM started_at)::float8, extract(epoch FROM ended_at)::float8"
                     " FROM provider_calls WHERE run_id = %s AND step = 1 ORDER BY id", run_id)
@@ -229,7 +229,7 @@ def failure_reported_after_the_lease(ctx: ScenarioContext) -> None:
                                    held_s=round(ctx.db_now() - held_from, 3), run_id=run_id)
     ctx.release_crash_point(BEFORE_REPORT)
     run = ctx.wait_terminal(api, run_id, timeout_s=30)
-    ctx.expect("the run completed", run["state"] == "completed", f"{run['state']} / {run['error_code']}",
+    ctx.expect("the run completed", run["state"] == "completed", outcome(run),
                "R-EXEC-6")
     ctx.expect("the run was orphaned while the report was held (running, its lock free)",
                orphaned == 1, f"{orphaned} orphan rows", "R-EXEC-13")
@@ -241,7 +241,8 @@ def failure_reported_after_the_lease(ctx: ScenarioContext) -> None:
     ctx.expect(f"Temporal held the retry for the {HELD_RETRY_AFTER_S:.0f} s Retry-After: no later attempt "
                "claimed the run sooner after the failed call ended, on the database's clock",
                held is not None and held >= HELD_RETRY_AFTER_S - 0.05,
-               f"{held:.2f} s" if held is not None else f"failed {failed}, claims {claims}", "R-EXEC-6")
+               f"{held:.2f} s" if held is not None else f"failed call ended at {failed[0][0] if failed else 'not recorded'}, later claim at "
+               f"{claims[0][0] if claims else 'not recorded'}", "R-EXEC-6")
     ended = [line for line in worker.log_path.read_text(errors="replace").splitlines()
              if '"takeover.attempt_failed"' in line and run_id in line]
     ctx.expect("the watcher failed no attempt of the run", not ended, "; ".join(ended)[:300], "R-EXEC-13")

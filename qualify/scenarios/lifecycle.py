@@ -19,7 +19,7 @@ from qualify.fakes.synthetic import ENDS_FILE, make_prompt
 from qualify.owner_sessions import LEASE_PIDS_SQL
 from qualify.processes import ManagedProcess
 from qualify.procs import wait_until
-from qualify.scenarios.base import ScenarioContext, scenario
+from qualify.scenarios.base import ScenarioContext, outcome, scenario
 from qualify.timing import spends
 
 STEPS = 5
@@ -167,7 +167,8 @@ def _paused_owner(ctx: ScenarioContext, *, resume: bool) -> None:
     stopped_at, stopped_mono = ctx.db_now(), time.monotonic()
     lease = ctx.deployment.lease
     session_end = session_ended_after(ctx, lease_backends, stopped_at, timeout_s=lease + 10)
-    ctx.figures["lease_session_ended_after_sigstop_s"] = session_end if session_end is not None else -1.0
+    ctx.figure("lease_session_ended_after_sigstop_s", session_end if session_end is not None else -1.0,
+               at_most=lease + 0.5, unit="s")
     # PostgreSQL ends the paused owner's session itself (idle_session_timeout = the lease)
     # at most a lease after its last statement, a touch that came before the pause; the
     # 0.5 s is the poll below and a loaded machine's scheduling, not a part of the lease.
@@ -179,7 +180,6 @@ def _paused_owner(ctx: ScenarioContext, *, resume: bool) -> None:
     takeover = taken_over_after(ctx, run_id, held["attempt"], stopped_at, timeout_s=2 * h + 30)
     if takeover is None:
         raise HarnessError("no attempt took over from the paused owner")
-    ctx.figures["takeover_after_sigstop_s"] = takeover
     # Bound, the slowest path at the harness's lease = H, where Temporal's heartbeat timeout
     # usually ends the paused attempt before the watcher does (figure takeover_by_watcher):
     # H plus two of the server's timers (the timeout, then the retry's backoff; up to 1 s
@@ -187,6 +187,7 @@ def _paused_owner(ctx: ScenarioContext, *, resume: bool) -> None:
     # paused worker's outstanding poll, failed by the watcher after its unclaimed bound
     # and retried, 3 s more. Measured 1.8-3.0 s (one 4.4 s in about 40 runs).
     bound = h + 6
+    ctx.figure("takeover_after_sigstop_s", takeover, at_most=bound, unit="s")
     ctx.expect(f"a new attempt took over within H + 6 s ({bound:g} s)",
                takeover is not None and takeover <= bound,
                f"took over after {takeover} s; heartbeat timeout H = {h} s, lease {lease} s", "R-EXEC-2")
@@ -488,7 +489,7 @@ def poison_step(ctx: ScenarioContext) -> None:
     run = ctx.wait_terminal(api, run_id, timeout_s=60)
     ctx.expect("the run failed agent_step_asks_exhausted",
                (run["state"], run["error_code"]) == ("failed", "agent_step_asks_exhausted"),
-               f"{run['state']} {run['error_code']}", "R-EXEC-12", "R-EXEC-6")
+               outcome(run), "R-EXEC-12", "R-EXEC-6")
     steps = Counter(c["step"] for c in provider_calls(ctx, run_id))
     ctx.expect(f"step 1 asked exactly {asks} times, step 2 never", steps == Counter({1: asks}),
                f"calls per step {dict(steps)}", "R-EXEC-12")

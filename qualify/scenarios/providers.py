@@ -249,7 +249,7 @@ def openai_provider_stream_breaks(ctx: ScenarioContext) -> None:
                "; ".join(streams) or f"{len(runs)} runs", "R-PROV-1", "R-EVENT-1", judged=len(runs))
     waited = [r for r in _requests(ctx.control) if _script(r).get("fail") == {"1": 429}]
     if len(waited) >= 2:
-        ctx.figures["retry_after_429_s"] = round(waited[1]["t"] - waited[0]["t"], 3)
+        ctx.figure("retry_after_429_s", round(waited[1]["t"] - waited[0]["t"], 3), at_least=0.95, unit="s")
     ctx.expect("the 429's Retry-After (1 s) was waited before the retry",
                len(waited) >= 2 and waited[1]["t"] - waited[0]["t"] >= 0.95,
                f"asked at {[round(r['t'] - waited[0]['t'], 3) for r in waited]}" if waited else "never asked",

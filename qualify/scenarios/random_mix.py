@@ -284,8 +284,10 @@ def run_schedule(ctx: ScenarioContext, schedule: Schedule) -> None:
                    *(("R-EXEC-4", "R-EXEC-8") if workers.skewed else ("R-EXEC-4",)))
 
 
-def schedule_scenario(schedule: Schedule, scenario_id: str = "schedule") -> Scenario:
-    """A scenario that executes ``schedule`` (its faults must all land)."""
+def schedule_scenario(schedule: Schedule, scenario_id: str = "schedule", *,
+                      schedule_file: str | None = None) -> Scenario:
+    """A scenario that executes ``schedule`` (its faults must all land); ``schedule_file``
+    when it was read from a saved one (its repro line replays that file)."""
     return Scenario(
         id=scenario_id,
         title=f"random schedule: {len(schedule.runs)} runs, faults "
@@ -298,6 +300,7 @@ def schedule_scenario(schedule: Schedule, scenario_id: str = "schedule") -> Scen
         body=lambda ctx: run_schedule(ctx, schedule),
         faults=tuple(f.action for f in schedule.faults),
         schedule=schedule.to_json(),
+        schedule_file=schedule_file,
         needs_platform=any(f.action in PLATFORM_ACTIONS for f in schedule.faults),
     )
 

@@ -132,7 +132,7 @@ def takeover_after_sigkill(ctx: ScenarioContext) -> None:
     killed_at = ctx.db_now()
     at = _checkpoint_at(ctx, run_id, 2, timeout_s=WITHIN_S)
     took = None if at is None else round(at - killed_at, 3)
-    ctx.figures["takeover_after_sigkill_s"] = took if took is not None else -1.0
+    ctx.figure("takeover_after_sigkill_s", took if took is not None else -1.0, at_most=TAKEOVER_S, unit="s")
     ended = [f for f in watcher_failures(workers) if f["run_id"] == run_id]
     ctx.expect(f"a survivor committed the next checkpoint within the lease + 2 s ({TAKEOVER_S:g} s) of the "
                f"kill (heartbeat timeout {SLOW_HB_S:.0f} s)", took is not None and took <= TAKEOVER_S,
@@ -177,8 +177,9 @@ def takeover_of_a_swallowed_retry(ctx: ScenarioContext) -> None:
                      if f["run_id"] == run_id and f["by"] == "unclaimed"]
         time.sleep(0.05)
     ended = [f for f in watcher_failures([watcher]) if f["run_id"] == run_id]
-    ctx.figures["swallowed_attempt_ended_after_s"] = (
-        round(float(swallowed[0]["t"]) - stopped_wall, 3) if swallowed else -1.0)
+    ctx.figure("swallowed_attempt_ended_after_s",
+               round(float(swallowed[0]["t"]) - stopped_wall, 3) if swallowed else -1.0,
+               at_most=SWALLOWED_S, unit="s")
     ctx.expect("the watcher failed the paused owner by its task token",
                any(f["by"] == "token" and f["attempt"] == held["attempt"] for f in ended),
                f"watcher failures {ended}", "R-EXEC-13")
@@ -374,8 +375,9 @@ def operator_resets_a_running_activity(ctx: ScenarioContext) -> None:
         reclaimed = rows[0][0] if rows and rows[0][0] is not None else None
         if reclaimed is None:
             time.sleep(0.05)
-    ctx.figures["takeover_after_reset_s"] = round(reclaimed - reset_at, 3) if reclaimed else -1.0
     h = ctx.deployment.heartbeat_timeout_s
+    ctx.figure("takeover_after_reset_s", round(reclaimed - reset_at, 3) if reclaimed else -1.0,
+               at_most=h + 3, unit="s")
     # The cancel rides the owner's next heartbeat (at most the throttle, below H), then the
     # retry's try-lock may meet the old session a timer (up to the default 1 s shift) or two
     # more; an owner that ignored the cancel would keep its session and write on, and no
@@ -525,7 +527,7 @@ def _stranded(ctx: ScenarioContext, *, beside_another_deployment: bool) -> None:
     run = _terminal_within(ctx, api, run_id, STRANDED_WITHIN_S)
     done = ctx.sql("SELECT extract(epoch FROM completed_at)::float8 FROM runs WHERE run_id = %s", run_id)[0][0]
     took = round(float(done) - started, 3) if done is not None else -1.0
-    ctx.figures["stranded_retry_taken_over_s"] = took
+    ctx.figure("stranded_retry_taken_over_s", took, at_most=STRANDED_WITHIN_S, unit="s")
     ctx.expect(f"the run completed within {STRANDED_WITHIN_S:.0f} s of the third worker's start",
                run["state"] == "completed" and 0 <= took <= STRANDED_WITHIN_S,
                f"{run['state']} after {took} s (database clock)", "R-EXEC-13")
@@ -638,7 +640,7 @@ def owner_paused_mid_run(ctx: ScenarioContext) -> None:
     bound = DEFAULT_LEASE_S + 1.5
     took = taken_over_after(ctx, run_id, held["attempt"], stopped_at,
                              timeout_s=DEFAULT_HEARTBEAT_TIMEOUT_S + 30)
-    ctx.figures["takeover_after_sigstop_mid_run_s"] = took if took is not None else -1.0
+    ctx.figure("takeover_after_sigstop_mid_run_s", took if took is not None else -1.0, at_most=bound, unit="s")
     ctx.expect(f"a later attempt took the run over within the lease + 1.5 s ({bound:g} s)",
                took is not None and took <= bound,
                f"first write of a later attempt {took} s after the SIGSTOP (database clock)", "R-EXEC-13")
