@@ -483,8 +483,8 @@ CATALOG: tuple[Mutant, ...] = (
         "watcher-forgets-the-lost-worker",
         "a retry swallowed by the lost owner's own worker is judged on the short bound (R-EXEC-13)",
         (Patch("qimpl/takeover.py",
-               "            seen.lost_workers.add(pending.worker)\n",
-               "            pass\n"),),
+               "                seen.lost_workers.add(pending.worker)\n",
+               "                pass\n"),),
         "takeover-of-a-swallowed-retry",
         "the swallowed retry was judged as taken by the paused owner's own worker "
         "(the shorter bound: unclaimed / 3)"),
