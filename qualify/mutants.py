@@ -448,13 +448,13 @@ CATALOG: tuple[Mutant, ...] = (
     Mutant(
         "poison-step-asked-forever", "a step is asked a bounded number of times whatever ends its asks (R-EXEC-12)",
         (Patch("qimpl/workflows/activities.py",
-               "            if await owner.asks(step) >= inp.max_provider_failures:\n",
+               "            if asked >= inp.max_provider_failures:\n",
                "            if False:\n"),),
         "poison-step", "the run failed agent_step_asks_exhausted"),
     Mutant(
         "crash-loop-left-to-the-deadline", "a crash loop is judged by the generic checker, not only by its scenario (R-EXEC-12)",
         (Patch("qimpl/workflows/activities.py",
-               "            if await owner.asks(step) >= inp.max_provider_failures:\n",
+               "            if asked >= inp.max_provider_failures:\n",
                "            if False:\n"),),
         "poison-step", "no crash loop: each step asked a bounded number of times, attempts make progress"),
     Mutant(

@@ -125,6 +125,28 @@ async def _counted(run_id: str, step: int) -> AsyncIterator[None]:
         raise _StepFailed(f"unstored_result:{type(exc).__name__}") from None
 
 
+@contextlib.asynccontextmanager
+async def _restoring(run_id: str) -> AsyncIterator[None]:
+    """Reading what an attempt goes on from, before it asks the provider: the latest
+    checkpoint (whose fold raises ValueError on a broken delta chain), the tool journal,
+    the workspace grant, the last failure's backoff, a step's asks. Any failure while the
+    lease session lives is one counted failure (R-EXEC-6), ``unrestored_state:<type>``,
+    so a run whose state cannot be read ends ``failed`` with a safe code after
+    ``max_provider_failures`` attempts, each after its backoff, instead of failing an
+    attempt that Temporal retries without limit until the deadline expires the run
+    (issue 56, item 3). Only the exception's type is logged, never its text. Lost
+    ownership and the deadline pass through; after a lost session the count itself
+    fails, and the next attempt retries as after any lost lease."""
+    try:
+        yield
+    except (LostOwnership, DeadlinePassed):
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to read the run's state is counted
+        log.warning("run %s could not be restored: %s", run_id, type(exc).__name__,
+                    extra={"run_id": run_id, "event": "activity.restore_failed"})
+        raise _StepFailed(f"unrestored_state:{type(exc).__name__}") from None
+
+
 def _failure_kind(exc: Exception) -> str:
     """The log's and the call record's word for a provider error: its fixed ``code``
     when it is a ``ProviderFailed`` (R-PROV-1), else its type's name; never its text."""
@@ -323,7 +345,8 @@ class AgentActivities:
                 # The last counted failure's attempt died before it could end the run.
                 code = "agent_attempts_exhausted"
                 return repo.outcome(await owner.fail(code, SAFE_MESSAGES[code]))
-            await self._wait_out_backoff(owner, row, inp)
+            async with _restoring(inp.run_id):
+                await self._wait_out_backoff(owner, row, inp)
             return await self._steps(owner, row, inp)
         except DeadlinePassed:
             return repo.outcome(await owner.expire())
@@ -331,28 +354,29 @@ class AgentActivities:
             return await self._count(owner, inp, failure)
 
     async def _steps(self, owner: RunOwner, row: dict[str, Any], inp: RunInput) -> dict[str, Any]:
-        checkpoint = await repo.latest_checkpoint(owner.conn, inp.run_id)
-        step = int(checkpoint["step"]) if checkpoint else 0
-        state: dict[str, Any] = dict(checkpoint["state"]) if checkpoint else {}
-        # The state of the run's latest checkpoint (None until it has one), kept apart from
-        # the one the provider is handed: a provider that changes its state in place must
-        # not change what the next checkpoint's delta is taken from.
-        saved: dict[str, Any] | None = copy.deepcopy(state) if checkpoint else None
-        answer: str | None = checkpoint["answer"] if checkpoint else None
-        # A park checkpointed by this generation parks again; a resumed generation goes on.
-        pending: dict[str, Any] | None = (
-            checkpoint["pending"] if checkpoint and checkpoint["generation"] == inp.generation else None)
-        # The pre-tool checkpoint's calls: settled ones are reused, the rest run (R-TOOL-2).
-        calls: list[dict[str, Any]] = list(checkpoint["tool_calls"] or []) if checkpoint else []
-        inputs = tuple(str(i) for i in (row["request_json"] or {}).get("inputs", []))
-        decisions = tuple((row["request_json"] or {}).get("decisions", []))
-        usage: dict[str, Any] = dict(row["usage"] or {})
-        results = tool_results(await journal_db.invocations(owner.conn, inp.run_id))
-        # Read at every attempt, under the tenant's row-level security: a revoked grant is
-        # None from the next attempt on. Never stored, logged or projected (R-READ-3).
-        workspace_id = str(row["workspace_id"])
-        grant = await repo.workspace_grant(owner.conn, tenant_id=inp.tenant_id,
-                                           principal_id=row["principal_id"], workspace_id=workspace_id)
+        async with _restoring(inp.run_id):  # nothing asked yet: a failure here is counted too
+            checkpoint = await repo.latest_checkpoint(owner.conn, inp.run_id)
+            step = int(checkpoint["step"]) if checkpoint else 0
+            state: dict[str, Any] = dict(checkpoint["state"]) if checkpoint else {}
+            # The state of the run's latest checkpoint (None until it has one), kept apart
+            # from the one the provider is handed: a provider that changes its state in
+            # place must not change what the next checkpoint's delta is taken from.
+            saved: dict[str, Any] | None = copy.deepcopy(state) if checkpoint else None
+            answer: str | None = checkpoint["answer"] if checkpoint else None
+            # A park checkpointed by this generation parks again; a resumed one goes on.
+            pending: dict[str, Any] | None = (
+                checkpoint["pending"] if checkpoint and checkpoint["generation"] == inp.generation else None)
+            # The pre-tool checkpoint's calls: settled ones are reused, the rest run (R-TOOL-2).
+            calls: list[dict[str, Any]] = list(checkpoint["tool_calls"] or []) if checkpoint else []
+            inputs = tuple(str(i) for i in (row["request_json"] or {}).get("inputs", []))
+            decisions = tuple((row["request_json"] or {}).get("decisions", []))
+            usage: dict[str, Any] = dict(row["usage"] or {})
+            results = tool_results(await journal_db.invocations(owner.conn, inp.run_id))
+            # Read at every attempt, under the tenant's row-level security: a revoked grant
+            # is None from the next attempt on. Never stored, logged or projected (R-READ-3).
+            workspace_id = str(row["workspace_id"])
+            grant = await repo.workspace_grant(owner.conn, tenant_id=inp.tenant_id,
+                                               principal_id=row["principal_id"], workspace_id=workspace_id)
         while answer is None and pending is None:
             if calls:
                 async with _counted(inp.run_id, step):
@@ -363,11 +387,14 @@ class AgentActivities:
                             park.pending, usage=usage, error_code=park.error_code,
                             error_message=park.error_message))
                 calls = []
-                results = tool_results(await journal_db.invocations(owner.conn, inp.run_id))
+                async with _restoring(inp.run_id):
+                    results = tool_results(await journal_db.invocations(owner.conn, inp.run_id))
             if owner.seconds_left() <= 0:
                 return repo.outcome(await owner.expire())
             step += 1
-            if await owner.asks(step) >= inp.max_provider_failures:
+            async with _restoring(inp.run_id):
+                asked = await owner.asks(step)
+            if asked >= inp.max_provider_failures:
                 # Asked that often and never saved: each attempt died between the answer and
                 # the checkpoint (a poison step). Bounded like counted failures (R-EXEC-12).
                 log.warning("step %s of run %s asked %s times without a checkpoint: failing the run",
