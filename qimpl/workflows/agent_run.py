@@ -12,14 +12,15 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, TimeoutType
+from temporalio.exceptions import ActivityError, RetryState, TimeoutType
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from qimpl.workflows import search_attributes as attrs
     from qimpl.workflows.types import FailInput, RunInput
 
-__all__ = ["REDISPATCH_PATCH_ID", "WORKFLOW_TYPE", "AgentRunWorkflowV2", "AgentRunWorkflowV3"]
+__all__ = ["DEADLINE_WAIT_PATCH_ID", "REDISPATCH_PATCH_ID", "WORKFLOW_TYPE", "AgentRunWorkflowV2",
+           "AgentRunWorkflowV3"]
 
 MIN_TIMEOUT = timedelta(seconds=1)
 
@@ -35,10 +36,27 @@ WORKFLOW_TYPE = "AgentRunWorkflowV3"
 #: recorded before it replays without it.
 REDISPATCH_PATCH_ID = "qimpl-redispatch-unstarted-1"
 
+#: Behind this patch (both versions), an agent activity Temporal gave up on before the
+#: run's deadline because its next retry would start after the activity's
+#: schedule-to-close timeout, which is the deadline (a counted failure whose backoff or
+#: ``Retry-After``, cut to the deadline, reaches it: ``qimpl.backoff.failure_delay``),
+#: waits for the deadline and expires the run, instead of failing it early: only the
+#: deadline expires a run, and one rate limit is one counted failure (R-EXEC-12,
+#: R-EXEC-6; issue 56, item 9). A history recorded before it fails such a run
+#: ``agent_activity_failed`` as it did, and replays so.
+DEADLINE_WAIT_PATCH_ID = "qimpl-wait-for-the-deadline-1"
+
 
 def _never_started(err: ActivityError) -> bool:
     """Whether the activity ended because no attempt of it started in time."""
     return isinstance(err.cause, ActivityTimeoutError) and err.cause.type == TimeoutType.SCHEDULE_TO_START
+
+
+def _out_of_time(err: ActivityError) -> bool:
+    """Whether Temporal gave the activity up because its time ran out (its next retry
+    would start after its schedule-to-close timeout, or that timeout fired), not because
+    of what an attempt reported: before the deadline, the run's own time is not over."""
+    return err.retry_state == RetryState.TIMEOUT
 
 
 class _Generation:
@@ -77,12 +95,20 @@ class _Generation:
                 )
                 return result
             except ActivityError as err:
-                overdue = workflow.now() >= datetime.fromisoformat(inp.deadline_at)
+                deadline = datetime.fromisoformat(inp.deadline_at)
+                overdue = workflow.now() >= deadline
                 if self._redispatch and not overdue and _never_started(err):
                     # Nothing of it ran: the run's lease, checkpoint and fence are as the
                     # last attempt left them, and the next attempt claims as any retry.
                     workflow.logger.warning("run %s: activity never started; scheduled again", inp.run_id)
                     continue
+                if not overdue and _out_of_time(err) and workflow.patched(DEADLINE_WAIT_PATCH_ID):
+                    # A retry the deadline leaves no room for (a Retry-After past it): the
+                    # run waits for its deadline, unowned, and then expires; a cancel
+                    # meanwhile cancels it (the API cancels the row first).
+                    workflow.logger.info("run %s: no retry before the deadline; waiting for it", inp.run_id)
+                    await workflow.sleep(deadline - workflow.now())
+                    overdue = True
                 code = "deadline_exceeded" if overdue else "agent_activity_failed"
                 workflow.logger.warning("run %s: activity gave up (%s)", inp.run_id, type(err.cause).__name__)
                 failed: dict[str, Any] = await workflow.execute_activity(

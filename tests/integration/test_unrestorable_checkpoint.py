@@ -6,21 +6,16 @@ its deadline, instead of being retried by Temporal until the deadline expires it
 
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
 
-from qualify.processes import Deployment, Processes
 from tests.conftest import assert_eventually
+from tests.integration.deployed import Deployed, create, deployed
 
 MAX_FAILURES = 3
 #: Far beyond what MAX_FAILURES counted failures take (backoff 0.2 s doubling): only an
@@ -31,38 +26,23 @@ BIG = "x" * 2000
 
 
 @pytest.fixture
-def deployment(stack: Any) -> Iterator[tuple[Processes, Path, str]]:
-    work = Path(tempfile.mkdtemp(prefix="qualify-restore-"))
-    (work / "control").mkdir()
-    dsn = stack.create_database()
-    processes = Processes(Deployment(
-        dsn=dsn, temporal_address=stack.info.temporal_address,
-        task_queue=f"restore-{uuid.uuid4().hex[:8]}", control_dir=work / "control",
-        logs_dir=work / "logs"))
-    try:
-        yield processes, work, dsn
-    finally:
-        processes.stop_all()
-        shutil.rmtree(work, ignore_errors=True)
+def deployment(stack: Any) -> Iterator[Deployed]:
+    with deployed(stack, "restore") as d:
+        yield d
 
 
 @pytest.mark.req("R-EXEC-6", "R-EXEC-12")
-def test_a_broken_delta_chain_fails_the_run_after_the_counted_bound(
-        deployment: tuple[Processes, Path, str]) -> None:
-    processes, work, dsn = deployment
+def test_a_broken_delta_chain_fails_the_run_after_the_counted_bound(deployment: Deployed) -> None:
+    dsn = deployment.dsn
     limit = {"QIMPL_PROVIDER_MAX_FAILURES": str(MAX_FAILURES)}
-    api = processes.api(**limit)
-    worker = processes.worker(**limit)
-    # Steps 1 and 2 are checkpointed (2 as a delta); step 3 holds at a barrier, then fails
-    # once (attempt 1): the next attempt must restore from the checkpoints.
-    prompt = json.dumps({"steps": 4, "state": {"big": BIG}, "barrier": {"step": 3, "name": "b"},
-                         "fail": {"steps": [3], "attempts": [1]}})
+    api = deployment.processes.api(**limit)
+    worker = deployment.processes.worker(**limit)
     with httpx.Client(base_url=api.base_url, headers={"Authorization": "Bearer dev-key"}, timeout=10) as http:
-        created = http.post("/v1/agents/a1/runs", headers={"Idempotency-Key": str(uuid.uuid4())},
-                            json={"prompt": prompt, "durable_temporal": True, "deadline_seconds": DEADLINE_S})
-        assert created.status_code == 202, created.text
-        run_id = created.json()["run_id"]
-        reached = work / "control" / "barrier.b.reached"
+        # Steps 1 and 2 are checkpointed (2 as a delta); step 3 holds at a barrier, then
+        # fails once (attempt 1): the next attempt must restore from the checkpoints.
+        run_id = create(http, {"steps": 4, "state": {"big": BIG}, "barrier": {"step": 3, "name": "b"},
+                               "fail": {"steps": [3], "attempts": [1]}}, deadline_s=DEADLINE_S)
+        reached = deployment.control / "barrier.b.reached"
         assert_eventually(reached.exists, timeout=timedelta(seconds=30), what="step 3 at its barrier")
         with psycopg.connect(dsn, autocommit=True) as conn:
             kinds = conn.execute("SELECT step, state_json IS NULL FROM run_checkpoints WHERE run_id = %s"
@@ -74,7 +54,7 @@ def test_a_broken_delta_chain_fails_the_run_after_the_counted_bound(
                 conn.execute("SET LOCAL session_replication_role = replica")
                 conn.execute("UPDATE run_checkpoints SET state_delta = '{\"append\": {\"trail\": 5}}'"
                              " WHERE run_id = %s AND step = 2", (run_id,))
-        (work / "control" / "barrier.b.release").touch()
+        (deployment.control / "barrier.b.release").touch()
 
         def ended() -> bool:
             return http.get(f"/v1/agents/a1/runs/{run_id}").json()["state"] not in (
