@@ -230,7 +230,7 @@ class AgentActivities:
         try:
             return await self._run_agent(inp, attempt, beat.cancel if beat else _nothing)
         except ApplicationError as exc:
-            if exc.type == "StepFailure":  # the lease is closed; the report with its delay is next
+            if exc.type in ("StepFailure", "DeadlineWait"):  # the lease is closed; the report is next
                 await BEFORE_FAILURE_REPORT.areach(run_id=inp.run_id, attempt=attempt)
             raise
         finally:
@@ -500,8 +500,19 @@ class AgentActivities:
         except DeadlinePassed:
             return repo.outcome(await owner.expire())
         await AFTER_FAILURE_COUNT.areach(run_id=inp.run_id, attempt=owner.attempt)
+        left = owner.seconds_left()
         delay = failure_delay(failures, base_s=inp.failure_backoff_s, max_s=inp.failure_backoff_max_s,
-                              retry_after_s=failure.retry_after_s, deadline_left_s=owner.seconds_left())
+                              retry_after_s=failure.retry_after_s, deadline_left_s=left)
+        if delay >= left:
+            # No ask fits before the deadline (a Retry-After past it): a retry at the
+            # deadline would race the activity's schedule-to-close, which Temporal may
+            # refuse or time out. The workflow waits for the deadline instead and expires
+            # the run there (DEADLINE_WAIT_PATCH_ID); this stays one counted failure.
+            log.info("run %s waits for its deadline, %.1f s away (failure %s of %s: %s)", inp.run_id,
+                     left, failures, inp.max_provider_failures, failure.kind,
+                     extra={"event": "activity.waits_for_deadline", "run_id": inp.run_id, "delay_s": left})
+            raise ApplicationError(f"step failed ({failure.kind}); {failures} of {inp.max_provider_failures};"
+                                   " no ask before the deadline", type="DeadlineWait", non_retryable=True)
         log.info("run %s asks again in %.1f s (failure %s of %s: %s)", inp.run_id, delay, failures,
                  inp.max_provider_failures, failure.kind,
                  extra={"event": "activity.failure_backoff", "run_id": inp.run_id, "delay_s": delay})

@@ -12,7 +12,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, RetryState, TimeoutType
+from temporalio.exceptions import ActivityError, ApplicationError, RetryState, TimeoutType
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
@@ -53,10 +53,12 @@ def _never_started(err: ActivityError) -> bool:
 
 
 def _out_of_time(err: ActivityError) -> bool:
-    """Whether Temporal gave the activity up because its time ran out (its next retry
-    would start after its schedule-to-close timeout, or that timeout fired), not because
-    of what an attempt reported: before the deadline, the run's own time is not over."""
-    return err.retry_state == RetryState.TIMEOUT
+    """Whether the activity ended for lack of time before the deadline, not for what an
+    attempt reported: its last counted failure leaves no ask before the deadline (its
+    ``DeadlineWait``, ``qimpl.workflows.activities``), or Temporal gave it up because its
+    next retry would start after its schedule-to-close timeout (the deadline)."""
+    return err.retry_state == RetryState.TIMEOUT or (
+        isinstance(err.cause, ApplicationError) and err.cause.type == "DeadlineWait")
 
 
 class _Generation:

@@ -7,16 +7,23 @@ limit is one counted failure (R-EXEC-6)."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
+from temporalio import activity
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from qimpl.lifecycle import workflow_id
+from qimpl.workflows.types import FailInput, RunInput
+from qimpl.workflows.worker import WORKFLOWS
 from tests.conftest import assert_eventually
 from tests.integration.deployed import Deployed, create, deployed
 
@@ -89,3 +96,47 @@ def test_a_run_waiting_out_a_retry_after_past_its_deadline_can_still_be_cancelle
         assert cancel.status_code == 200, cancel.text
         # Before the fix: {"cancelled": false, "state": "failed"}.
         assert cancel.json() == {"cancelled": True, "state": "cancelled"}, cancel.text
+
+
+# The workflow's own branch, with stub activities (in the sandbox): however the agent
+# activity ends for lack of time before the deadline, the run expires at the deadline.
+
+@activity.defn(name="run_agent_v2")
+async def _run_agent(inp: RunInput) -> dict[str, Any]:
+    if inp.run_id.startswith("refused"):
+        # A retry delay past the activity's schedule-to-close: Temporal refuses the retry
+        # and gives the activity up (retry state TIMEOUT), whatever the attempt said.
+        raise ApplicationError("step failed (provider_error:provider_http_429); 1 of 5",
+                               type="StepFailure", next_retry_delay=timedelta(seconds=600))
+    raise ApplicationError("step failed (provider_error:provider_http_429); 1 of 5; no ask before the deadline",
+                           type="DeadlineWait", non_retryable=True)
+
+
+@activity.defn(name="fail_run_v2")
+async def _fail_run(inp: FailInput) -> dict[str, Any]:
+    return {"run_id": inp.run_id, "state": inp.state, "error_code": inp.error_code}
+
+
+@pytest.mark.req("R-EXEC-12", "R-EXEC-6")
+@pytest.mark.parametrize("wf_type", ["AgentRunWorkflowV3", "AgentRunWorkflowV2"])
+@pytest.mark.parametrize("kind", ["refused", "deadline-wait"])
+def test_an_activity_out_of_time_before_the_deadline_expires_the_run_at_the_deadline(
+        stack: Any, wf_type: str, kind: str) -> None:
+    deadline_s = 3.0
+
+    async def go() -> tuple[dict[str, Any], float]:
+        client = await Client.connect(stack.info.temporal_address, namespace="default")
+        queue = f"outoftime-{uuid.uuid4().hex[:8]}"
+        run_id = f"{kind}-{uuid.uuid4().hex[:8]}"
+        deadline = datetime.now(UTC) + timedelta(seconds=deadline_s)
+        async with Worker(client, task_queue=queue, workflows=list(WORKFLOWS),
+                          activities=[_run_agent, _fail_run], workflow_runner=SandboxedWorkflowRunner()):
+            result: dict[str, Any] = await asyncio.wait_for(client.execute_workflow(
+                wf_type, RunInput(run_id=run_id, tenant_id="t", generation=1, deadline_at=deadline.isoformat()),
+                id=f"wf-{run_id}", task_queue=queue, task_timeout=timedelta(seconds=5)), timeout=30)
+        return result, (datetime.now(UTC) - deadline).total_seconds()
+
+    result, after_s = asyncio.run(go())
+    # Before the fix: failed agent_activity_failed at once, about 3 s before the deadline.
+    assert (result["state"], result["error_code"]) == ("expired", "deadline_exceeded"), result
+    assert after_s >= 0, f"ended {-after_s:.1f} s before the deadline"
