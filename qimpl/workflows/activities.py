@@ -570,6 +570,15 @@ class AgentActivities:
                                    type="DeadlineNotReached")
         return repo.outcome(row) if row else {"run_id": inp.run_id, "state": "unknown"}
 
+    @activity.defn(name="run_outcome_v2")
+    async def run_outcome(self, inp: RunInput) -> dict[str, Any]:
+        """The run's saved outcome as the database has it, read only: for a workflow whose
+        cancel request came where no activity's answer did (``CANCELLED_STATE_PATCH_ID``
+        in ``qimpl.workflows.agent_run``), so that it still tags its final state."""
+        async with await self._connect(inp.tenant_id) as conn:
+            row = await repo.get_run(conn, inp.run_id)
+        return repo.outcome(row) if row else {"run_id": inp.run_id, "state": "unknown"}
+
 
 def _first_error(group: BaseExceptionGroup[Any]) -> BaseException:
     """The error to raise for a failed task group: the first that is not a cancellation."""

@@ -7,19 +7,21 @@ time left before the run's deadline (R-EXEC-8).
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState, TimeoutType
+from temporalio.exceptions import CancelledError as ActivityCancelledError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from qimpl.workflows import search_attributes as attrs
     from qimpl.workflows.types import FailInput, RunInput
 
-__all__ = ["DEADLINE_WAIT_PATCH_ID", "REDISPATCH_PATCH_ID", "WORKFLOW_TYPE", "AgentRunWorkflowV2",
+__all__ = ["CANCELLED_STATE_PATCH_ID", "DEADLINE_WAIT_PATCH_ID", "REDISPATCH_PATCH_ID", "WORKFLOW_TYPE", "AgentRunWorkflowV2",
            "AgentRunWorkflowV3"]
 
 MIN_TIMEOUT = timedelta(seconds=1)
@@ -46,6 +48,15 @@ REDISPATCH_PATCH_ID = "qimpl-redispatch-unstarted-1"
 #: ``agent_activity_failed`` as it did, and replays so.
 DEADLINE_WAIT_PATCH_ID = "qimpl-wait-for-the-deadline-1"
 
+#: Behind this patch (both versions), a tagged workflow whose cancel request reaches it
+#: where no activity's result does — the agent activity answered in the very activation
+#: the cancel arrived in (the SDK then raises the cancel, not the answer: two cancels of
+#: one run 16 ms apart), while it waits for the deadline, or while ``fail_run_v2`` runs —
+#: reads the run's state (``run_outcome_v2``), sets ``QimplRunState`` to it and
+#: completes, as every other way it ends does, instead of ending ``Canceled`` with no
+#: state (issue 56, item 13). A history recorded before it ends as it did, and replays so.
+CANCELLED_STATE_PATCH_ID = "qimpl-cancelled-state-1"
+
 
 def _never_started(err: ActivityError) -> bool:
     """Whether the activity ended because no attempt of it started in time."""
@@ -61,6 +72,13 @@ def _out_of_time(err: ActivityError) -> bool:
         isinstance(err.cause, ApplicationError) and err.cause.type == "DeadlineWait")
 
 
+def _cancelled(exc: BaseException) -> bool:
+    """Whether ``exc`` is the workflow's cancel request: raised into its code, or as the
+    cancellation of the activity it was waiting for."""
+    return isinstance(exc, asyncio.CancelledError) or (
+        isinstance(exc, ActivityError) and isinstance(exc.cause, ActivityCancelledError))
+
+
 class _Generation:
     """What both versions run: the agent activity until it returns, and the run's state
     as a search attribute when ``tagged``."""
@@ -69,7 +87,17 @@ class _Generation:
     _redispatch: bool
 
     async def _tagged(self, inp: RunInput, tagged: bool) -> dict[str, Any]:
-        outcome = await self._generation(inp)
+        try:
+            outcome = await self._generation(inp)
+        except (asyncio.CancelledError, ActivityError) as exc:
+            if not (tagged and _cancelled(exc) and workflow.patched(CANCELLED_STATE_PATCH_ID)):
+                raise
+            # Whoever cancels wrote the run's end first (the API's cancel, the reconciler's
+            # expiry): the database says how this generation ended.
+            workflow.logger.info("run %s: cancel request; reading the run's state", inp.run_id)
+            outcome = await workflow.execute_activity(
+                "run_outcome_v2", inp, start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=2)))
         if tagged and isinstance(outcome.get("state"), str):
             workflow.upsert_search_attributes([attrs.RUN_STATE.value_set(outcome["state"])])
         return outcome
