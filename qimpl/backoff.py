@@ -12,12 +12,17 @@ again before it expires, or expires.
 
 from __future__ import annotations
 
-import email.utils
+import re
+from datetime import UTC, datetime
 
-__all__ = ["DEFAULT_BASE_S", "DEFAULT_MAX_S", "backoff_left", "failure_delay", "parse_retry_after"]
+__all__ = ["DEFAULT_BASE_S", "DEFAULT_MAX_S", "MAX_RETRY_AFTER_S", "backoff_left", "failure_delay",
+           "parse_retry_after"]
 
 DEFAULT_BASE_S = 3.0
 DEFAULT_MAX_S = 30.0
+#: The longest ``Retry-After`` kept, seconds: a day, the longest deadline a run can have
+#: (R-EXEC-8). A longer one is cut to it (and ``failure_delay`` cuts it to the deadline).
+MAX_RETRY_AFTER_S = 86_400.0
 
 
 def failure_delay(failures: int, *, base_s: float = DEFAULT_BASE_S, max_s: float = DEFAULT_MAX_S,
@@ -53,18 +58,64 @@ def backoff_left(failures: int, since_failure_s: float | None, *, base_s: float 
     return max(delay - since_failure_s, 0.0)
 
 
-def parse_retry_after(value: str | None, *, now: float) -> float | None:
-    """An HTTP ``Retry-After`` value (RFC 9110: delay seconds, or an HTTP date) as seconds
-    from ``now`` (epoch s); None for a missing or unreadable value. Never negative."""
-    if not value or not value.strip():
+_DAYS = "Mon|Tue|Wed|Thu|Fri|Sat|Sun"
+_LONG_DAYS = "Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday"
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_MONTH = "|".join(_MONTHS)
+_TIME = r"([0-9]{2}):([0-9]{2}):([0-9]{2})"
+# RFC 9110, section 5.6.7: the three HTTP-date forms, case-sensitive, ASCII digits only
+# (``[0-9]``, never ``\d``, which matches any script's digits).
+_IMF_FIXDATE = re.compile(rf"(?:{_DAYS}), ([0-9]{{2}}) ({_MONTH}) ([0-9]{{4}}) {_TIME} GMT")
+_RFC850_DATE = re.compile(rf"(?:{_LONG_DAYS}), ([0-9]{{2}})-({_MONTH})-([0-9]{{2}}) {_TIME} GMT")
+_ASCTIME_DATE = re.compile(rf"(?:{_DAYS}) ({_MONTH}) ([0-9 ][0-9]) {_TIME} ([0-9]{{4}})")
+_DELAY_SECONDS = re.compile(r"[0-9]+")
+
+
+def _http_date(text: str, *, now: float) -> float | None:
+    """``text`` as an HTTP-date (RFC 9110, 5.6.7), epoch seconds; None when it is not one
+    (or names no real time: 31 Feb, hour 24, year 0). A two-digit rfc850 year that would be
+    more than 50 years ahead of ``now`` is the latest such year in the past, as the RFC
+    says; a leap second (``:60``) is read as ``:59``."""
+    if m := _IMF_FIXDATE.fullmatch(text):
+        day, month, year, hh, mm, ss = m.groups()
+    elif m := _RFC850_DATE.fullmatch(text):
+        day, month, yy, hh, mm, ss = m.groups()
+        try:
+            this_year = datetime.fromtimestamp(now, UTC).year
+        except (ValueError, OverflowError, OSError):
+            return None
+        year = str(this_year - this_year % 100 + int(yy))
+        if int(year) > this_year + 50:
+            year = str(int(year) - 100)
+    elif m := _ASCTIME_DATE.fullmatch(text):
+        month, day, hh, mm, ss, year = m.groups()
+    else:
         return None
-    text = value.strip()
-    if text.isdigit():
-        return float(text)
     try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
+        when = datetime(int(year), _MONTHS.index(month) + 1, int(day), int(hh), int(mm),
+                        min(int(ss), 59), tzinfo=UTC)
+    except ValueError:
         return None
-    if when is None or when.tzinfo is None:
+    return when.timestamp()
+
+
+def parse_retry_after(value: str | None, *, now: float) -> float | None:
+    """An HTTP ``Retry-After`` value as seconds from ``now`` (epoch s), as RFC 9110
+    (section 10.2.3) reads it: ``delay-seconds`` (``1*DIGIT``, ASCII digits only) or an
+    HTTP-date (``_http_date``), with the field's surrounding spaces and tabs dropped.
+    Anything else (a fraction, a sign, an exponent, another script's digits such as
+    ``¹`` or ``٣``, two values, garbage) is None: ignored, never an exception. Never
+    negative (a date past is 0) and never above ``MAX_RETRY_AFTER_S``."""
+    if value is None:
         return None
-    return max(when.timestamp() - now, 0.0)
+    text = value.strip(" \t")
+    if _DELAY_SECONDS.fullmatch(text):
+        digits = text.lstrip("0")
+        # Compared by length first: int() refuses strings of more than 4,300 digits.
+        if len(digits) > len(str(int(MAX_RETRY_AFTER_S))):
+            return MAX_RETRY_AFTER_S
+        return min(float(int(digits or "0")), MAX_RETRY_AFTER_S)
+    when = _http_date(text, now=now)
+    if when is None:
+        return None
+    return min(max(when - now, 0.0), MAX_RETRY_AFTER_S)

@@ -189,6 +189,9 @@ class _Seen:
     described: float | None = None  # monotonic: the last time Temporal was asked
     #: Workers whose attempt of this run lost the lease (paused or dead).
     lost_workers: set[str] = field(default_factory=set)
+    #: This watcher ended the run's last attempt (by its token or its id) because the
+    #: lease was gone, and no retry in backoff has been seen since to name its worker.
+    lease_lost: bool = False
     #: Moved to this watcher's takeover queue in this stretch (holds a takeover slot).
     moved: bool = False
     #: Whether the run's workflow schedules a never-started activity again; None: not
@@ -234,6 +237,7 @@ class TakeoverTracker:
         seen = self._runs.get(key)
         if seen is not None:
             seen.token_failed = token
+            seen.lease_lost = True
 
     def wants_describe(self, key: tuple[str, int], now: float, poll_s: float) -> bool:
         """Whether to ask Temporal about the orphan's pending activity now: once it has
@@ -273,14 +277,19 @@ class TakeoverTracker:
         run stayed orphaned, or for ``2 x unclaimed_s`` if it heartbeated (a dead owner
         whose token could not be used), or for ``unclaimed_s / 3`` if the worker that
         started it is one whose attempt lost this run's lease (seen as the worker of a
-        retry in backoff): fail it by id."""
+        retry in backoff after this watcher ended that attempt, or after Temporal timed it
+        out; never after a counted failure, which a live worker reports): fail it by id."""
         seen = self._runs.get(key)
         if seen is None:
             return False
         if pending is not None and pending.state == "scheduled" and pending.worker:
-            # A retry waiting out its backoff names the worker of the attempt that failed:
-            # the one that lost the lease.
-            seen.lost_workers.add(pending.worker)
+            # A retry waiting out its backoff names the worker of the attempt that failed.
+            # That worker is lost only when the attempt lost the lease (this watcher ended
+            # it) or Temporal timed it out; a counted failure (``StepFailure``) is reported
+            # by a live worker, whose next attempt must not be failed on the short bound.
+            if pending.timed_out or seen.lease_lost:
+                seen.lost_workers.add(pending.worker)
+            seen.lease_lost = False
         if pending is None or pending.state != "started":
             seen.pending = None
             return False
@@ -306,6 +315,7 @@ class TakeoverTracker:
         seen = self._runs.get(key)
         if seen is not None:
             seen.pending = None
+            seen.lease_lost = True
 
     def moved(self, key: tuple[str, int]) -> None:
         """The orphan's activity was moved to this watcher's takeover queue."""

@@ -490,13 +490,13 @@ CATALOG: tuple[Mutant, ...] = (
     Mutant(
         "poison-step-asked-forever", "a step is asked a bounded number of times whatever ends its asks (R-EXEC-12)",
         (Patch("qimpl/workflows/activities.py",
-               "            if await owner.asks(step) >= inp.max_provider_failures:\n",
+               "            if asked >= inp.max_provider_failures:\n",
                "            if False:\n"),),
         "poison-step", "the run failed agent_step_asks_exhausted"),
     Mutant(
         "crash-loop-left-to-the-deadline", "a crash loop is judged by the generic checker, not only by its scenario (R-EXEC-12)",
         (Patch("qimpl/workflows/activities.py",
-               "            if await owner.asks(step) >= inp.max_provider_failures:\n",
+               "            if asked >= inp.max_provider_failures:\n",
                "            if False:\n"),),
         "poison-step", "no crash loop: each step asked a bounded number of times, attempts make progress"),
     Mutant(
@@ -525,8 +525,8 @@ CATALOG: tuple[Mutant, ...] = (
         "watcher-forgets-the-lost-worker",
         "a retry swallowed by the lost owner's own worker is judged on the short bound (R-EXEC-13)",
         (Patch("qimpl/takeover.py",
-               "            seen.lost_workers.add(pending.worker)\n",
-               "            pass\n"),),
+               "                seen.lost_workers.add(pending.worker)\n",
+               "                pass\n"),),
         "takeover-of-a-swallowed-retry",
         "the swallowed retry was judged as taken by the paused owner's own worker "
         "(the shorter bound: unclaimed / 3)"),

@@ -168,7 +168,8 @@ class RunView(BaseModel):
     error_code: str | None
     error_message: str | None
     #: The safe code of the run's last counted failure (a provider error such as
-    #: ``provider_error:provider_unreachable``, or ``unstored_result:…``), whatever its end:
+    #: ``provider_error:provider_unreachable``, ``unstored_result:…`` or, when the run's
+    #: checkpoint, journal or grant could not be read, ``unrestored_state:…``), whatever its end:
     #: why a run ended ``agent_attempts_exhausted``; null when none was counted (R-EXEC-6).
     last_failure_code: str | None = None
     usage: dict[str, Any] = Field(description=(

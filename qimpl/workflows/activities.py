@@ -125,6 +125,28 @@ async def _counted(run_id: str, step: int) -> AsyncIterator[None]:
         raise _StepFailed(f"unstored_result:{type(exc).__name__}") from None
 
 
+@contextlib.asynccontextmanager
+async def _restoring(run_id: str) -> AsyncIterator[None]:
+    """Reading what an attempt goes on from, before it asks the provider: the latest
+    checkpoint (whose fold raises ValueError on a broken delta chain), the tool journal,
+    the workspace grant, the last failure's backoff, a step's asks. Any failure while the
+    lease session lives is one counted failure (R-EXEC-6), ``unrestored_state:<type>``,
+    so a run whose state cannot be read ends ``failed`` with a safe code after
+    ``max_provider_failures`` attempts, each after its backoff, instead of failing an
+    attempt that Temporal retries without limit until the deadline expires the run
+    (issue 56, item 3). Only the exception's type is logged, never its text. Lost
+    ownership and the deadline pass through; after a lost session the count itself
+    fails, and the next attempt retries as after any lost lease."""
+    try:
+        yield
+    except (LostOwnership, DeadlinePassed):
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to read the run's state is counted
+        log.warning("run %s could not be restored: %s", run_id, type(exc).__name__,
+                    extra={"run_id": run_id, "event": "activity.restore_failed"})
+        raise _StepFailed(f"unrestored_state:{type(exc).__name__}") from None
+
+
 def _failure_kind(exc: Exception) -> str:
     """The log's and the call record's word for a provider error: its fixed ``code``
     when it is a ``ProviderFailed`` (R-PROV-1), else its type's name; never its text."""
@@ -208,7 +230,7 @@ class AgentActivities:
         try:
             return await self._run_agent(inp, attempt, beat.cancel if beat else _nothing)
         except ApplicationError as exc:
-            if exc.type == "StepFailure":  # the lease is closed; the report with its delay is next
+            if exc.type in ("StepFailure", "DeadlineWait"):  # the lease is closed; the report is next
                 await BEFORE_FAILURE_REPORT.areach(run_id=inp.run_id, attempt=attempt)
             raise
         finally:
@@ -330,7 +352,8 @@ class AgentActivities:
                 # The last counted failure's attempt died before it could end the run.
                 code = "agent_attempts_exhausted"
                 return repo.outcome(await owner.fail(code, SAFE_MESSAGES[code]))
-            await self._wait_out_backoff(owner, row, inp)
+            async with _restoring(inp.run_id):
+                await self._wait_out_backoff(owner, row, inp)
             return await self._steps(owner, row, inp)
         except DeadlinePassed:
             return repo.outcome(await owner.expire())
@@ -338,28 +361,29 @@ class AgentActivities:
             return await self._count(owner, inp, failure, counted=int(row["provider_failures"]))
 
     async def _steps(self, owner: RunOwner, row: dict[str, Any], inp: RunInput) -> dict[str, Any]:
-        checkpoint = await repo.latest_checkpoint(owner.conn, inp.run_id)
-        step = int(checkpoint["step"]) if checkpoint else 0
-        state: dict[str, Any] = dict(checkpoint["state"]) if checkpoint else {}
-        # The state of the run's latest checkpoint (None until it has one), kept apart from
-        # the one the provider is handed: a provider that changes its state in place must
-        # not change what the next checkpoint's delta is taken from.
-        saved: dict[str, Any] | None = copy.deepcopy(state) if checkpoint else None
-        answer: str | None = checkpoint["answer"] if checkpoint else None
-        # A park checkpointed by this generation parks again; a resumed generation goes on.
-        pending: dict[str, Any] | None = (
-            checkpoint["pending"] if checkpoint and checkpoint["generation"] == inp.generation else None)
-        # The pre-tool checkpoint's calls: settled ones are reused, the rest run (R-TOOL-2).
-        calls: list[dict[str, Any]] = list(checkpoint["tool_calls"] or []) if checkpoint else []
-        inputs = tuple(str(i) for i in (row["request_json"] or {}).get("inputs", []))
-        decisions = tuple((row["request_json"] or {}).get("decisions", []))
-        usage: dict[str, Any] = dict(row["usage"] or {})
-        results = tool_results(await journal_db.invocations(owner.conn, inp.run_id))
-        # Read at every attempt, under the tenant's row-level security: a revoked grant is
-        # None from the next attempt on. Never stored, logged or projected (R-READ-3).
-        workspace_id = str(row["workspace_id"])
-        grant = await repo.workspace_grant(owner.conn, tenant_id=inp.tenant_id,
-                                           principal_id=row["principal_id"], workspace_id=workspace_id)
+        async with _restoring(inp.run_id):  # nothing asked yet: a failure here is counted too
+            checkpoint = await repo.latest_checkpoint(owner.conn, inp.run_id)
+            step = int(checkpoint["step"]) if checkpoint else 0
+            state: dict[str, Any] = dict(checkpoint["state"]) if checkpoint else {}
+            # The state of the run's latest checkpoint (None until it has one), kept apart
+            # from the one the provider is handed: a provider that changes its state in
+            # place must not change what the next checkpoint's delta is taken from.
+            saved: dict[str, Any] | None = copy.deepcopy(state) if checkpoint else None
+            answer: str | None = checkpoint["answer"] if checkpoint else None
+            # A park checkpointed by this generation parks again; a resumed one goes on.
+            pending: dict[str, Any] | None = (
+                checkpoint["pending"] if checkpoint and checkpoint["generation"] == inp.generation else None)
+            # The pre-tool checkpoint's calls: settled ones are reused, the rest run (R-TOOL-2).
+            calls: list[dict[str, Any]] = list(checkpoint["tool_calls"] or []) if checkpoint else []
+            inputs = tuple(str(i) for i in (row["request_json"] or {}).get("inputs", []))
+            decisions = tuple((row["request_json"] or {}).get("decisions", []))
+            usage: dict[str, Any] = dict(row["usage"] or {})
+            results = tool_results(await journal_db.invocations(owner.conn, inp.run_id))
+            # Read at every attempt, under the tenant's row-level security: a revoked grant
+            # is None from the next attempt on. Never stored, logged or projected (R-READ-3).
+            workspace_id = str(row["workspace_id"])
+            grant = await repo.workspace_grant(owner.conn, tenant_id=inp.tenant_id,
+                                               principal_id=row["principal_id"], workspace_id=workspace_id)
         while answer is None and pending is None:
             if calls:
                 async with _counted(inp.run_id, step):
@@ -370,11 +394,14 @@ class AgentActivities:
                             park.pending, usage=usage, error_code=park.error_code,
                             error_message=park.error_message))
                 calls = []
-                results = tool_results(await journal_db.invocations(owner.conn, inp.run_id))
+                async with _restoring(inp.run_id):
+                    results = tool_results(await journal_db.invocations(owner.conn, inp.run_id))
             if owner.seconds_left() <= 0:
                 return repo.outcome(await owner.expire())
             step += 1
-            if await owner.asks(step) >= inp.max_provider_failures:
+            async with _restoring(inp.run_id):
+                asked = await owner.asks(step)
+            if asked >= inp.max_provider_failures:
                 # Asked that often and never saved: each attempt died between the answer and
                 # the checkpoint (a poison step). Bounded like counted failures (R-EXEC-12).
                 log.warning("step %s of run %s asked %s times without a checkpoint: failing the run",
@@ -489,7 +516,18 @@ class AgentActivities:
         except DeadlinePassed:
             return repo.outcome(await owner.expire())
         await AFTER_FAILURE_COUNT.areach(run_id=inp.run_id, attempt=owner.attempt)
+        left = owner.seconds_left()
         delay = delay_after(failures)
+        if delay >= left:
+            # No ask fits before the deadline (a Retry-After past it): a retry at the
+            # deadline would race the activity's schedule-to-close, which Temporal may
+            # refuse or time out. The workflow waits for the deadline instead and expires
+            # the run there (DEADLINE_WAIT_PATCH_ID); this stays one counted failure.
+            log.info("run %s waits for its deadline, %.1f s away (failure %s of %s: %s)", inp.run_id,
+                     left, failures, inp.max_provider_failures, failure.kind,
+                     extra={"event": "activity.waits_for_deadline", "run_id": inp.run_id, "delay_s": left})
+            raise ApplicationError(f"step failed ({failure.kind}); {failures} of {inp.max_provider_failures};"
+                                   " no ask before the deadline", type="DeadlineWait", non_retryable=True)
         log.info("run %s asks again in %.1f s (failure %s of %s: %s)", inp.run_id, delay, failures,
                  inp.max_provider_failures, failure.kind,
                  extra={"event": "activity.failure_backoff", "run_id": inp.run_id, "delay_s": delay})
@@ -545,6 +583,15 @@ class AgentActivities:
             # early (R-EXEC-12); Temporal retries this activity until the database agrees.
             raise ApplicationError("the deadline has not passed by the database's clock",
                                    type="DeadlineNotReached")
+        return repo.outcome(row) if row else {"run_id": inp.run_id, "state": "unknown"}
+
+    @activity.defn(name="run_outcome_v2")
+    async def run_outcome(self, inp: RunInput) -> dict[str, Any]:
+        """The run's saved outcome as the database has it, read only: for a workflow whose
+        cancel request came where no activity's answer did (``CANCELLED_STATE_PATCH_ID``
+        in ``qimpl.workflows.agent_run``), so that it still tags its final state."""
+        async with await self._connect(inp.tenant_id) as conn:
+            row = await repo.get_run(conn, inp.run_id)
         return repo.outcome(row) if row else {"run_id": inp.run_id, "state": "unknown"}
 
 

@@ -4,7 +4,9 @@ operator finds a run's generations by tenant and by outcome in Temporal's own to
 
 Each generation's workflow is started with ``QimplTenant``, ``QimplRunId`` and
 ``QimplGeneration`` (``at_start``, by ``qimpl.dispatch``; version 2 of the workflow set
-them itself at its first task), and sets, when its activity returns, ``QimplRunState``:
+them itself at its first task), and sets, when it ends, whichever way (its activity's
+answer, the give-up activity's, or after a cancel request the run's state read back:
+``qimpl.workflows.agent_run.CANCELLED_STATE_PATCH_ID``), ``QimplRunState``:
 the run's state as that generation left it (``completed``, ``failed``, ``expired``,
 ``cancelled``, ``awaiting_input``, …). Temporal itself shows every generation
 ``Completed`` whatever the run's outcome; ``QimplRunState`` is the outcome.

@@ -99,7 +99,7 @@ def build_worker(client: Client, settings: WorkerSettings,
         # sandbox imports the workflow module afresh for every run. The tests judge them in
         # the sandbox instead (docs/operations.md, "The workflow sandbox").
         workflow_runner=workflow_runner(settings),
-        activities=[activities.run_agent, activities.fail_run, activities.run_agent_v1],
+        activities=[activities.run_agent, activities.fail_run, activities.run_outcome, activities.run_agent_v1],
         # After a worker dies its sticky queue would hold the next workflow task for the
         # default 10 s; a short timeout hands it to a live worker quickly.
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=1),

@@ -22,22 +22,22 @@ DSN = "postgresql://qimpl_worker@127.0.0.1:1/qimpl"
 
 
 class _NoReadySession:
-    """Lease sessions that never have one ready."""
+    """Lease sessions that never have room for one more run."""
 
     def serves(self, dsn: str, lease_s: float) -> bool:
         return True
 
-    async def acquire(self, timeout_s: float) -> Any:
-        raise LeaseSessionUnavailable(f"no lease session ready within {timeout_s:g} s")
+    async def carry(self, run_id: str, *, scope: tuple[str, str]) -> Any:
+        raise LeaseSessionUnavailable("no lease session with room within 2 s")
 
-    async def release(self, conn: Any, *, reuse: bool) -> None:
-        raise AssertionError("nothing was acquired")
+    async def release(self, carried: Any, *, clean: bool = True) -> None:
+        raise AssertionError("nothing was carried")
 
 
 @pytest.mark.req("R-EXEC-2")
 def test_no_lease_session_is_retried_as_its_own_kind_not_as_a_fenced_owner(
         caplog: pytest.LogCaptureFixture) -> None:
-    activities = AgentActivities(dsn=DSN, provider=EchoProvider(), sessions=_NoReadySession())  # type: ignore[arg-type]
+    activities = AgentActivities(dsn=DSN, provider=EchoProvider(), carriers=_NoReadySession())  # type: ignore[arg-type]
     inp = RunInput(run_id="00000000-0000-0000-0000-000000000001", tenant_id="t", generation=1,
                    deadline_at="2999-01-01T00:00:00+00:00", lease_s=2.0)
     before = metrics.LEASE_SESSIONS_UNAVAILABLE._value.get()

@@ -255,6 +255,24 @@ def test_a_429s_retry_after_is_kept_for_the_backoff(server: HTTPServer) -> None:
     assert (failed.value.code, failed.value.retry_after_s) == ("provider_http_429", 7.0)
 
 
+@pytest.mark.req("R-PROV-1", "R-EXEC-6")
+@pytest.mark.parametrize(("header", "kept"), [
+    ("\u00b9", None),                        # issue 56 item 10: was provider_error:ValueError
+    ("1.5", None), ("soon", None),
+    ("99999999999999999999999999", 86_400.0),
+    ("Thu, 01 Jan 1970 00:00:00 GMT", 0.0),
+])
+def test_an_odd_retry_after_is_still_a_429(server: HTTPServer, header: str, kept: float | None) -> None:
+    """A 429 whatever its ``Retry-After`` says: the provider's own code, the value kept as
+    RFC 9110 reads it or dropped (never an exception out of the header's parse)."""
+    server.expect_oneshot_request(PATH, method="POST").respond_with_data(
+        '{"error": {"message": "slow down"}}', status=429, content_type="application/json",
+        headers={"Retry-After": header})
+    with pytest.raises(ProviderFailed) as failed:
+        step(provider(server), ctx())
+    assert (failed.value.code, failed.value.retry_after_s) == ("provider_http_429", kept)
+
+
 @pytest.mark.req("R-PROV-1", "R-TOOL-2")
 def test_each_turns_tool_results_are_that_turns_even_when_the_server_reuses_call_ids(
         server: HTTPServer) -> None:

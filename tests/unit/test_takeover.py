@@ -105,6 +105,7 @@ def test_an_attempt_that_heartbeated_since_its_start_gets_twice_the_bound() -> N
 def test_a_retry_swallowed_by_the_lost_owners_worker_gets_a_third_of_the_bound() -> None:
     t = TakeoverTracker(unclaimed_s=0.3)
     t.look([KEY], now=0.0)
+    t.token_failed(KEY, b"tok-1")  # the paused owner's attempt, ended by the watcher
     # The dead owner's retry waits out its backoff: Temporal still names its worker.
     waiting = Pending(attempt=2, state="scheduled", started_at=None, activity_id="1", worker="7@paused")
     assert not t.unclaimed(KEY, waiting, now=0.1)
@@ -124,6 +125,53 @@ def test_a_retry_swallowed_by_the_lost_owners_worker_gets_a_third_of_the_bound()
     assert not t.unclaimed(KEY, beating, now=2.0)
     assert not t.unclaimed(KEY, beating, now=2.5)
     assert t.unclaimed(KEY, beating, now=2.61)
+
+
+@pytest.mark.req("R-EXEC-13")
+def test_a_counted_failure_does_not_make_its_live_worker_a_lost_one() -> None:
+    """Issue 56 item 2: a ``StepFailure`` is reported by a live worker (the count takes
+    the token off the run, so the watcher ended nothing); its retry, started on that
+    same worker and not yet heartbeated (a loaded worker), gets the full bound, not a
+    third of it."""
+    t = TakeoverTracker(unclaimed_s=0.3)
+    t.look([KEY], now=0.0)
+    backoff = Pending(attempt=2, state="scheduled", started_at=None, activity_id="1", worker="7@live")
+    assert not t.unclaimed(KEY, backoff, now=0.1)
+    retry = Pending(attempt=2, state="started", started_at=100.0, activity_id="1", worker="7@live")
+    assert not t.unclaimed(KEY, retry, now=0.2)
+    assert not t.lost_worker(KEY, retry)
+    assert not t.unclaimed(KEY, retry, now=0.31), "a live worker's retry failed on the lost-worker bound"
+    assert not t.unclaimed(KEY, retry, now=0.45)
+    assert t.unclaimed(KEY, retry, now=0.51)  # silent for the full bound: as any
+
+
+@pytest.mark.req("R-EXEC-13")
+def test_a_timed_out_attempt_or_one_the_watcher_ended_makes_its_worker_lost() -> None:
+    t = TakeoverTracker(unclaimed_s=0.3)
+    t.look([KEY], now=0.0)
+    # Temporal timed the attempt out (a paused or dead worker): lost.
+    assert not t.unclaimed(KEY, Pending(attempt=2, state="scheduled", started_at=None, activity_id="1",
+                                        worker="7@paused", timed_out=True), now=0.1)
+    assert not t.lost_worker(KEY, _started(2))  # no worker named
+    assert t.lost_worker(KEY, Pending(attempt=2, state="started", started_at=1.0, activity_id="1",
+                                      worker="7@paused"))
+    # The watcher ending an attempt marks only the worker of the retry seen next: a later
+    # counted failure (its own backoff) of another worker in the same stretch does not.
+    t.token_failed(KEY, b"tok-1")
+    assert not t.unclaimed(KEY, Pending(attempt=3, state="scheduled", started_at=None, activity_id="1",
+                                        worker="8@paused"), now=0.2)
+    assert not t.unclaimed(KEY, Pending(attempt=4, state="scheduled", started_at=None, activity_id="1",
+                                        worker="9@live"), now=0.3)
+    assert t.lost_worker(KEY, Pending(attempt=4, state="started", started_at=2.0, activity_id="1",
+                                      worker="8@paused"))
+    assert not t.lost_worker(KEY, Pending(attempt=4, state="started", started_at=2.0, activity_id="1",
+                                          worker="9@live"))
+    # A swallowed attempt the watcher failed by id names its worker in the next backoff.
+    t.failed_by_id(KEY)
+    assert not t.unclaimed(KEY, Pending(attempt=5, state="scheduled", started_at=None, activity_id="1",
+                                        worker="10@swallowed"), now=0.4)
+    assert t.lost_worker(KEY, Pending(attempt=5, state="started", started_at=3.0, activity_id="1",
+                                      worker="10@swallowed"))
 
 
 @pytest.mark.req("R-EXEC-13")
@@ -198,6 +246,7 @@ def test_a_retry_heartbeats_at_once_a_first_attempt_before_the_watcher_could_fai
     tracker = TakeoverTracker(unclaimed_s=0.3)
     key = ("r", 1)
     tracker.look([key], 0.0)
+    tracker.token_failed(key, b"tok")  # w's attempt lost the lease and was ended
     assert not tracker.unclaimed(key, Pending(attempt=2, state="scheduled", started_at=None,
                                               activity_id="1", worker="w"), 0.0)
     silent = Pending(attempt=2, state="started", started_at=10.0, activity_id="1", worker="w")
