@@ -39,7 +39,7 @@ class LockNotAcquired(QimplError):
 
 
 class LeaseSessionUnavailable(QimplError):
-    """No ready lease session within the lease (``qimpl.db.lease_sessions``): the
+    """No ready lease session within the lease (``qimpl.db.lease_carriers``): the
     database does not accept connections, or every session is in use. Nothing was
     claimed or written; the attempt is retried. Not a lost ownership."""
 

@@ -30,10 +30,7 @@ WAIVED: Mapping[str, str] = {
     # Added to the spec on 2026-12-01: a property of the gate itself, judged by its tests.
     "R-Q-12": "this gate: tests/unit/test_coverage_gate.py (the gate run on a real summary with each "
               "scenario family removed, and every generic checker on an empty history)",
-    # Added to the spec on 2026-12-07; each waived only until its issue lands.
-    "R-EXEC-14": "not built yet: issue 55 (model-bound scale: a worker's lease sessions carrying many runs, "
-                 "the watcher at 2,000 running runs); until then a worker holds one PostgreSQL session per "
-                 "in-flight run (docs/operations.md, \"Connection budget\")",
+    # Added to the spec on 2026-12-07; waived only until its issue lands.
     "R-Q-13": "not built yet: issue 58 (qualify upgrade --from REF: the rollout from an older release "
               "with runs in flight)",
 }

@@ -995,10 +995,12 @@ CATALOG: tuple[Mutant, ...] = (
         (Patch("qimpl/api/deps.py", "            reconnect_timeout=RECONNECT_TIMEOUT_S,\n", ""),),
         "postgres-down-then-back", "the API accepted a create within 2.5 s of the server's return"),
     Mutant(
-        "lease-pool-reconnects-on-its-own-backoff", "after an outage the worker's lease sessions come "
-        "back as soon as the server does: a session lost while it was down is not retried on "
-        "psycopg_pool's backoff (1, 2, 4, 8 s ...) while a run waits for it (R-Q-2, R-EXEC-2)",
-        (Patch("qimpl/db/lease_sessions.py", "            reconnect_timeout=RECONNECT_TIMEOUT_S,\n", ""),),
+        "lease-sessions-reuse-a-lost-one", "after an outage the worker's runs come back as soon as the "
+        "server does: a lease session lost while it was down is never handed to a new lease "
+        "(R-Q-2, R-EXEC-2)",
+        (Patch("qimpl/db/lease_carriers.py",
+               "        self._carriers = [c for c in self._carriers if not c.broken]\n",
+               "        self._carriers = list(self._carriers)\n"),),
         "postgres-down-with-runs-in-flight",
         "each run checkpointed again within 3 s of the server's start (the database's clock)"),
 )

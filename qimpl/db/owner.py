@@ -133,7 +133,7 @@ class RunOwner:
     def conn(self) -> AConn:
         """The lease session every write of this owner goes through. Raises LostOwnership
         once the lease that gave it has ended (``live``): a pooled session may serve
-        another run by then (``qimpl.db.lease_sessions``), and a call this attempt still
+        another run by then (``qimpl.db.lease_carriers``), and a call this attempt still
         makes (a provider that emits output after its step returned) must not reach it."""
         if self._live is not None and not self._live():
             raise LostOwnership(f"the lease of run {self.run_id} (attempt {self.attempt}) has ended")

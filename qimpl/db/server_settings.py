@@ -1,5 +1,5 @@
 """A session's server settings, read cheaply in SQL (R-EXEC-11: the lease reads its
-timeouts back; ``qimpl.db.lease``, ``qimpl.db.lease_sessions``)."""
+timeouts back; ``qimpl.db.lease``, ``qimpl.db.lease_carriers``)."""
 
 from __future__ import annotations
 

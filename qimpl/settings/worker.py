@@ -59,7 +59,7 @@ class WorkerSettings(_ProviderSettings, Settings):
         json_schema_extra=_example("0.3"))
     takeover_slots: int = Field(
         default=4, ge=0, le=1000,
-        description="activities this worker runs from its own takeover queue, beside `max_concurrent_activities` (each holds one lease connection): the watcher moves a run whose lease is gone there before it fails the dead attempt, so the retry cannot go to a paused worker's outstanding poll (R-EXEC-13); 0: no takeover queue, the retry goes to the shared queue",
+        description="activities this worker runs from its own takeover queue, beside `max_concurrent_activities` (each holds one run's lease): the watcher moves a run whose lease is gone there before it fails the dead attempt, so the retry cannot go to a paused worker's outstanding poll (R-EXEC-13); 0: no takeover queue, the retry goes to the shared queue",
         json_schema_extra=_example("4"))
     reconcile_tenants: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

@@ -200,7 +200,7 @@ class AgentActivities:
         #: Attempts running now that the takeover watcher moved to this worker's takeover
         #: queue (each takes one of its takeover slots).
         self.taken_over = 0
-        #: This worker's own (lease, heartbeat timeout), seconds: its ready sessions and
+        #: This worker's own (lease, heartbeat timeout), seconds: its lease sessions and
         #: heartbeat throttle are sized for them; None: not checked.
         self.own_timing: tuple[float, float] | None = None
         self._timing_warned: set[tuple[float, float]] = set()
@@ -241,7 +241,7 @@ class AgentActivities:
     def _check_timing(self, inp: RunInput) -> None:
         """Warn once per pair (``owner.timing_differs``) when a run was dispatched with a
         lease or heartbeat timeout other than this worker's own: the run gets the API's,
-        but this worker's ready sessions (a lease of another length connects its own) and
+        but this worker's lease sessions (a lease of another length connects its own) and
         heartbeat throttle (``qimpl.takeover.heartbeat_throttle_s``) were sized for its own."""
         got = (inp.lease, inp.heartbeat_timeout_s)
         if self.own_timing is None or got == self.own_timing or got in self._timing_warned:

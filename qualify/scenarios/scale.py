@@ -46,11 +46,18 @@ def _create(ctx: ScenarioContext, api: ManagedProcess, n: int, tag: str) -> list
             range(n)))
 
 
-def _all_at_the_barrier(ctx: ScenarioContext, runs: list[str], timeout_s: float = 60) -> None:
-    """Every run checkpointed step 1 and is inside its step-2 call (held at its barrier)."""
-    wait_until(lambda: ctx.sql("SELECT count(DISTINCT run_id) FROM provider_calls WHERE run_id = ANY(%s::uuid[])"
-                               " AND step = 2 AND ended_at IS NULL", runs)[0][0] == len(runs),
-               timeout_s=timeout_s, what=f"all {len(runs)} runs inside step 2")
+def _all_at_the_barrier(ctx: ScenarioContext, runs: list[str], timeout_s: float = 120) -> None:
+    """Every run checkpointed step 1 and is inside its step-2 call (held at its barrier);
+    a HarnessError naming where the runs are otherwise."""
+    try:
+        wait_until(lambda: ctx.sql("SELECT count(DISTINCT run_id) FROM provider_calls"
+                                   " WHERE run_id = ANY(%s::uuid[]) AND step = 2 AND ended_at IS NULL",
+                                   runs)[0][0] == len(runs),
+                   timeout_s=timeout_s, what=f"all {len(runs)} runs inside step 2")
+    except HarnessError as exc:
+        where = ctx.sql("SELECT state, checkpoint_step, count(*) FROM runs WHERE run_id = ANY(%s::uuid[])"
+                        " GROUP BY 1, 2 ORDER BY 1, 2", runs)
+        raise HarnessError(f"{exc}; runs by (state, checkpoint): {where}") from None
 
 
 def _release(ctx: ScenarioContext, tag: str, n: int) -> None:

@@ -14,8 +14,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from qimpl.db.lease import OwnershipLease, client_params
-from qimpl.db.lease_sessions import BOUND_SQL
+from qimpl.db.lease import OwnershipLease
 from qimpl.db.server_settings import setting_sql
 from qualify.stack._embedded import WORKER_ROLE, with_user
 
@@ -77,12 +76,3 @@ def test_the_lease_keeps_a_tighter_server_value_and_bounds_a_looser_one(dsn: str
     assert tight == ("50ms", "700", "1500ms"), "a tighter server value was loosened"
     loose = asyncio.run(lease_sees({"client_connection_check_interval": "10s", "tcp_user_timeout": "0"}))
     assert loose == ("1500ms", "1500", "1500ms"), "a looser (or unset) server value was kept"
-
-
-@pytest.mark.req("R-EXEC-2")
-@pytest.mark.parametrize(("server", "waits"), [("90s", "90s"), ("10min", "5min"), ("0", "5min")])
-def test_the_waiting_bound_keeps_a_tighter_server_value(dsn: str, server: str, waits: str) -> None:
-    with psycopg.connect(_with_options(dsn, idle_session_timeout=server), autocommit=True,
-                         **client_params(1.5)) as conn:
-        conn.execute(BOUND_SQL)
-        assert conn.execute("SHOW idle_session_timeout").fetchone() == (waits,)

@@ -1,6 +1,6 @@
 """An agent attempt that gets no ready lease session within the lease (the database
 refusing connections, or every session in use) is retried as its own kind, counted and
-logged apart from a fenced owner (``qimpl.db.lease_sessions``, R-EXEC-2)."""
+logged apart from a fenced owner (``qimpl.db.lease_carriers``, R-EXEC-2)."""
 
 from __future__ import annotations
 
