@@ -62,6 +62,8 @@ _LOST_LOG_EVERY_S = 10.0
 #: Temporal describes one look may make (issue 55: with 100 runs in backoff each was
 #: described at every look, about 990 calls a second); at a 0.1 s poll, 100 a second at most.
 DESCRIBES_PER_LOOK = 10
+#: Temporal calls the watcher makes at once while it ends dead owners' attempts by token.
+CALLS_IN_FLIGHT = 16
 AFTER_MOVE = declare("takeover.after_move",
                      "the watcher moved an orphan's activity to its takeover queue, the dead attempt not yet failed")
 _STATES = {PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED: "scheduled",
@@ -173,16 +175,39 @@ class LeaseWatcher:
         orphans = {k: o for k, o in listed.items() if first.get(k) == o}
         now = time.monotonic()
         self.tracker.look(orphans, now, after=after, upto=self._after)
-        by_token = set()
-        for key, orphan in orphans.items():
-            token = self.tracker.token_to_fail(key, orphan.owner_task_token)
-            if token is not None:
-                by_token.add(key)
-                await self._move(orphan, await self._pending(workflow_id(orphan.run_id, orphan.generation)))
+        by_token = {key: token for key, orphan in orphans.items()
+                    if (token := self.tracker.token_to_fail(key, orphan.owner_task_token)) is not None}
+        # A dead owner's attempts are ended together, a few Temporal calls at a time: one
+        # after the other, a worker's 200 runs at once took seconds a look, past the
+        # watcher's own lease (its session ended idle, issue 55). Only while a takeover slot
+        # is free is the run's activity described and moved first.
+        gate = asyncio.Semaphore(CALLS_IN_FLIGHT)
+        moving = 0  # takeover slots this look's calls have claimed (none is in a slot yet)
+
+        async def end(key: tuple[str, int], token: bytes) -> None:
+            nonlocal moving
+            async with gate:
+                orphan = orphans[key]
+                if self._slots_free() > moving:  # taken before any await: no two tasks take one slot
+                    moving += 1
+                    await self._move(orphan, await self._pending(workflow_id(orphan.run_id, orphan.generation)))
                 await self._fail_token(orphan, token)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for key, token in by_token.items():
+                    group.create_task(end(key, token))
+        except BaseExceptionGroup as failed:
+            raise _first(failed) from None
         for key in self.tracker.to_describe([k for k in orphans if k not in by_token], now, self.poll_s,
                                             self.describes_per_look):
             await self._unclaimed(conn, orphans[key])
+
+    def _slots_free(self) -> int:
+        """Takeover slots this watcher's worker has for more moved runs (0 without a queue)."""
+        if self.task_queue is None or self.takeover_queue is None or self.free_slots is None:
+            return 0
+        return max(0, self.free_slots() - self.tracker.moves_unclaimed())
 
     async def _orphans(self, conn: psycopg.AsyncConnection[Any],
                        after: str | None = None) -> dict[tuple[str, int], db.Orphan]:
@@ -343,6 +368,16 @@ async def move_home(client: Client, *, namespace: str, workflow_id: str, activit
                     extra={"event": "takeover.move_home_refused", "workflow_id": workflow_id})
         return False
     return True
+
+
+def _first(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The error a failed group of calls raises: its first that is not a cancellation (an
+    RPCError stays one, so ``run`` tells Temporal out of reach from any other failure)."""
+    for exc in group.exceptions:
+        inner = _first(exc) if isinstance(exc, BaseExceptionGroup) else exc
+        if not isinstance(inner, asyncio.CancelledError):
+            return inner
+    return group.exceptions[0]
 
 
 def _just_below(run_id: str) -> str:

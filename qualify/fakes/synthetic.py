@@ -6,7 +6,7 @@
 The run's prompt is its script, a JSON object (a plain-text prompt means the default)::
 
     {"steps": 5, "answer": "42", "delay_ms": 0,
-     "barrier": {"step": 3, "name": "b1"},       # hold at the start of step 3, once
+     "barrier": {"step": 3, "name": "b1"},       # hold at the start of step 3, once (poll_ms: 10)
      "fail": "always" | {"steps": [2], "attempts": [1], "error": "timeout",
               "error_at": {"3": "unreachable"}},  # another error at attempt 3
      "answer_bytes": 3000000,                    # an answer of that many bytes
@@ -213,7 +213,7 @@ class SyntheticProvider(Provider):
         with open(self.control / "provider_calls.jsonl", "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
 
-    async def _barrier(self, name: str, ctx: StepContext) -> None:
+    async def _barrier(self, name: str, ctx: StepContext, poll_s: float = BARRIER_POLL_S) -> None:
         reached = self.control / f"barrier.{name}.reached"
         if reached.exists():
             return  # holds once
@@ -227,7 +227,7 @@ class SyntheticProvider(Provider):
         release = self.control / f"barrier.{name}.release"
         deadline = time.monotonic() + BARRIER_MAX_S
         while not release.exists() and time.monotonic() < deadline:
-            await asyncio.sleep(BARRIER_POLL_S)
+            await asyncio.sleep(poll_s)
 
     def _record_end(self, ctx: StepContext, how: str) -> None:
         line = json.dumps({"run_id": ctx.run_id, "step": ctx.step, "attempt": ctx.attempt,
@@ -250,7 +250,11 @@ class SyntheticProvider(Provider):
 
     async def _step(self, ctx: StepContext, script: Script) -> StepResult:
         if script.barrier and int(script.barrier["step"]) == ctx.step:
-            await self._barrier(str(script.barrier["name"]), ctx)
+            # ``poll_ms``: how often the barrier looks for its release (10 ms unless given):
+            # hundreds of runs held at barriers at once poll less, or the polling alone
+            # starves the worker's event loop (model-bound scenarios).
+            await self._barrier(str(script.barrier["name"]), ctx,
+                                float(script.barrier.get("poll_ms", BARRIER_POLL_S * 1000)) / 1000)
         if script.deltas and ctx.emit is not None:
             for i in range(script.deltas):
                 await asyncio.sleep(script.delay_ms / 1000 / script.deltas)

@@ -33,6 +33,10 @@ RUNS_PER_SESSION = 25
 STEPS = 3
 #: Each step's wait on the provider once released, ms (model-bound, short enough for CI).
 DELAY_MS = 300
+#: How often each held run looks for its barrier's release, ms: 200 runs polling every
+#: 10 ms (the synthetic provider's default) are 20,000 wake-ups a second, which alone starved
+#: the worker's event loop on a loaded machine until Temporal timed attempts out.
+BARRIER_POLL_MS = 100
 #: Every moved run's next checkpoint after the fault, seconds (database clock): the lease,
 #: the watcher's pages (100 orphans a look), one retry timer and the step's own 0.3 s, for
 #: a few hundred runs on a loaded 2-core machine. A bound only: the figures are the p50/p95.
@@ -42,7 +46,7 @@ NEXT_CHECKPOINT_S = 20.0
 def _create(ctx: ScenarioContext, api: ManagedProcess, n: int, tag: str) -> list[str]:
     with ThreadPoolExecutor(max_workers=8) as pool:
         return list(pool.map(lambda i: accepted(ctx, api, key=f"{tag}-{i}", prompt=make_prompt(
-            steps=STEPS, delay_ms=DELAY_MS, answer=f"{tag} {i}", barrier={"step": 2, "name": f"{tag}{i}"})),
+            steps=STEPS, delay_ms=DELAY_MS, answer=f"{tag} {i}", barrier={"step": 2, "name": f"{tag}{i}", "poll_ms": BARRIER_POLL_MS})),
             range(n)))
 
 
