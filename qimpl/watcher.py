@@ -193,10 +193,20 @@ class LeaseWatcher:
                     await self._move(orphan, await self._pending(workflow_id(orphan.run_id, orphan.generation)))
                 await self._fail_token(orphan, token)
 
+        async def keep_session() -> None:
+            # Many calls can take longer than the watcher's own lease (its session is bounded
+            # like one): touched meanwhile, so a live watcher keeps its election.
+            while True:
+                await asyncio.sleep(self.lease_s / 4)
+                await conn.execute("SELECT 1")
+
         try:
             async with asyncio.TaskGroup() as group:
-                for key, token in by_token.items():
-                    group.create_task(end(key, token))
+                keeper = group.create_task(keep_session()) if by_token else None
+                calls = [group.create_task(end(key, token)) for key, token in by_token.items()]
+                if keeper is not None:
+                    await asyncio.gather(*calls, return_exceptions=True)
+                    keeper.cancel()
         except BaseExceptionGroup as failed:
             raise _first(failed) from None
         for key in self.tracker.to_describe([k for k in orphans if k not in by_token], now, self.poll_s,

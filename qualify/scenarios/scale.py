@@ -37,10 +37,12 @@ DELAY_MS = 300
 #: 10 ms (the synthetic provider's default) are 20,000 wake-ups a second, which alone starved
 #: the worker's event loop on a loaded machine until Temporal timed attempts out.
 BARRIER_POLL_MS = 100
-#: Every moved run's next checkpoint after the fault, seconds (database clock): the lease,
-#: the watcher's pages (100 orphans a look), one retry timer and the step's own 0.3 s, for
-#: a few hundred runs on a loaded 2-core machine. A bound only: the figures are the p50/p95.
-NEXT_CHECKPOINT_S = 20.0
+#: Every moved run's next checkpoint after the fault, seconds (database clock): a liveness
+#: bound (every run taken over, none stuck), not a speed goal, which lives in bench/
+#: (``python -m bench -s recovery``). Measured 3-5 s p50 and 6-8 s p95 beside other
+#: scenarios, and 16-20 s p50 and 32-33 s p95 under a full `qualify run -n auto` on 2 cores,
+#: where the survivor's 200 claims and Temporal's 200 retries wait for the CPU.
+NEXT_CHECKPOINT_S = 60.0
 
 
 def _create(ctx: ScenarioContext, api: ManagedProcess, n: int, tag: str) -> list[str]:
