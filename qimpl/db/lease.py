@@ -253,6 +253,10 @@ class OwnershipLease:
         """Seconds between touches: a quarter of the lease."""
         return self.lease_s / 4
 
+    async def _apply_settings(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """The lease's session settings on a session of its own (``apply_settings``)."""
+        await apply_settings(conn, self.lease_s)
+
     async def __aenter__(self) -> OwnershipLease:
         if self.carriers is not None:
             self._carried = await self.carriers.carry(self.run_id, scope=(self.tenant_id, self.writer))
@@ -262,7 +266,7 @@ class OwnershipLease:
             **client_params(self.lease_s),
         )
         try:
-            await apply_settings(conn, self.lease_s)
+            await self._apply_settings(conn)
             # The lease session is the run's only writer: scoped to the run's tenant, so
             # row-level security admits its writes and nothing else (R-AUTH-4).
             await verify_settings(conn, self.lease_s, tenant_id=self.tenant_id,

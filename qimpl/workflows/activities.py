@@ -517,7 +517,10 @@ class AgentActivities:
             return repo.outcome(await owner.expire())
         await AFTER_FAILURE_COUNT.areach(run_id=inp.run_id, attempt=owner.attempt)
         left = owner.seconds_left()
-        delay = delay_after(failures)
+        # The same reading of the time left for the delay and the comparison below: two
+        # readings apart, a delay cut to the deadline came out a hair below "left".
+        delay = failure_delay(failures, base_s=inp.failure_backoff_s, max_s=inp.failure_backoff_max_s,
+                              retry_after_s=failure.retry_after_s, deadline_left_s=left)
         if delay >= left:
             # No ask fits before the deadline (a Retry-After past it): a retry at the
             # deadline would race the activity's schedule-to-close, which Temporal may
