@@ -278,7 +278,7 @@ CATALOG: tuple[Mutant, ...] = (
         "cancel-not-delivered", "cancellation reaches the running activity (R-Q34-1)",
         # Both paths: Temporal's cancellation (delivered with a heartbeat) and the lease
         # touch that reads the run's state; either alone stops the step in time.
-        (Patch("qimpl/db/lease.py", "if found is not None and found[0] in _ENDED:", "if False:"),
+        (Patch("qimpl/db/lease_carriers.py", "        if state in ENDED_STATES:", "        if False:"),
          Patch("qimpl/api/routers/controls.py",
                "await asyncio.wait_for(handle.cancel(), timeout=svc.settings.dispatch_timeout_s)",
                "pass")),

@@ -72,22 +72,24 @@ from typing import Any, cast
 import psycopg
 from psycopg import pq
 
-from qimpl.db.lease_carriers import APPLICATION_NAME, CarriedConnection, LeaseCarriers
+from qimpl.db.lease_carriers import (
+    APPLICATION_NAME,
+    ENDED_STATES,
+    CarriedConnection,
+    LeaseCarriers,
+    lock_key_sql,
+)
 from qimpl.db.server_settings import at_most_sql, setting_sql
 from qimpl.errors import LockNotAcquired, LostOwnership
 
 __all__ = ["LeaseNotBounded", "OwnershipLease", "client_params", "lease_carriers", "lock_key_sql"]
 
-#: The advisory lock key of a run: one bigint derived from its id.
-lock_key_sql = "hashtextextended('qimpl-run:' || %s, 0)"
 
 #: Session settings (in milliseconds) the lease must read back before it takes the lock.
 MANDATORY_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeout", "lock_timeout")
 
 #: The errors with which a lease session that PostgreSQL ended reports itself.
 _SESSION_ENDED = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)
-#: States in which the run has ended: its owner stops at its next touch (R-Q34-1).
-_ENDED = frozenset({"completed", "failed", "expired", "cancelled"})
 
 
 class LeaseNotBounded(LockNotAcquired):
@@ -304,7 +306,7 @@ class OwnershipLease:
             raise LostOwnership(f"lease of run {self.run_id} lost: {exc.sqlstate}") from exc
         except psycopg.Error:
             return
-        if found is not None and found[0] in _ENDED:
+        if found is not None and found[0] in ENDED_STATES:
             # Cancelled or expired by another writer (R-Q34-1): stop now, inside a provider
             # or tool call included, rather than at the next fenced write.
             raise LostOwnership(f"run {self.run_id} is {found[0]}")

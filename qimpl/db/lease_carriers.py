@@ -53,8 +53,8 @@ from psycopg import pq
 
 from qimpl.errors import LeaseSessionUnavailable, LockNotAcquired, LostOwnership
 
-__all__ = ["APPLICATION_NAME", "IDLE_CARRIERS", "AlreadyOwned", "CarriedConnection", "Carrier",
-           "LeaseCarriers"]
+__all__ = ["APPLICATION_NAME", "ENDED_STATES", "IDLE_CARRIERS", "AlreadyOwned", "CarriedConnection", "Carrier",
+           "LeaseCarriers", "lock_key_sql"]
 
 log = logging.getLogger("qimpl.lease")
 
@@ -66,13 +66,14 @@ IDLE_CARRIERS = 2
 #: so this bounds only the wait of the lease that opens it (over a slow network a connect
 #: takes several round trips, more than a lease).
 OPEN_BOUND_S = 5.0
-#: The run's advisory lock key (as ``qimpl.db.lease.lock_key_sql``).
-_KEY_SQL = "hashtextextended('qimpl-run:' || %s, 0)"
+#: The advisory lock key of a run: one bigint derived from its id (also a lease's on a
+#: session of its own, ``qimpl.db.lease``).
+lock_key_sql = "hashtextextended('qimpl-run:' || %s, 0)"
 #: SQLSTATEs with which PostgreSQL ends a session: idle in transaction too long, idle too
 #: long, terminated by an administrator.
 _SESSION_ENDED = frozenset({"25P03", "57P05", "57P01"})
 #: States in which a run has ended: its owner stops at its next touch (R-Q34-1).
-_ENDED = frozenset({"completed", "failed", "expired", "cancelled"})
+ENDED_STATES = frozenset({"completed", "failed", "expired", "cancelled"})
 
 
 class AlreadyOwned(LockNotAcquired):
@@ -224,7 +225,7 @@ class CarriedConnection:
         if self.closed:
             raise LostOwnership(f"lease of run {self.run_id} lost: its session is gone")
         state = self.carrier.runs.get(self.run_id)
-        if state in _ENDED:
+        if state in ENDED_STATES:
             raise LostOwnership(f"run {self.run_id} is {state}")
 
 
@@ -280,7 +281,7 @@ class LeaseCarriers:
             carried = CarriedConnection(carrier, run_id=run_id, scope=scope)
             carrier.runs[run_id] = None
             try:
-                cur = await carried.execute(f"SELECT pg_try_advisory_lock({_KEY_SQL})", (run_id,))
+                cur = await carried.execute(f"SELECT pg_try_advisory_lock({lock_key_sql})", (run_id,))
                 row = await cur.fetchone()
             except BaseException:
                 carrier.runs.pop(run_id, None)
@@ -370,6 +371,19 @@ class LeaseCarriers:
         return carrier
 
     async def release(self, carried: CarriedConnection, *, clean: bool = True) -> None:
+        """``_release``, shielded: a lease ended by a cancellation can be cancelled again
+        while it gives its lock back (Temporal's cancel beside the lost lease's own), and an
+        unlock cut short there would leave the run's lock held on a session that lives on,
+        so that no later attempt could claim it. The release finishes whatever its caller
+        does; the caller's cancellation is raised after it."""
+        task = asyncio.ensure_future(self._release(carried, clean=clean))
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await asyncio.wait([task])
+            raise
+
+    async def _release(self, carried: CarriedConnection, *, clean: bool) -> None:
         """End a lease: give its run's lock back (before the activity returns), or break the
         carrier when its session is not idle (a statement or a transaction left open). A
         lease that ended with an exception (``clean`` False: lost ownership, a step failure,
@@ -385,7 +399,7 @@ class LeaseCarriers:
                     async with asyncio.timeout(self.lease_s), carrier.held(carried.scope) as conn:
                         if conn.info.transaction_status != pq.TransactionStatus.IDLE:
                             raise LostOwnership("session not idle")
-                        cur = await conn.execute(f"SELECT pg_advisory_unlock({_KEY_SQL})", (carried.run_id,))
+                        cur = await conn.execute(f"SELECT pg_advisory_unlock({lock_key_sql})", (carried.run_id,))
                         row = await cur.fetchone()
                         if not (row and row[0]):
                             raise LostOwnership("the run's lock was not held")
