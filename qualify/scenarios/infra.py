@@ -303,12 +303,12 @@ def rolling_restarts(ctx: ScenarioContext) -> None:
     ends: list[str] = []
     for round_ in range(2):
         for i in range(3):
-            run_ids.append(accepted(ctx, apis[i % 2], prompt=make_prompt(steps=4, delay_ms=150)))
+            run_ids.append(accepted(ctx, apis[i % 2], prompt=make_prompt(steps=ROLLING_STEPS, delay_ms=150)))
         # A worker's graceful restart lands only while it owns a run (evidence: its owner
         # session in pg_stat_activity): until it does, give the queue more work.
         deadline = time.monotonic() + 30
         while not _owns_a_young_run(ctx, workers[round_]) and time.monotonic() < deadline:
-            run_ids.append(accepted(ctx, apis[round_], prompt=make_prompt(steps=4, delay_ms=150)))
+            run_ids.append(accepted(ctx, apis[round_], prompt=make_prompt(steps=ROLLING_STEPS, delay_ms=150)))
             time.sleep(0.1)
         ends.append(_restart_gracefully(ctx, workers[round_], owner_dsn=ctx.deployment.dsn, round=round_))
         if round_ == 0:
@@ -336,8 +336,14 @@ def rolling_restarts(ctx: ScenarioContext) -> None:
                len(graceful) == len(ends) == 4, "; ".join(ends), "R-Q-2", judged=len(ends))
 
 
+#: rolling-restarts: steps of each run, 150 ms each. With 4, a young run (below) had 0.3 s
+#: left, and under a full CI run the nemesis's own look just before the SIGTERM once found
+#: it gone (the round vacuous); with 8 it has at least 0.9 s.
+ROLLING_STEPS = 8
+
+
 def _owns_a_young_run(ctx: ScenarioContext, worker: Any) -> bool:
-    """``worker`` owns a running run with at least two of its four steps (0.3 s) still to
+    """``worker`` owns a running run with at least ROLLING_STEPS - 2 of its steps still to
     run: the nemesis looks again just before its SIGTERM, and a run about to complete
     could be gone by then (the restart then did not land: a vacuous round)."""
     owned = owned_runs(worker, ctx.deployment.dsn)
