@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -95,6 +96,8 @@ class Carrier:
         self.turn = asyncio.Lock()
         #: The task holding ``turn`` (a lease's statement, transaction or cursor block).
         self.holder: asyncio.Task[Any] | None = None
+        #: When (monotonic seconds) the holder took the turn; None: nobody holds it.
+        self.held_since: float | None = None
         #: ``(tenant, writer)`` the session is scoped to now.
         self.scope: tuple[str, str] | None = None
         #: run id -> its state as the last touch read it.
@@ -115,6 +118,7 @@ class Carrier:
             return
         async with self.turn:
             self.holder = task
+            self.held_since = time.monotonic()
             try:
                 if self.broken or self.conn.closed:
                     raise LostOwnership(f"lease session {self.number} is gone")
@@ -133,6 +137,7 @@ class Carrier:
                 raise
             finally:
                 self.holder = None
+                self.held_since = None
 
     async def _keep(self) -> None:
         """Touch the session every ``lease_s / 4`` with one read of every carried run's state;
@@ -198,6 +203,10 @@ class CarriedConnection:
     def info(self) -> Any:
         return self.carrier.conn.info
 
+    def holds_the_turn(self) -> bool:
+        """Whether one of this lease's blocks holds its session now."""
+        return self.carrier.holder is not None and self.carrier.scope == self.scope
+
     def _check(self) -> None:
         if self.released:
             raise LostOwnership(f"the lease of run {self.run_id} has ended")
@@ -247,7 +256,8 @@ class LeaseCarriers:
         self._connect = connect
         self._bound = bound
         self._carriers: list[Carrier] = []
-        self._owned: set[str] = set()
+        #: run id -> its lease on this worker (or a claim in progress).
+        self._owned: dict[str, object] = {}
         self._opening = 0
         self._numbers = 0
         self._room = asyncio.Condition()
@@ -273,10 +283,17 @@ class LeaseCarriers:
         ``LeaseSessionUnavailable`` when no carrier has room within the lease (or none can
         be opened), and ``LeaseNotBounded`` when a new session does not run with the lease's
         settings."""
-        if run_id in self._owned:
+        existing = self._owned.get(run_id)
+        if existing is not None and not self._lost(existing):
             raise AlreadyOwned(f"run {run_id} is already owned by an attempt on this worker")
-        self._owned.add(run_id)
+        claim = object()
+        self._owned[run_id] = claim
         try:
+            if isinstance(existing, CarriedConnection):
+                # Its attempt held its session longer than the lease (stalled inside a
+                # transaction): PostgreSQL ends such a session, and its keeper, waiting for
+                # the turn, cannot notice. The new attempt must not wait for the stalled one.
+                await existing.carrier.break_(reason=f"run {run_id} held its session past the lease")
             carrier = await self._with_room()
             carried = CarriedConnection(carrier, run_id=run_id, scope=scope)
             carrier.runs[run_id] = None
@@ -289,9 +306,11 @@ class LeaseCarriers:
             if not (row and row[0]):
                 carrier.runs.pop(run_id, None)
                 raise LockNotAcquired(f"run {run_id} is owned by another session")
+            self._owned[run_id] = carried
             return carried
         except BaseException:
-            self._owned.discard(run_id)
+            if self._owned.get(run_id) is claim:
+                del self._owned[run_id]
             async with self._room:
                 self._room.notify_all()
             raise
@@ -319,6 +338,18 @@ class LeaseCarriers:
             async with self._room:
                 self._opening -= 1
                 self._room.notify_all()
+
+    def _lost(self, owned: object) -> bool:
+        """Whether a lease of this worker no longer owns its run: its session is gone, or
+        its attempt has held the session alone for longer than the lease (idle inside a
+        transaction, which PostgreSQL ends at the lease; a statement waits on a lock at most
+        the lease). A claim still in progress is not lost."""
+        if not isinstance(owned, CarriedConnection):
+            return False
+        carrier = owned.carrier
+        return carrier.broken or (carrier.holder is not None and carrier.held_since is not None
+                                  and owned.holds_the_turn()
+                                  and time.monotonic() - carrier.held_since > self.lease_s)
 
     async def _with_room(self) -> Carrier:
         loop = asyncio.get_running_loop()
@@ -408,7 +439,8 @@ class LeaseCarriers:
         finally:
             carried.released = True
             carrier.runs.pop(carried.run_id, None)
-            self._owned.discard(carried.run_id)
+            if self._owned.get(carried.run_id) is carried:
+                del self._owned[carried.run_id]
             async with self._room:
                 idle = [c for c in self._live() if not c.runs]
                 for extra in idle[IDLE_CARRIERS:]:
